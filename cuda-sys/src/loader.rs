@@ -1,0 +1,134 @@
+//! Opens `libcuda` with `dlopen` and resolves the [`DriverApi`] table with `dlsym`.
+
+use std::ffi::{c_void, CStr, CString};
+use std::ops::Deref;
+
+use once_cell::sync::OnceCell;
+
+use crate::{DriverApi, Error};
+
+/// Library names tried in order by [`Driver::load`], after [`LIBRARY_ENV`] if set.
+pub const DEFAULT_LIBRARY_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+/// Environment variable naming a driver library to try first (a path or a soname).
+pub const LIBRARY_ENV: &str = "CUDA_HAL_LIBCUDA";
+
+/// An opened driver library and its resolved entry points.
+///
+/// Dereferences to [`DriverApi`], so `driver.cuInit(0)` calls the driver.
+pub struct Driver {
+    handle: *mut c_void,
+    path: String,
+    api: DriverApi,
+}
+
+// SAFETY: the handle is only passed to dlsym/dlclose, which are thread-safe, and the table
+// holds plain function pointers that the driver documents as callable from any thread.
+unsafe impl Send for Driver {}
+// SAFETY: see `Send`; nothing in `Driver` is mutated after construction.
+unsafe impl Sync for Driver {}
+
+impl Driver {
+    /// Opens the system driver: `$CUDA_HAL_LIBCUDA` if set, then [`DEFAULT_LIBRARY_NAMES`].
+    pub fn load() -> Result<Self, Error> {
+        let mut names: Vec<String> = Vec::new();
+        if let Ok(p) = std::env::var(LIBRARY_ENV) {
+            if !p.is_empty() {
+                names.push(p);
+            }
+        }
+        names.extend(DEFAULT_LIBRARY_NAMES.iter().map(|s| s.to_string()));
+        Self::load_from(&names)
+    }
+
+    /// Opens the first library of `names` that `dlopen` accepts.
+    ///
+    /// ```
+    /// let err = cuda_sys::Driver::load_from(&["libdoes-not-exist.so"]).err().unwrap();
+    /// assert!(matches!(err, cuda_sys::Error::DriverNotFound { .. }));
+    /// ```
+    pub fn load_from<S: AsRef<str>>(names: &[S]) -> Result<Self, Error> {
+        let mut tried = Vec::new();
+        let mut reason = String::from("no library names were given");
+        for name in names {
+            let name = name.as_ref();
+            tried.push(name.to_string());
+            let Ok(c_name) = CString::new(name) else {
+                reason = format!("{name:?} contains a NUL byte");
+                continue;
+            };
+            // SAFETY: c_name is a valid C string; RTLD_NOW resolves the library's own
+            // dependencies up front so failures show here, not at a later call.
+            let handle =
+                unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if handle.is_null() {
+                reason = last_dlerror();
+                continue;
+            }
+            let api = DriverApi::resolve(|symbol: &CStr| {
+                // SAFETY: handle is a live dlopen handle and symbol a valid C string.
+                unsafe { libc::dlsym(handle, symbol.as_ptr()) }
+            });
+            return Ok(Driver {
+                handle,
+                path: name.to_string(),
+                api,
+            });
+        }
+        Err(Error::DriverNotFound { tried, reason })
+    }
+
+    /// The name or path the library was opened under.
+    pub fn library(&self) -> &str {
+        &self.path
+    }
+
+    /// Symbols of `cuda.h` that this driver does not export.
+    pub fn missing_symbols(&self) -> Vec<&'static str> {
+        self.api
+            .presence()
+            .iter()
+            .filter(|(_, present)| !present)
+            .map(|(name, _)| *name)
+            .collect()
+    }
+}
+
+impl Deref for Driver {
+    type Target = DriverApi;
+    fn deref(&self) -> &DriverApi {
+        &self.api
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // SAFETY: handle came from a successful dlopen and is closed once; no function
+        // pointer of this table outlives `self`.
+        unsafe { libc::dlclose(self.handle) };
+    }
+}
+
+fn last_dlerror() -> String {
+    // SAFETY: dlerror returns null or a pointer to a thread-local C string that stays
+    // valid until the next dl* call on this thread; it is copied at once.
+    let msg = unsafe { libc::dlerror() };
+    if msg.is_null() {
+        "dlopen failed without a message".to_string()
+    } else {
+        // SAFETY: non-null dlerror results are NUL-terminated strings.
+        unsafe { CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// The process-wide driver, loaded on first use. A load failure is remembered and returned
+/// again to every caller; it never panics.
+pub fn driver() -> Result<&'static Driver, Error> {
+    static DRIVER: OnceCell<Result<Driver, Error>> = OnceCell::new();
+    DRIVER
+        .get_or_init(Driver::load)
+        .as_ref()
+        .map_err(Clone::clone)
+}
