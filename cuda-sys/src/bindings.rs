@@ -190,8 +190,8 @@ pub struct CUgreenCtx_st {
     _unused: [u8; 0],
 }
 /** \typedef typedef struct CUgreenCtx_st* CUgreenCtx
-A green context handle. This handle can be used safely from only one CPU thread at a time.
-Created via ::cuGreenCtxCreate*/
+ A green context handle. This handle can be used safely from only one CPU thread at a time.
+ Created via ::cuGreenCtxCreate*/
 pub type CUgreenCtx = *mut CUgreenCtx_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -200,9 +200,9 @@ pub struct CUuuid_st {
 }
 pub type CUuuid = CUuuid_st;
 /** Fabric handle - An opaque handle representing a memory allocation
-that can be exported to processes in same or different nodes. For IPC
-between processes on different nodes they must be connected via the
-NVSwitch fabric.*/
+ that can be exported to processes in same or different nodes. For IPC
+ between processes on different nodes they must be connected via the
+ NVSwitch fabric.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUmemFabricHandle_st {
@@ -218,14 +218,14 @@ impl Default for CUmemFabricHandle_st {
     }
 }
 /** Fabric handle - An opaque handle representing a memory allocation
-that can be exported to processes in same or different nodes. For IPC
-between processes on different nodes they must be connected via the
-NVSwitch fabric.*/
+ that can be exported to processes in same or different nodes. For IPC
+ between processes on different nodes they must be connected via the
+ NVSwitch fabric.*/
 pub type CUmemFabricHandle_v1 = CUmemFabricHandle_st;
 /** Fabric handle - An opaque handle representing a memory allocation
-that can be exported to processes in same or different nodes. For IPC
-between processes on different nodes they must be connected via the
-NVSwitch fabric.*/
+ that can be exported to processes in same or different nodes. For IPC
+ between processes on different nodes they must be connected via the
+ NVSwitch fabric.*/
 pub type CUmemFabricHandle = CUmemFabricHandle_v1;
 /// CUDA IPC event handle
 #[repr(C)]
@@ -267,7 +267,9 @@ pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
 pub type CUipcMemHandle = CUipcMemHandle_v1;
 impl CUipcMem_flags_enum {
     ///< Automatically enable peer access between remote devices as needed
-    pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = CUipcMem_flags_enum(1);
+    pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = CUipcMem_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// CUDA Ipc Mem Flags
@@ -299,13 +301,13 @@ impl CUctx_flags_enum {
     ///< Set blocking synchronization as default scheduling
     pub const CU_CTX_SCHED_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
     /**< Set blocking synchronization as default scheduling
-    \deprecated This flag was deprecated as of CUDA 4.0
-    and was replaced with ::CU_CTX_SCHED_BLOCKING_SYNC.*/
+  \deprecated This flag was deprecated as of CUDA 4.0
+  and was replaced with ::CU_CTX_SCHED_BLOCKING_SYNC.*/
     pub const CU_CTX_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
     pub const CU_CTX_SCHED_MASK: CUctx_flags_enum = CUctx_flags_enum(7);
     /**< \deprecated This flag was deprecated as of CUDA 11.0
-    and it no longer has any effect. All contexts
-    as of CUDA 3.2 behave as though the flag is enabled.*/
+  and it no longer has any effect. All contexts
+  as of CUDA 3.2 behave as though the flag is enabled.*/
     pub const CU_CTX_MAP_HOST: CUctx_flags_enum = CUctx_flags_enum(8);
     ///< Keep local memory allocation after launch
     pub const CU_CTX_LMEM_RESIZE_TO_MAX: CUctx_flags_enum = CUctx_flags_enum(16);
@@ -325,13 +327,21 @@ pub struct CUctx_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUctx_flags_enum as CUctx_flags;
 impl CUevent_sched_flags_enum {
     ///< Automatic scheduling
-    pub const CU_EVENT_SCHED_AUTO: CUevent_sched_flags_enum = CUevent_sched_flags_enum(0);
+    pub const CU_EVENT_SCHED_AUTO: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
+        0,
+    );
     ///< Set spin as default scheduling
-    pub const CU_EVENT_SCHED_SPIN: CUevent_sched_flags_enum = CUevent_sched_flags_enum(1);
+    pub const CU_EVENT_SCHED_SPIN: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
+        1,
+    );
     ///< Set yield as default scheduling
-    pub const CU_EVENT_SCHED_YIELD: CUevent_sched_flags_enum = CUevent_sched_flags_enum(2);
+    pub const CU_EVENT_SCHED_YIELD: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
+        2,
+    );
     ///< Set blocking synchronization as default scheduling
-    pub const CU_EVENT_SCHED_BLOCKING_SYNC: CUevent_sched_flags_enum = CUevent_sched_flags_enum(4);
+    pub const CU_EVENT_SCHED_BLOCKING_SYNC: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
+        4,
+    );
 }
 #[repr(transparent)]
 /// Event sched flags
@@ -369,11 +379,15 @@ pub struct CUevent_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUevent_flags_enum as CUevent_flags;
 impl CUevent_record_flags_enum {
     ///< Default event record flag
-    pub const CU_EVENT_RECORD_DEFAULT: CUevent_record_flags_enum = CUevent_record_flags_enum(0);
+    pub const CU_EVENT_RECORD_DEFAULT: CUevent_record_flags_enum = CUevent_record_flags_enum(
+        0,
+    );
     /**< When using stream capture, create an event record node
-    instead of the default behavior.  This flag is invalid
-    when used outside of capture.*/
-    pub const CU_EVENT_RECORD_EXTERNAL: CUevent_record_flags_enum = CUevent_record_flags_enum(1);
+  instead of the default behavior.  This flag is invalid
+  when used outside of capture.*/
+    pub const CU_EVENT_RECORD_EXTERNAL: CUevent_record_flags_enum = CUevent_record_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Event record flags
@@ -383,11 +397,15 @@ pub struct CUevent_record_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUevent_record_flags_enum as CUevent_record_flags;
 impl CUevent_wait_flags_enum {
     ///< Default event wait flag
-    pub const CU_EVENT_WAIT_DEFAULT: CUevent_wait_flags_enum = CUevent_wait_flags_enum(0);
+    pub const CU_EVENT_WAIT_DEFAULT: CUevent_wait_flags_enum = CUevent_wait_flags_enum(
+        0,
+    );
     /**< When using stream capture, create an event wait node
-    instead of the default behavior.  This flag is invalid
-    when used outside of capture.*/
-    pub const CU_EVENT_WAIT_EXTERNAL: CUevent_wait_flags_enum = CUevent_wait_flags_enum(1);
+  instead of the default behavior.  This flag is invalid
+  when used outside of capture.*/
+    pub const CU_EVENT_WAIT_EXTERNAL: CUevent_wait_flags_enum = CUevent_wait_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Event wait flags
@@ -397,32 +415,37 @@ pub struct CUevent_wait_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUevent_wait_flags_enum as CUevent_wait_flags;
 impl CUstreamWaitValue_flags_enum {
     /**< Wait until (int32_t)(*addr - value) >= 0 (or int64_t for 64 bit
-    values). Note this is a cyclic comparison which ignores wraparound.
-    (Default behavior.)*/
-    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(0);
+values). Note this is a cyclic comparison which ignores wraparound.
+(Default behavior.)*/
+    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        0,
+    );
     ///< Wait until *addr == value.
-    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(1);
+    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        1,
+    );
     ///< Wait until (*addr & value) != 0.
-    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(2);
+    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        2,
+    );
     /**< Wait until ~(*addr | value) != 0. Support for this operation can be
-    queried with ::cuDeviceGetAttribute() and
-    ::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR.*/
-    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(3);
+queried with ::cuDeviceGetAttribute() and
+::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR.*/
+    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        3,
+    );
     /**< Follow the wait operation with a flush of outstanding remote writes. This
-    means that, if a remote write operation is guaranteed to have reached the
-    device before the wait can be satisfied, that write is guaranteed to be
-    visible to downstream device work. The device is permitted to reorder
-    remote writes internally. For example, this flag would be required if
-    two remote writes arrive in a defined order, the wait is satisfied by the
-    second write, and downstream work needs to observe the first write.
-    Support for this operation is restricted to selected platforms and can be
-    queried with ::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES.*/
-    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(1073741824);
+means that, if a remote write operation is guaranteed to have reached the
+device before the wait can be satisfied, that write is guaranteed to be
+visible to downstream device work. The device is permitted to reorder
+remote writes internally. For example, this flag would be required if
+two remote writes arrive in a defined order, the wait is satisfied by the
+second write, and downstream work needs to observe the first write.
+Support for this operation is restricted to selected platforms and can be
+queried with ::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES.*/
+    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
+        1073741824,
+    );
 }
 #[repr(transparent)]
 /// Flags for ::cuStreamWaitValue32 and ::cuStreamWaitValue64
@@ -432,17 +455,19 @@ pub struct CUstreamWaitValue_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 impl CUstreamWriteValue_flags_enum {
     ///< Default behavior
-    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum =
-        CUstreamWriteValue_flags_enum(0);
+    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(
+        0,
+    );
     /**< Permits the write to be reordered with writes which were issued
-    before it, as a performance optimization. Normally,
-    ::cuStreamWriteValue32 will provide a memory fence before the
-    write, which has similar semantics to
-    __threadfence_system() but is scoped to the stream
-    rather than a CUDA thread.
-    This flag is not supported in the v2 API.*/
-    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum =
-        CUstreamWriteValue_flags_enum(1);
+before it, as a performance optimization. Normally,
+::cuStreamWriteValue32 will provide a memory fence before the
+write, which has similar semantics to
+__threadfence_system() but is scoped to the stream
+rather than a CUDA thread.
+This flag is not supported in the v2 API.*/
+    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for ::cuStreamWriteValue32
@@ -452,24 +477,30 @@ pub struct CUstreamWriteValue_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 impl CUstreamBatchMemOpType_enum {
     ///< Represents a ::cuStreamWaitValue32 operation
-    pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(1);
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        1,
+    );
     ///< Represents a ::cuStreamWriteValue32 operation
-    pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(2);
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        2,
+    );
     ///< Represents a ::cuStreamWaitValue64 operation
-    pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(4);
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        4,
+    );
     ///< Represents a ::cuStreamWriteValue64 operation
-    pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(5);
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        5,
+    );
     ///< Insert a memory barrier of the specified type
-    pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(6);
+    pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        6,
+    );
     /**< This has the same effect as ::CU_STREAM_WAIT_VALUE_FLUSH, but as a
-    standalone operation.*/
-    pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(3);
+standalone operation.*/
+    pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
+        3,
+    );
 }
 #[repr(transparent)]
 /// Operations for ::cuStreamBatchMemOp
@@ -479,11 +510,13 @@ pub struct CUstreamBatchMemOpType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 impl CUstreamMemoryBarrier_flags_enum {
     ///< System-wide memory barrier.
-    pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum =
-        CUstreamMemoryBarrier_flags_enum(0);
+    pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(
+        0,
+    );
     ///< Limit memory barrier scope to the GPU.
-    pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum =
-        CUstreamMemoryBarrier_flags_enum(1);
+    pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for ::CUstreamBatchMemOpParams::memoryBarrier
@@ -512,8 +545,7 @@ pub union CUstreamBatchMemOpParams_union {
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
-    pub __bindgen_anon_1:
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
     ///< See ::CUstreamWaitValue_flags.
     pub flags: ::std::os::raw::c_uint,
     ///< For driver internal use. Initial value is unimportant.
@@ -525,7 +557,8 @@ pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindge
     pub value: cuuint32_t,
     pub value64: cuuint64_t,
 }
-impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+impl Default
+for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -548,8 +581,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st 
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
-    pub __bindgen_anon_1:
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
     ///< See ::CUstreamWriteValue_flags.
     pub flags: ::std::os::raw::c_uint,
     ///< For driver internal use. Initial value is unimportant.
@@ -561,7 +593,8 @@ pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindg
     pub value: cuuint32_t,
     pub value64: cuuint64_t,
 }
-impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+impl Default
+for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -626,8 +659,8 @@ pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
 pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
 /** Batch memory operation node parameters
 
-Used in the legacy ::cuGraphAddBatchMemOpNode api.
-New code should use ::cuGraphAddNode()*/
+ Used in the legacy ::cuGraphAddBatchMemOpNode api.
+ New code should use ::cuGraphAddNode()*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
@@ -647,13 +680,13 @@ impl Default for CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
 }
 /** Batch memory operation node parameters
 
-Used in the legacy ::cuGraphAddBatchMemOpNode api.
-New code should use ::cuGraphAddNode()*/
+ Used in the legacy ::cuGraphAddBatchMemOpNode api.
+ New code should use ::cuGraphAddNode()*/
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
 /** Batch memory operation node parameters
 
-Used in the legacy ::cuGraphAddBatchMemOpNode api.
-New code should use ::cuGraphAddNode()*/
+ Used in the legacy ::cuGraphAddBatchMemOpNode api.
+ New code should use ::cuGraphAddNode()*/
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
 /// Batch memory operation node parameters
 #[repr(C)]
@@ -683,8 +716,9 @@ impl CUoccupancy_flags_enum {
     ///< Default behavior
     pub const CU_OCCUPANCY_DEFAULT: CUoccupancy_flags_enum = CUoccupancy_flags_enum(0);
     ///< Assume global caching is enabled and cannot be automatically turned off
-    pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum =
-        CUoccupancy_flags_enum(1);
+    pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum = CUoccupancy_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Occupancy calculator flag
@@ -694,11 +728,13 @@ pub struct CUoccupancy_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUoccupancy_flags_enum as CUoccupancy_flags;
 impl CUstreamUpdateCaptureDependencies_flags_enum {
     ///< Add new nodes to the dependency set
-    pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum =
-        CUstreamUpdateCaptureDependencies_flags_enum(0);
+    pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
+        0,
+    );
     ///< Replace the dependency set with the new nodes
-    pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum =
-        CUstreamUpdateCaptureDependencies_flags_enum(1);
+    pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for ::cuStreamUpdateCaptureDependencies
@@ -708,8 +744,9 @@ pub struct CUstreamUpdateCaptureDependencies_flags_enum(pub ::std::os::raw::c_ui
 pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 impl CUasyncNotificationType_enum {
     ///< Sent when the process has exceeded its device memory budget
-    pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum =
-        CUasyncNotificationType_enum(1);
+    pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum = CUasyncNotificationType_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Types of async notification that can be sent
@@ -759,9 +796,9 @@ impl Default for CUasyncNotificationInfo_st {
 /// Information passed to the user via the async notification callback
 pub type CUasyncNotificationInfo = CUasyncNotificationInfo_st;
 /** CUDA async notification callback
-\param info Information describing what actions to take as a result of this notification.
-\param userData Pointer to user defined data provided at callback registration.
-\param callback The callback handle associated with this specific callback.*/
+ \param info Information describing what actions to take as a result of this notification.
+ \param userData Pointer to user defined data provided at callback registration.
+ \param callback The callback handle associated with this specific callback.*/
 pub type CUasyncCallback = ::std::option::Option<
     unsafe extern "C" fn(
         info: *mut CUasyncNotificationInfo,
@@ -815,15 +852,21 @@ impl CUarray_format_enum {
     ///< 4 channel unsigned normalized block-compressed (BC1 compression) format
     pub const CU_AD_FORMAT_BC1_UNORM: CUarray_format_enum = CUarray_format_enum(145);
     ///< 4 channel unsigned normalized block-compressed (BC1 compression) format with sRGB encoding
-    pub const CU_AD_FORMAT_BC1_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(146);
+    pub const CU_AD_FORMAT_BC1_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
+        146,
+    );
     ///< 4 channel unsigned normalized block-compressed (BC2 compression) format
     pub const CU_AD_FORMAT_BC2_UNORM: CUarray_format_enum = CUarray_format_enum(147);
     ///< 4 channel unsigned normalized block-compressed (BC2 compression) format with sRGB encoding
-    pub const CU_AD_FORMAT_BC2_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(148);
+    pub const CU_AD_FORMAT_BC2_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
+        148,
+    );
     ///< 4 channel unsigned normalized block-compressed (BC3 compression) format
     pub const CU_AD_FORMAT_BC3_UNORM: CUarray_format_enum = CUarray_format_enum(149);
     ///< 4 channel unsigned normalized block-compressed (BC3 compression) format with sRGB encoding
-    pub const CU_AD_FORMAT_BC3_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(150);
+    pub const CU_AD_FORMAT_BC3_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
+        150,
+    );
     ///< 1 channel unsigned normalized block-compressed (BC4 compression) format
     pub const CU_AD_FORMAT_BC4_UNORM: CUarray_format_enum = CUarray_format_enum(151);
     ///< 1 channel signed normalized block-compressed (BC4 compression) format
@@ -839,7 +882,9 @@ impl CUarray_format_enum {
     ///< 4 channel unsigned normalized block-compressed (BC7 compression) format
     pub const CU_AD_FORMAT_BC7_UNORM: CUarray_format_enum = CUarray_format_enum(157);
     ///< 4 channel unsigned normalized block-compressed (BC7 compression) format with sRGB encoding
-    pub const CU_AD_FORMAT_BC7_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(158);
+    pub const CU_AD_FORMAT_BC7_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
+        158,
+    );
     ///< 10-bit YUV planar format, with 4:2:0 sampling
     pub const CU_AD_FORMAT_P010: CUarray_format_enum = CUarray_format_enum(159);
     ///< 16-bit YUV planar format, with 4:2:0 sampling
@@ -867,11 +912,17 @@ impl CUarray_format_enum {
     ///< 3 channel 10-bit YUV planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_Y444_PLANAR10: CUarray_format_enum = CUarray_format_enum(179);
     ///< 3 channel 8-bit YUV semi-planar format, with 4:4:4 sampling
-    pub const CU_AD_FORMAT_YUV444_8bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(180);
+    pub const CU_AD_FORMAT_YUV444_8bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(
+        180,
+    );
     ///< 3 channel 16-bit YUV semi-planar format, with 4:4:4 sampling
-    pub const CU_AD_FORMAT_YUV444_16bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(181);
+    pub const CU_AD_FORMAT_YUV444_16bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(
+        181,
+    );
     ///< 4 channel unorm R10G10B10A2 RGB format
-    pub const CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format_enum = CUarray_format_enum(80);
+    pub const CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format_enum = CUarray_format_enum(
+        80,
+    );
     pub const CU_AD_FORMAT_MAX: CUarray_format_enum = CUarray_format_enum(2147483647);
 }
 #[repr(transparent)]
@@ -910,458 +961,620 @@ pub struct CUfilter_mode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUfilter_mode_enum as CUfilter_mode;
 impl CUdevice_attribute_enum {
     ///< Maximum number of threads per block
-    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(1);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        1,
+    );
     ///< Maximum block dimension X
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(2);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        2,
+    );
     ///< Maximum block dimension Y
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(3);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        3,
+    );
     ///< Maximum block dimension Z
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(4);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        4,
+    );
     ///< Maximum grid dimension X
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(5);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        5,
+    );
     ///< Maximum grid dimension Y
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(6);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        6,
+    );
     ///< Maximum grid dimension Z
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(7);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        7,
+    );
     ///< Maximum shared memory available per block in bytes
-    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(8);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        8,
+    );
     ///< Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
-    pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(8);
+    pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        8,
+    );
     ///< Memory available on device for __constant__ variables in a CUDA C kernel in bytes
-    pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(9);
+    pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        9,
+    );
     ///< Warp size in threads
-    pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(10);
+    pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        10,
+    );
     ///< Maximum pitch in bytes allowed by memory copies
-    pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(11);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        11,
+    );
     ///< Maximum number of 32-bit registers available per block
-    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(12);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        12,
+    );
     ///< Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
-    pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(12);
+    pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        12,
+    );
     ///< Typical clock frequency in kilohertz
-    pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(13);
+    pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        13,
+    );
     ///< Alignment requirement for textures
-    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(14);
+    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        14,
+    );
     ///< Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(15);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        15,
+    );
     ///< Number of multiprocessors on device
-    pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(16);
+    pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        16,
+    );
     ///< Specifies whether there is a run time limit on kernels
-    pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(17);
+    pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        17,
+    );
     ///< Device is integrated with host memory
-    pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute_enum = CUdevice_attribute_enum(18);
+    pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        18,
+    );
     ///< Device can map host memory into CUDA address space
-    pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(19);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        19,
+    );
     ///< Compute mode (See ::CUcomputemode for details)
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(20);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        20,
+    );
     ///< Maximum 1D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(21);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        21,
+    );
     ///< Maximum 2D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(22);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        22,
+    );
     ///< Maximum 2D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(23);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        23,
+    );
     ///< Maximum 3D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(24);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        24,
+    );
     ///< Maximum 3D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(25);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        25,
+    );
     ///< Maximum 3D texture depth
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(26);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        26,
+    );
     ///< Maximum 2D layered texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(27);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        27,
+    );
     ///< Maximum 2D layered texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(28);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        28,
+    );
     ///< Maximum layers in a 2D layered texture
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(29);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        29,
+    );
     ///< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(27);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        27,
+    );
     ///< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(28);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        28,
+    );
     ///< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(29);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        29,
+    );
     ///< Alignment requirement for surfaces
-    pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(30);
+    pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        30,
+    );
     ///< Device can possibly execute multiple kernels concurrently
-    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(31);
+    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        31,
+    );
     ///< Device has ECC support enabled
-    pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(32);
+    pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        32,
+    );
     ///< PCI bus ID of the device
-    pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(33);
+    pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        33,
+    );
     ///< PCI device ID of the device
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(34);
+    pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        34,
+    );
     ///< Device is using TCC driver model
-    pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute_enum = CUdevice_attribute_enum(35);
+    pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        35,
+    );
     ///< Peak memory clock frequency in kilohertz
-    pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(36);
+    pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        36,
+    );
     ///< Global memory bus width in bits
-    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(37);
+    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        37,
+    );
     ///< Size of L2 cache in bytes
-    pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(38);
+    pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        38,
+    );
     ///< Maximum resident threads per multiprocessor
-    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(39);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        39,
+    );
     ///< Number of asynchronous engines
-    pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(40);
+    pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        40,
+    );
     ///< Device shares a unified address space with the host
-    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(41);
+    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        41,
+    );
     ///< Maximum 1D layered texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(42);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        42,
+    );
     ///< Maximum layers in a 1D layered texture
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(43);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        43,
+    );
     ///< Deprecated, do not use.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(44);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        44,
+    );
     ///< Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(45);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        45,
+    );
     ///< Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(46);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        46,
+    );
     ///< Alternate maximum 3D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(47);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        47,
+    );
     ///< Alternate maximum 3D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(48);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        48,
+    );
     ///< Alternate maximum 3D texture depth
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(49);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        49,
+    );
     ///< PCI domain ID of the device
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(50);
+    pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        50,
+    );
     ///< Pitch alignment requirement for textures
-    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(51);
+    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        51,
+    );
     ///< Maximum cubemap texture width/height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(52);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        52,
+    );
     ///< Maximum cubemap layered texture width/height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(53);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        53,
+    );
     ///< Maximum layers in a cubemap layered texture
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(54);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        54,
+    );
     ///< Maximum 1D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(55);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        55,
+    );
     ///< Maximum 2D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(56);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        56,
+    );
     ///< Maximum 2D surface height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(57);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        57,
+    );
     ///< Maximum 3D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(58);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        58,
+    );
     ///< Maximum 3D surface height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(59);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        59,
+    );
     ///< Maximum 3D surface depth
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(60);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        60,
+    );
     ///< Maximum 1D layered surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(61);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        61,
+    );
     ///< Maximum layers in a 1D layered surface
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(62);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        62,
+    );
     ///< Maximum 2D layered surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(63);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        63,
+    );
     ///< Maximum 2D layered surface height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(64);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        64,
+    );
     ///< Maximum layers in a 2D layered surface
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(65);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        65,
+    );
     ///< Maximum cubemap surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(66);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        66,
+    );
     ///< Maximum cubemap layered surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(67);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        67,
+    );
     ///< Maximum layers in a cubemap layered surface
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(68);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        68,
+    );
     ///< Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(69);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        69,
+    );
     ///< Maximum 2D linear texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(70);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        70,
+    );
     ///< Maximum 2D linear texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(71);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        71,
+    );
     ///< Maximum 2D linear texture pitch in bytes
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(72);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        72,
+    );
     ///< Maximum mipmapped 2D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(73);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        73,
+    );
     ///< Maximum mipmapped 2D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(74);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        74,
+    );
     ///< Major compute capability version number
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(75);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        75,
+    );
     ///< Minor compute capability version number
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(76);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        76,
+    );
     ///< Maximum mipmapped 1D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(77);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        77,
+    );
     ///< Device supports stream priorities
-    pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(78);
+    pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        78,
+    );
     ///< Device supports caching globals in L1
-    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(79);
+    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        79,
+    );
     ///< Device supports caching locals in L1
-    pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(80);
+    pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        80,
+    );
     ///< Maximum shared memory available per multiprocessor in bytes
-    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(81);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        81,
+    );
     ///< Maximum number of 32-bit registers available per multiprocessor
-    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(82);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        82,
+    );
     ///< Device can allocate managed memory on this system
-    pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(83);
+    pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        83,
+    );
     ///< Device is on a multi-GPU board
-    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(84);
+    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        84,
+    );
     ///< Unique id for a group of devices on the same multi-GPU board
-    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(85);
+    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        85,
+    );
     ///< Link between the device and the host supports all native atomic operations
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(86);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        86,
+    );
     ///< Ratio of single precision performance (in floating-point operations per second) to double precision performance
-    pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(87);
+    pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        87,
+    );
     ///< Device supports coherently accessing pageable memory without calling cudaHostRegister on it
-    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(88);
+    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        88,
+    );
     ///< Device can coherently access managed memory concurrently with the CPU
-    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(89);
+    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        89,
+    );
     ///< Device supports compute preemption.
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(90);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        90,
+    );
     ///< Device can access host registered memory at the same virtual address as the CPU
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(91);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        91,
+    );
     ///< Deprecated, along with v1 MemOps API, ::cuStreamBatchMemOp and related APIs are supported.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(92);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        92,
+    );
     ///< Deprecated, along with v1 MemOps API, 64-bit operations are supported in ::cuStreamBatchMemOp and related APIs.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(93);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        93,
+    );
     ///< Deprecated, along with v1 MemOps API, ::CU_STREAM_WAIT_VALUE_NOR is supported.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(94);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        94,
+    );
     ///< Device supports launching cooperative kernels via ::cuLaunchCooperativeKernel
-    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(95);
+    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        95,
+    );
     ///< Deprecated, ::cuLaunchCooperativeKernelMultiDevice is deprecated.
-    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(96);
+    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        96,
+    );
     ///< Maximum optin shared memory per block
-    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(97);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        97,
+    );
     ///< The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device. See \ref CUDA_MEMOP for additional details.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(98);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        98,
+    );
     ///< Device supports host memory registration via ::cudaHostRegister.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(99);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        99,
+    );
     ///< Device accesses pageable memory via the host's page tables.
-    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(100);
+    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        100,
+    );
     ///< The host can directly access managed memory on the device without migration.
-    pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(101);
+    pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        101,
+    );
     ///< Deprecated, Use CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-    pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(102);
+    pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        102,
+    );
     ///< Device supports virtual memory management APIs like ::cuMemAddressReserve, ::cuMemCreate, ::cuMemMap and related APIs
-    pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(102);
+    pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        102,
+    );
     ///< Device supports exporting memory to a posix file descriptor with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(103);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        103,
+    );
     ///< Device supports exporting memory to a Win32 NT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(104);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        104,
+    );
     ///< Device supports exporting memory to a Win32 KMT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(105);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        105,
+    );
     ///< Maximum number of blocks per multiprocessor
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(106);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        106,
+    );
     ///< Device supports compression of memory
-    pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(107);
+    pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        107,
+    );
     ///< Maximum L2 persisting lines capacity setting in bytes.
-    pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(108);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        108,
+    );
     ///< Maximum value of CUaccessPolicyWindow::num_bytes.
-    pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(109);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        109,
+    );
     ///< Device supports specifying the GPUDirect RDMA flag with ::cuMemCreate
-    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(110);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        110,
+    );
     ///< Shared memory reserved by CUDA driver per block in bytes
-    pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(111);
+    pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        111,
+    );
     ///< Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
-    pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(112);
+    pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        112,
+    );
     ///< Device supports using the ::cuMemHostRegister flag ::CU_MEMHOSTERGISTER_READ_ONLY to register memory that must be mapped as read-only to the GPU
-    pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(113);
+    pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        113,
+    );
     ///< External timeline semaphore interop is supported on the device
-    pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(114);
+    pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        114,
+    );
     ///< Device supports using the ::cuMemAllocAsync and ::cuMemPool family of APIs
-    pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(115);
+    pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        115,
+    );
     ///< Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
-    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(116);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        116,
+    );
     ///< The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the ::CUflushGPUDirectRDMAWritesOptions enum
-    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(117);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        117,
+    );
     ///< GPUDirect RDMA writes to the device do not need to be flushed for consumers within the scope indicated by the returned attribute. See ::CUGPUDirectRDMAWritesOrdering for the numerical values returned here.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(118);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        118,
+    );
     ///< Handle types supported with mempool based IPC
-    pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(119);
+    pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        119,
+    );
     ///< Indicates device supports cluster launch
-    pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(120);
+    pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        120,
+    );
     ///< Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
-    pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(121);
+    pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        121,
+    );
     ///< 64-bit operations are supported in ::cuStreamBatchMemOp and related MemOp APIs.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(122);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        122,
+    );
     ///< ::CU_STREAM_WAIT_VALUE_NOR is supported by MemOp APIs.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(123);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        123,
+    );
     ///< Device supports buffer sharing with dma_buf mechanism.
-    pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(124);
+    pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        124,
+    );
     ///< Device supports IPC Events.
-    pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(125);
+    pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        125,
+    );
     ///< Number of memory domains the device supports.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(126);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        126,
+    );
     ///< Device supports accessing memory using Tensor Map.
-    pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(127);
+    pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        127,
+    );
     ///< Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(128);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        128,
+    );
     ///< Device supports unified function pointers.
-    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(129);
+    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        129,
+    );
     ///< NUMA configuration of a device: value is of type ::CUdeviceNumaConfig enum
-    pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(130);
+    pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        130,
+    );
     ///< NUMA node ID of the GPU memory
-    pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(131);
+    pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        131,
+    );
     ///< Device supports switch multicast and reduction operations.
-    pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(132);
+    pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        132,
+    );
     ///< Indicates if contexts created on this device will be shared via MPS
-    pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(133);
+    pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        133,
+    );
     ///< NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(134);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        134,
+    );
     ///< Device supports CIG with D3D12.
-    pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(135);
+    pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        135,
+    );
     ///< The returned valued shall be interpreted as a bitmask, where the individual bits are described by the ::CUmemDecompressAlgorithm enum.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(136);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        136,
+    );
     ///< The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(137);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        137,
+    );
     ///< Device supports CIG with Vulkan.
-    pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(138);
+    pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        138,
+    );
     ///< The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(139);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        139,
+    );
     ///< The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(140);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        140,
+    );
     ///< Device supports HOST_NUMA location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(141);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        141,
+    );
     ///< Device supports HOST_NUMA location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(142);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        142,
+    );
     ///< Device supports HOST_NUMA location IPC between nodes in a multi-node system.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(143);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        143,
+    );
     ///< Device suports HOST location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(144);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        144,
+    );
     ///< Device supports HOST location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(145);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        145,
+    );
     ///< Device supports page-locked host memory buffer sharing with dma_buf mechanism.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(146);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        146,
+    );
     ///< Link between the device and the host supports only some native atomic operations
-    pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(147);
-    pub const CU_DEVICE_ATTRIBUTE_MAX: CUdevice_attribute_enum = CUdevice_attribute_enum(148);
+    pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        147,
+    );
+    pub const CU_DEVICE_ATTRIBUTE_MAX: CUdevice_attribute_enum = CUdevice_attribute_enum(
+        148,
+    );
 }
 #[repr(transparent)]
 /// Device properties
@@ -1400,66 +1613,89 @@ pub type CUdevprop_v1 = CUdevprop_st;
 pub type CUdevprop = CUdevprop_v1;
 impl CUpointer_attribute_enum {
     ///< The ::CUcontext on which a pointer was allocated or registered
-    pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute_enum = CUpointer_attribute_enum(1);
+    pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        1,
+    );
     ///< The ::CUmemorytype describing the physical location of a pointer
-    pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(2);
+    pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        2,
+    );
     ///< The address at which a pointer's memory may be accessed on the device
-    pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(3);
+    pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        3,
+    );
     ///< The address at which a pointer's memory may be accessed on the host
-    pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(4);
+    pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        4,
+    );
     ///< A pair of tokens for use with the nv-p2p.h Linux kernel interface
-    pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(5);
+    pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        5,
+    );
     ///< Synchronize every synchronous memory operation initiated on this region
-    pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(6);
+    pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        6,
+    );
     ///< A process-wide unique ID for an allocated memory region
-    pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(7);
+    pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        7,
+    );
     ///< Indicates if the pointer points to managed memory
-    pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(8);
+    pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        8,
+    );
     ///< A device ordinal of a device on which a pointer was allocated or registered
-    pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(9);
+    pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        9,
+    );
     ///< 1 if this pointer maps to an allocation that is suitable for ::cudaIpcGetMemHandle, 0 otherwise
-    pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(10);
+    pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        10,
+    );
     ///< Starting address for this requested pointer
-    pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(11);
+    pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        11,
+    );
     ///< Size of the address range for this requested pointer
-    pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(12);
+    pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        12,
+    );
     ///< 1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
-    pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute_enum = CUpointer_attribute_enum(13);
+    pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        13,
+    );
     ///< Bitmask of allowed ::CUmemAllocationHandleType for this allocation
-    pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(14);
+    pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        14,
+    );
     ///< 1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
-    pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(15);
+    pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        15,
+    );
     ///< Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
-    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(16);
+    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        16,
+    );
     ///< Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
-    pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(17);
+    pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        17,
+    );
     ///< Size of the actual underlying mapping that the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(18);
+    pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        18,
+    );
     ///< The start address of the mapping that the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(19);
+    pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        19,
+    );
     ///< A process-wide unique id corresponding to the physical allocation the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(20);
+    pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        20,
+    );
     ///< Returns in \p *data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
-    pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(21);
+    pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
+        21,
+    );
 }
 #[repr(transparent)]
 /// Pointer information
@@ -1469,122 +1705,141 @@ pub struct CUpointer_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUpointer_attribute_enum as CUpointer_attribute;
 impl CUfunction_attribute_enum {
     /** The maximum number of threads per block, beyond which a launch of the
-    function would fail. This number depends on both the function and the
-    device on which the function is currently loaded.*/
-    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(0);
+ function would fail. This number depends on both the function and the
+ device on which the function is currently loaded.*/
+    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        0,
+    );
     /** The size in bytes of statically-allocated shared memory required by
-    this function. This does not include dynamically-allocated shared
-    memory requested by the user at runtime.*/
-    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(1);
+ this function. This does not include dynamically-allocated shared
+ memory requested by the user at runtime.*/
+    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        1,
+    );
     /** The size in bytes of user-allocated constant memory required by this
-    function.*/
-    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(2);
+ function.*/
+    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        2,
+    );
     /// The size in bytes of local memory used by each thread of this function.
-    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(3);
+    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        3,
+    );
     /// The number of registers used by each thread of this function.
-    pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute_enum = CUfunction_attribute_enum(4);
+    pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        4,
+    );
     /** The PTX virtual architecture version for which the function was
-    compiled. This value is the major PTX version * 10 + the minor PTX
-    version, so a PTX version 1.3 function would return the value 13.
-    Note that this may return the undefined value of 0 for cubins
-    compiled prior to CUDA 3.0.*/
-    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(5);
+ compiled. This value is the major PTX version * 10 + the minor PTX
+ version, so a PTX version 1.3 function would return the value 13.
+ Note that this may return the undefined value of 0 for cubins
+ compiled prior to CUDA 3.0.*/
+    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        5,
+    );
     /** The binary architecture version for which the function was compiled.
-    This value is the major binary version * 10 + the minor binary version,
-    so a binary version 1.3 function would return the value 13. Note that
-    this will return a value of 10 for legacy cubins that do not have a
-    properly-encoded binary architecture version.*/
-    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(6);
+ This value is the major binary version * 10 + the minor binary version,
+ so a binary version 1.3 function would return the value 13. Note that
+ this will return a value of 10 for legacy cubins that do not have a
+ properly-encoded binary architecture version.*/
+    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        6,
+    );
     /** The attribute to indicate whether the function has been compiled with
-    user specified option "-Xptxas --dlcm=ca" set .*/
-    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(7);
+ user specified option "-Xptxas --dlcm=ca" set .*/
+    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        7,
+    );
     /** The maximum size in bytes of dynamically-allocated shared memory that can be used by
-    this function. If the user-specified dynamic shared memory size is larger than this
-    value, the launch will fail.
-    The default value of this attribute is
-    ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK - ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-    except when ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES is greater than
-    ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, then the default value of this attribute is 0.
-    The value can be increased to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN -
-    ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(8);
+ this function. If the user-specified dynamic shared memory size is larger than this
+ value, the launch will fail.
+ The default value of this attribute is
+ ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK - ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+ except when ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES is greater than
+ ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, then the default value of this attribute is 0.
+ The value can be increased to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN -
+ ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        8,
+    );
     /** On devices where the L1 cache and shared memory use the same hardware resources,
-    this sets the shared memory carveout preference, in percent of the total shared memory.
-    Refer to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR.
-    This is only a hint, and the driver can choose a different ratio if required to execute the function.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(9);
+ this sets the shared memory carveout preference, in percent of the total shared memory.
+ Refer to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR.
+ This is only a hint, and the driver can choose a different ratio if required to execute the function.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        9,
+    );
     /** If this attribute is set, the kernel must launch with a valid cluster
-    size specified.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(10);
+ size specified.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        10,
+    );
     /** The required cluster width in blocks. The values must either all be 0 or
-    all be positive. The validity of the cluster dimensions is otherwise
-    checked at launch time.
+ all be positive. The validity of the cluster dimensions is otherwise
+ checked at launch time.
 
-    If the value is set during compile time, it cannot be set at runtime.
-    Setting it at runtime will return CUDA_ERROR_NOT_PERMITTED.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(11);
+ If the value is set during compile time, it cannot be set at runtime.
+ Setting it at runtime will return CUDA_ERROR_NOT_PERMITTED.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        11,
+    );
     /** The required cluster height in blocks. The values must either all be 0 or
-    all be positive. The validity of the cluster dimensions is otherwise
-    checked at launch time.
+ all be positive. The validity of the cluster dimensions is otherwise
+ checked at launch time.
 
-    If the value is set during compile time, it cannot be set at runtime.
-    Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(12);
+ If the value is set during compile time, it cannot be set at runtime.
+ Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        12,
+    );
     /** The required cluster depth in blocks. The values must either all be 0 or
-    all be positive. The validity of the cluster dimensions is otherwise
-    checked at launch time.
+ all be positive. The validity of the cluster dimensions is otherwise
+ checked at launch time.
 
-    If the value is set during compile time, it cannot be set at runtime.
-    Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(13);
+ If the value is set during compile time, it cannot be set at runtime.
+ Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        13,
+    );
     /** Whether the function can be launched with non-portable cluster size. 1 is
-    allowed, 0 is disallowed. A non-portable cluster size may only function
-    on the specific SKUs the program is tested on. The launch might fail if
-    the program is run on a different hardware platform.
+ allowed, 0 is disallowed. A non-portable cluster size may only function
+ on the specific SKUs the program is tested on. The launch might fail if
+ the program is run on a different hardware platform.
 
-    CUDA API provides cudaOccupancyMaxActiveClusters to assist with checking
-    whether the desired size can be launched on the current device.
+ CUDA API provides cudaOccupancyMaxActiveClusters to assist with checking
+ whether the desired size can be launched on the current device.
 
-    Portable Cluster Size
+ Portable Cluster Size
 
-    A portable cluster size is guaranteed to be functional on all compute
-    capabilities higher than the target compute capability. The portable
-    cluster size for sm_90 is 8 blocks per cluster. This value may increase
-    for future compute capabilities.
+ A portable cluster size is guaranteed to be functional on all compute
+ capabilities higher than the target compute capability. The portable
+ cluster size for sm_90 is 8 blocks per cluster. This value may increase
+ for future compute capabilities.
 
-    The specific hardware unit may support higher cluster sizes that’s not
-    guaranteed to be portable.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(14);
+ The specific hardware unit may support higher cluster sizes that’s not
+ guaranteed to be portable.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        14,
+    );
     /** The block scheduling policy of a function. The value type is
-    CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(15);
+ CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        15,
+    );
     /** The block scheduling policy of a function. The value type is
-    CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
-    See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
-    pub const CU_FUNC_ATTRIBUTE_MAX: CUfunction_attribute_enum = CUfunction_attribute_enum(16);
+ CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
+ See ::cuFuncSetAttribute, ::cuKernelSetAttribute*/
+    pub const CU_FUNC_ATTRIBUTE_MAX: CUfunction_attribute_enum = CUfunction_attribute_enum(
+        16,
+    );
 }
 #[repr(transparent)]
 /// Function properties
@@ -1610,32 +1865,41 @@ pub struct CUfunc_cache_enum(pub ::std::os::raw::c_uint);
 pub use self::CUfunc_cache_enum as CUfunc_cache;
 impl CUsharedconfig_enum {
     ///< set default shared memory bank size
-    pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(0);
+    pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
+        0,
+    );
     ///< set shared memory bank width to four bytes
-    pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum =
-        CUsharedconfig_enum(1);
+    pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
+        1,
+    );
     ///< set shared memory bank width to eight bytes
-    pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum =
-        CUsharedconfig_enum(2);
+    pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /** \deprecated
 
-Shared memory configurations*/
+ Shared memory configurations*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUsharedconfig_enum(pub ::std::os::raw::c_uint);
 /** \deprecated
 
-Shared memory configurations*/
+ Shared memory configurations*/
 pub use self::CUsharedconfig_enum as CUsharedconfig;
 impl CUshared_carveout_enum {
     ///< No preference for shared memory or L1 (default)
-    pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout_enum = CUshared_carveout_enum(-1);
+    pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout_enum = CUshared_carveout_enum(
+        -1,
+    );
     ///< Prefer maximum available shared memory, minimum L1 cache
-    pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum =
-        CUshared_carveout_enum(100);
+    pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum = CUshared_carveout_enum(
+        100,
+    );
     ///< Prefer maximum available L1 cache, minimum shared memory
-    pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout_enum = CUshared_carveout_enum(0);
+    pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout_enum = CUshared_carveout_enum(
+        0,
+    );
 }
 #[repr(transparent)]
 /// Shared memory carveout configurations. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
@@ -1665,7 +1929,9 @@ impl CUcomputemode_enum {
     ///< Compute-prohibited mode (No contexts can be created on this device at this time)
     pub const CU_COMPUTEMODE_PROHIBITED: CUcomputemode_enum = CUcomputemode_enum(2);
     ///< Compute-exclusive-process mode (Only one context used by a single process can be present on this device at a time)
-    pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode_enum = CUcomputemode_enum(3);
+    pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode_enum = CUcomputemode_enum(
+        3,
+    );
 }
 #[repr(transparent)]
 /// Compute Modes
@@ -1679,9 +1945,13 @@ impl CUmem_advise_enum {
     ///< Undo the effect of ::CU_MEM_ADVISE_SET_READ_MOSTLY
     pub const CU_MEM_ADVISE_UNSET_READ_MOSTLY: CUmem_advise_enum = CUmem_advise_enum(2);
     ///< Set the preferred location for the data as the specified device
-    pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(3);
+    pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(
+        3,
+    );
     ///< Clear the preferred location for the data
-    pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(4);
+    pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(
+        4,
+    );
     ///< Data will be accessed by the specified device, so prevent page faults as much as possible
     pub const CU_MEM_ADVISE_SET_ACCESSED_BY: CUmem_advise_enum = CUmem_advise_enum(5);
     ///< Let the Unified Memory subsystem decide on the page faulting policy for the specified device
@@ -1695,29 +1965,37 @@ pub struct CUmem_advise_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmem_advise_enum as CUmem_advise;
 impl CUmem_range_attribute_enum {
     ///< Whether the range will mostly be read and only occasionally be written to
-    pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(1);
+    pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        1,
+    );
     ///< The preferred location of the range
-    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(2);
+    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        2,
+    );
     ///< Memory range has ::CU_MEM_ADVISE_SET_ACCESSED_BY set for specified device
-    pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(3);
+    pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        3,
+    );
     ///< The last location to which the range was prefetched
-    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(4);
+    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        4,
+    );
     ///< The preferred location type of the range
-    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(5);
+    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        5,
+    );
     ///< The preferred location id of the range
-    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(6);
+    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        6,
+    );
     ///< The last location type to which the range was prefetched
-    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(7);
+    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        7,
+    );
     ///< The last location id to which the range was prefetched
-    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(8);
+    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
+        8,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -1725,268 +2003,282 @@ pub struct CUmem_range_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmem_range_attribute_enum as CUmem_range_attribute;
 impl CUjit_option_enum {
     /** Max number of registers that a thread may use.\n
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_MAX_REGISTERS: CUjit_option_enum = CUjit_option_enum(0);
     /** IN: Specifies minimum number of threads per block to target compilation
-    for\n
-    OUT: Returns the number of threads the compiler actually targeted.
-    This restricts the resource utilization of the compiler (e.g. max
-    registers) such that a block with the given number of threads should be
-    able to launch based on register limitations. Note, this option does not
-    currently take into account any other resource limitations, such as
-    shared memory utilization.\n
-    Cannot be combined with ::CU_JIT_TARGET.\n
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ for\n
+ OUT: Returns the number of threads the compiler actually targeted.
+ This restricts the resource utilization of the compiler (e.g. max
+ registers) such that a block with the given number of threads should be
+ able to launch based on register limitations. Note, this option does not
+ currently take into account any other resource limitations, such as
+ shared memory utilization.\n
+ Cannot be combined with ::CU_JIT_TARGET.\n
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(1);
     /** Overwrites the option value with the total wall clock time, in
-    milliseconds, spent in the compiler and linker\n
-    Option type: float\n
-    Applies to: compiler and linker*/
+ milliseconds, spent in the compiler and linker\n
+ Option type: float\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_WALL_TIME: CUjit_option_enum = CUjit_option_enum(2);
     /** Pointer to a buffer in which to print any log messages
-    that are informational in nature (the buffer size is specified via
-    option ::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)\n
-    Option type: char *\n
-    Applies to: compiler and linker*/
+ that are informational in nature (the buffer size is specified via
+ option ::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)\n
+ Option type: char *\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_INFO_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(3);
     /** IN: Log buffer size in bytes.  Log messages will be capped at this size
-    (including null terminator)\n
-    OUT: Amount of log buffer filled with messages\n
-    Option type: unsigned int\n
-    Applies to: compiler and linker*/
-    pub const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(4);
+ (including null terminator)\n
+ OUT: Amount of log buffer filled with messages\n
+ Option type: unsigned int\n
+ Applies to: compiler and linker*/
+    pub const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(
+        4,
+    );
     /** Pointer to a buffer in which to print any log messages that
-    reflect errors (the buffer size is specified via option
-    ::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)\n
-    Option type: char *\n
-    Applies to: compiler and linker*/
+ reflect errors (the buffer size is specified via option
+ ::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)\n
+ Option type: char *\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_ERROR_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(5);
     /** IN: Log buffer size in bytes.  Log messages will be capped at this size
-    (including null terminator)\n
-    OUT: Amount of log buffer filled with messages\n
-    Option type: unsigned int\n
-    Applies to: compiler and linker*/
-    pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(6);
+ (including null terminator)\n
+ OUT: Amount of log buffer filled with messages\n
+ Option type: unsigned int\n
+ Applies to: compiler and linker*/
+    pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(
+        6,
+    );
     /** Level of optimizations to apply to generated code (0 - 4), with 4
-    being the default and highest level of optimizations.\n
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ being the default and highest level of optimizations.\n
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_OPTIMIZATION_LEVEL: CUjit_option_enum = CUjit_option_enum(7);
     /** No option value required. Determines the target based on the current
-    attached context (default)\n
-    Option type: No option value needed\n
-    Applies to: compiler and linker*/
+ attached context (default)\n
+ Option type: No option value needed\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_TARGET_FROM_CUCONTEXT: CUjit_option_enum = CUjit_option_enum(8);
     /** Target is chosen based on supplied ::CUjit_target.  Cannot be
-    combined with ::CU_JIT_THREADS_PER_BLOCK.\n
-    Option type: unsigned int for enumerated type ::CUjit_target\n
-    Applies to: compiler and linker*/
+ combined with ::CU_JIT_THREADS_PER_BLOCK.\n
+ Option type: unsigned int for enumerated type ::CUjit_target\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_TARGET: CUjit_option_enum = CUjit_option_enum(9);
     /** Specifies choice of fallback strategy if matching cubin is not found.
-    Choice is based on supplied ::CUjit_fallback.  This option cannot be
-    used with cuLink* APIs as the linker requires exact matches.\n
-    Option type: unsigned int for enumerated type ::CUjit_fallback\n
-    Applies to: compiler only*/
+ Choice is based on supplied ::CUjit_fallback.  This option cannot be
+ used with cuLink* APIs as the linker requires exact matches.\n
+ Option type: unsigned int for enumerated type ::CUjit_fallback\n
+ Applies to: compiler only*/
     pub const CU_JIT_FALLBACK_STRATEGY: CUjit_option_enum = CUjit_option_enum(10);
     /** Specifies whether to create debug information in output (-g)
-    (0: false, default)\n
-    Option type: int\n
-    Applies to: compiler and linker*/
+ (0: false, default)\n
+ Option type: int\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_GENERATE_DEBUG_INFO: CUjit_option_enum = CUjit_option_enum(11);
     /** Generate verbose log messages (0: false, default)\n
-    Option type: int\n
-    Applies to: compiler and linker*/
+ Option type: int\n
+ Applies to: compiler and linker*/
     pub const CU_JIT_LOG_VERBOSE: CUjit_option_enum = CUjit_option_enum(12);
     /** Generate line number information (-lineinfo) (0: false, default)\n
-    Option type: int\n
-    Applies to: compiler only*/
+ Option type: int\n
+ Applies to: compiler only*/
     pub const CU_JIT_GENERATE_LINE_INFO: CUjit_option_enum = CUjit_option_enum(13);
     /** Specifies whether to enable caching explicitly (-dlcm) \n
-    Choice is based on supplied ::CUjit_cacheMode_enum.\n
-    Option type: unsigned int for enumerated type ::CUjit_cacheMode_enum\n
-    Applies to: compiler only*/
+ Choice is based on supplied ::CUjit_cacheMode_enum.\n
+ Option type: unsigned int for enumerated type ::CUjit_cacheMode_enum\n
+ Applies to: compiler only*/
     pub const CU_JIT_CACHE_MODE: CUjit_option_enum = CUjit_option_enum(14);
     /** \deprecated
-    This jit option is deprecated and should not be used.*/
+ This jit option is deprecated and should not be used.*/
     pub const CU_JIT_NEW_SM3X_OPT: CUjit_option_enum = CUjit_option_enum(15);
     /// This jit option is used for internal purpose only.
     pub const CU_JIT_FAST_COMPILE: CUjit_option_enum = CUjit_option_enum(16);
     /** Array of device symbol names that will be relocated to the corresponding
-    host addresses stored in ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES.\n
-    Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
-    When loading a device module, driver will relocate all encountered
-    unresolved symbols to the host addresses.\n
-    It is only allowed to register symbols that correspond to unresolved
-    global variables.\n
-    It is illegal to register the same device symbol at multiple addresses.\n
-    Option type: const char **\n
-    Applies to: dynamic linker only*/
+ host addresses stored in ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES.\n
+ Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
+ When loading a device module, driver will relocate all encountered
+ unresolved symbols to the host addresses.\n
+ It is only allowed to register symbols that correspond to unresolved
+ global variables.\n
+ It is illegal to register the same device symbol at multiple addresses.\n
+ Option type: const char **\n
+ Applies to: dynamic linker only*/
     pub const CU_JIT_GLOBAL_SYMBOL_NAMES: CUjit_option_enum = CUjit_option_enum(17);
     /** Array of host addresses that will be used to relocate corresponding
-    device symbols stored in ::CU_JIT_GLOBAL_SYMBOL_NAMES.\n
-    Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
-    Option type: void **\n
-    Applies to: dynamic linker only*/
+ device symbols stored in ::CU_JIT_GLOBAL_SYMBOL_NAMES.\n
+ Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
+ Option type: void **\n
+ Applies to: dynamic linker only*/
     pub const CU_JIT_GLOBAL_SYMBOL_ADDRESSES: CUjit_option_enum = CUjit_option_enum(18);
     /** Number of entries in ::CU_JIT_GLOBAL_SYMBOL_NAMES and
-    ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES arrays.\n
-    Option type: unsigned int\n
-    Applies to: dynamic linker only*/
+ ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES arrays.\n
+ Option type: unsigned int\n
+ Applies to: dynamic linker only*/
     pub const CU_JIT_GLOBAL_SYMBOL_COUNT: CUjit_option_enum = CUjit_option_enum(19);
     /** \deprecated
-    Enable link-time optimization (-dlto) for device code (Disabled by default).\n
-    This option is not supported on 32-bit platforms.\n
-    Option type: int\n
-    Applies to: compiler and linker
+ Enable link-time optimization (-dlto) for device code (Disabled by default).\n
+ This option is not supported on 32-bit platforms.\n
+ Option type: int\n
+ Applies to: compiler and linker
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_LTO: CUjit_option_enum = CUjit_option_enum(20);
     /** \deprecated
-    Control single-precision denormals (-ftz) support (0: false, default).
-    1 : flushes denormal values to zero
-    0 : preserves denormal values
-    Option type: int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Control single-precision denormals (-ftz) support (0: false, default).
+ 1 : flushes denormal values to zero
+ 0 : preserves denormal values
+ Option type: int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_FTZ: CUjit_option_enum = CUjit_option_enum(21);
     /** \deprecated
-    Control single-precision floating-point division and reciprocals
-    (-prec-div) support (1: true, default).
-    1 : Enables the IEEE round-to-nearest mode
-    0 : Enables the fast approximation mode
-    Option type: int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Control single-precision floating-point division and reciprocals
+ (-prec-div) support (1: true, default).
+ 1 : Enables the IEEE round-to-nearest mode
+ 0 : Enables the fast approximation mode
+ Option type: int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_PREC_DIV: CUjit_option_enum = CUjit_option_enum(22);
     /** \deprecated
-    Control single-precision floating-point square root
-    (-prec-sqrt) support (1: true, default).
-    1 : Enables the IEEE round-to-nearest mode
-    0 : Enables the fast approximation mode
-    Option type: int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Control single-precision floating-point square root
+ (-prec-sqrt) support (1: true, default).
+ 1 : Enables the IEEE round-to-nearest mode
+ 0 : Enables the fast approximation mode
+ Option type: int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_PREC_SQRT: CUjit_option_enum = CUjit_option_enum(23);
     /** \deprecated
-    Enable/Disable the contraction of floating-point multiplies
-    and adds/subtracts into floating-point multiply-add (-fma)
-    operations (1: Enable, default; 0: Disable).
-    Option type: int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Enable/Disable the contraction of floating-point multiplies
+ and adds/subtracts into floating-point multiply-add (-fma)
+ operations (1: Enable, default; 0: Disable).
+ Option type: int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_FMA: CUjit_option_enum = CUjit_option_enum(24);
     /** \deprecated
-    Array of kernel names that should be preserved at link time while others
-    can be removed.\n
-    Must contain ::CU_JIT_REFERENCED_KERNEL_COUNT entries.\n
-    Note that kernel names can be mangled by the compiler in which case the
-    mangled name needs to be specified.\n
-    Wildcard "*" can be used to represent zero or more characters instead of
-    specifying the full or mangled name.\n
-    It is important to note that the wildcard "*" is also added implicitly.
-    For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
-    thus preserve all kernels with those names. This can be avoided by providing
-    a more specific name like "barfoobaz".\n
-    Option type: const char **\n
-    Applies to: dynamic linker only
+ Array of kernel names that should be preserved at link time while others
+ can be removed.\n
+ Must contain ::CU_JIT_REFERENCED_KERNEL_COUNT entries.\n
+ Note that kernel names can be mangled by the compiler in which case the
+ mangled name needs to be specified.\n
+ Wildcard "*" can be used to represent zero or more characters instead of
+ specifying the full or mangled name.\n
+ It is important to note that the wildcard "*" is also added implicitly.
+ For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
+ thus preserve all kernels with those names. This can be avoided by providing
+ a more specific name like "barfoobaz".\n
+ Option type: const char **\n
+ Applies to: dynamic linker only
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_REFERENCED_KERNEL_NAMES: CUjit_option_enum = CUjit_option_enum(25);
     /** \deprecated
-    Number of entries in ::CU_JIT_REFERENCED_KERNEL_NAMES array.\n
-    Option type: unsigned int\n
-    Applies to: dynamic linker only
+ Number of entries in ::CU_JIT_REFERENCED_KERNEL_NAMES array.\n
+ Option type: unsigned int\n
+ Applies to: dynamic linker only
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_REFERENCED_KERNEL_COUNT: CUjit_option_enum = CUjit_option_enum(26);
     /** \deprecated
-    Array of variable names (__device__ and/or __constant__) that should be
-    preserved at link time while others can be removed.\n
-    Must contain ::CU_JIT_REFERENCED_VARIABLE_COUNT entries.\n
-    Note that variable names can be mangled by the compiler in which case the
-    mangled name needs to be specified.\n
-    Wildcard "*" can be used to represent zero or more characters instead of
-    specifying the full or mangled name.\n
-    It is important to note that the wildcard "*" is also added implicitly.
-    For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
-    thus preserve all variables with those names. This can be avoided by providing
-    a more specific name like "barfoobaz".\n
-    Option type: const char **\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Array of variable names (__device__ and/or __constant__) that should be
+ preserved at link time while others can be removed.\n
+ Must contain ::CU_JIT_REFERENCED_VARIABLE_COUNT entries.\n
+ Note that variable names can be mangled by the compiler in which case the
+ mangled name needs to be specified.\n
+ Wildcard "*" can be used to represent zero or more characters instead of
+ specifying the full or mangled name.\n
+ It is important to note that the wildcard "*" is also added implicitly.
+ For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
+ thus preserve all variables with those names. This can be avoided by providing
+ a more specific name like "barfoobaz".\n
+ Option type: const char **\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
-    pub const CU_JIT_REFERENCED_VARIABLE_NAMES: CUjit_option_enum = CUjit_option_enum(27);
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+    pub const CU_JIT_REFERENCED_VARIABLE_NAMES: CUjit_option_enum = CUjit_option_enum(
+        27,
+    );
     /** \deprecated
-    Number of entries in ::CU_JIT_REFERENCED_VARIABLE_NAMES array.\n
-    Option type: unsigned int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ Number of entries in ::CU_JIT_REFERENCED_VARIABLE_NAMES array.\n
+ Option type: unsigned int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
-    pub const CU_JIT_REFERENCED_VARIABLE_COUNT: CUjit_option_enum = CUjit_option_enum(28);
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+    pub const CU_JIT_REFERENCED_VARIABLE_COUNT: CUjit_option_enum = CUjit_option_enum(
+        28,
+    );
     /** \deprecated
-    This option serves as a hint to enable the JIT compiler/linker
-    to remove constant (__constant__) and device (__device__) variables
-    unreferenced in device code (Disabled by default).\n
-    Note that host references to constant and device variables using APIs like
-    ::cuModuleGetGlobal() with this option specified may result in undefined behavior unless
-    the variables are explicitly specified using ::CU_JIT_REFERENCED_VARIABLE_NAMES.\n
-    Option type: int\n
-    Applies to: link-time optimization specified with CU_JIT_LTO
+ This option serves as a hint to enable the JIT compiler/linker
+ to remove constant (__constant__) and device (__device__) variables
+ unreferenced in device code (Disabled by default).\n
+ Note that host references to constant and device variables using APIs like
+ ::cuModuleGetGlobal() with this option specified may result in undefined behavior unless
+ the variables are explicitly specified using ::CU_JIT_REFERENCED_VARIABLE_NAMES.\n
+ Option type: int\n
+ Applies to: link-time optimization specified with CU_JIT_LTO
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
-    pub const CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES: CUjit_option_enum = CUjit_option_enum(29);
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+    pub const CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES: CUjit_option_enum = CUjit_option_enum(
+        29,
+    );
     /** Generate position independent code (0: false)\n
-    Option type: int\n
-    Applies to: compiler only*/
-    pub const CU_JIT_POSITION_INDEPENDENT_CODE: CUjit_option_enum = CUjit_option_enum(30);
+ Option type: int\n
+ Applies to: compiler only*/
+    pub const CU_JIT_POSITION_INDEPENDENT_CODE: CUjit_option_enum = CUjit_option_enum(
+        30,
+    );
     /** This option hints to the JIT compiler the minimum number of CTAs from the
-    kernel’s grid to be mapped to a SM. This option is ignored when used together
-    with ::CU_JIT_MAX_REGISTERS or ::CU_JIT_THREADS_PER_BLOCK.
-    Optimizations based on this option need ::CU_JIT_MAX_THREADS_PER_BLOCK to
-    be specified as well. For kernels already using PTX directive .minnctapersm,
-    this option will be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES
-    to let this option take precedence over the PTX directive.
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ kernel’s grid to be mapped to a SM. This option is ignored when used together
+ with ::CU_JIT_MAX_REGISTERS or ::CU_JIT_THREADS_PER_BLOCK.
+ Optimizations based on this option need ::CU_JIT_MAX_THREADS_PER_BLOCK to
+ be specified as well. For kernels already using PTX directive .minnctapersm,
+ this option will be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES
+ to let this option take precedence over the PTX directive.
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option_enum = CUjit_option_enum(31);
     /** Maximum number threads in a thread block, computed as the product of
-    the maximum extent specifed for each dimension of the block. This limit
-    is guaranteed not to be exeeded in any invocation of the kernel. Exceeding
-    the the maximum number of threads results in runtime error or kernel launch
-    failure. For kernels already using PTX directive .maxntid, this option will
-    be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES to let this
-    option take precedence over the PTX directive.
-    Option type: int\n
-    Applies to: compiler only*/
+ the maximum extent specifed for each dimension of the block. This limit
+ is guaranteed not to be exeeded in any invocation of the kernel. Exceeding
+ the the maximum number of threads results in runtime error or kernel launch
+ failure. For kernels already using PTX directive .maxntid, this option will
+ be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES to let this
+ option take precedence over the PTX directive.
+ Option type: int\n
+ Applies to: compiler only*/
     pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(32);
     /** This option lets the values specified using ::CU_JIT_MAX_REGISTERS,
-    ::CU_JIT_THREADS_PER_BLOCK, ::CU_JIT_MAX_THREADS_PER_BLOCK and
-    ::CU_JIT_MIN_CTA_PER_SM take precedence over any PTX directives.
-    (0: Disable, default; 1: Enable)
-    Option type: int\n
-    Applies to: compiler only*/
-    pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = CUjit_option_enum(33);
+ ::CU_JIT_THREADS_PER_BLOCK, ::CU_JIT_MAX_THREADS_PER_BLOCK and
+ ::CU_JIT_MIN_CTA_PER_SM take precedence over any PTX directives.
+ (0: Disable, default; 1: Enable)
+ Option type: int\n
+ Applies to: compiler only*/
+    pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = CUjit_option_enum(
+        33,
+    );
     /** This option specifies the maximum number of concurrent threads to use
-    when running compiler optimizations. If the specified value is 1, the
-    option will be ignored. If the specified value is 0, the number of
-    threads will match the number of CPUs on the underlying machine.
-    Otherwise, if the option is N, then up to N threads will be used.
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ when running compiler optimizations. If the specified value is 1, the
+ option will be ignored. If the specified value is 0, the number of
+ threads will match the number of CPUs on the underlying machine.
+ Otherwise, if the option is N, then up to N threads will be used.
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_SPLIT_COMPILE: CUjit_option_enum = CUjit_option_enum(34);
     /** This option specifies the maximum number of concurrent threads to use
-    when running compiler optimizations. If the specified value is 1, the
-    option will be ignored. If the specified value is 0, the number of
-    threads will match the number of CPUs on the underlying machine.
-    Otherwise, if the option is N, then up to N threads will be used.
-    Option type: unsigned int\n
-    Applies to: compiler only*/
+ when running compiler optimizations. If the specified value is 1, the
+ option will be ignored. If the specified value is 0, the number of
+ threads will match the number of CPUs on the underlying machine.
+ Otherwise, if the option is N, then up to N threads will be used.
+ Option type: unsigned int\n
+ Applies to: compiler only*/
     pub const CU_JIT_NUM_OPTIONS: CUjit_option_enum = CUjit_option_enum(35);
 }
 #[repr(transparent)]
@@ -2088,31 +2380,31 @@ pub struct CUjit_cacheMode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUjit_cacheMode_enum as CUjit_cacheMode;
 impl CUjitInputType_enum {
     /** Compiled device-class-specific device code\n
-    Applicable options: none*/
+ Applicable options: none*/
     pub const CU_JIT_INPUT_CUBIN: CUjitInputType_enum = CUjitInputType_enum(0);
     /** PTX source code\n
-    Applicable options: PTX compiler options*/
+ Applicable options: PTX compiler options*/
     pub const CU_JIT_INPUT_PTX: CUjitInputType_enum = CUjitInputType_enum(1);
     /** Bundle of multiple cubins and/or PTX of some device code\n
-    Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
+ Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
     pub const CU_JIT_INPUT_FATBINARY: CUjitInputType_enum = CUjitInputType_enum(2);
     /** Host object with embedded device code\n
-    Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
+ Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
     pub const CU_JIT_INPUT_OBJECT: CUjitInputType_enum = CUjitInputType_enum(3);
     /** Archive of host objects with embedded device code\n
-    Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
+ Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY*/
     pub const CU_JIT_INPUT_LIBRARY: CUjitInputType_enum = CUjitInputType_enum(4);
     /** \deprecated
-    High-level intermediate code for link-time optimization\n
-    Applicable options: NVVM compiler options, PTX compiler options
+ High-level intermediate code for link-time optimization\n
+ Applicable options: NVVM compiler options, PTX compiler options
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_INPUT_NVVM: CUjitInputType_enum = CUjitInputType_enum(5);
     /** \deprecated
-    High-level intermediate code for link-time optimization\n
-    Applicable options: NVVM compiler options, PTX compiler options
+ High-level intermediate code for link-time optimization\n
+ Applicable options: NVVM compiler options, PTX compiler options
 
-    Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
+ Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0*/
     pub const CU_JIT_NUM_INPUT_TYPES: CUjitInputType_enum = CUjitInputType_enum(6);
 }
 #[repr(transparent)]
@@ -2128,16 +2420,21 @@ pub struct CUlinkState_st {
 }
 pub type CUlinkState = *mut CUlinkState_st;
 impl CUgraphicsRegisterFlags_enum {
-    pub const CU_GRAPHICS_REGISTER_FLAGS_NONE: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(0);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(1);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(2);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(4);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(8);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_NONE: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(
+        0,
+    );
+    pub const CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(
+        1,
+    );
+    pub const CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(
+        2,
+    );
+    pub const CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(
+        4,
+    );
+    pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(
+        8,
+    );
 }
 #[repr(transparent)]
 /// Flags to register a graphics resource
@@ -2146,12 +2443,15 @@ pub struct CUgraphicsRegisterFlags_enum(pub ::std::os::raw::c_uint);
 /// Flags to register a graphics resource
 pub use self::CUgraphicsRegisterFlags_enum as CUgraphicsRegisterFlags;
 impl CUgraphicsMapResourceFlags_enum {
-    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: CUgraphicsMapResourceFlags_enum =
-        CUgraphicsMapResourceFlags_enum(0);
-    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_READ_ONLY: CUgraphicsMapResourceFlags_enum =
-        CUgraphicsMapResourceFlags_enum(1);
-    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_WRITE_DISCARD: CUgraphicsMapResourceFlags_enum =
-        CUgraphicsMapResourceFlags_enum(2);
+    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: CUgraphicsMapResourceFlags_enum = CUgraphicsMapResourceFlags_enum(
+        0,
+    );
+    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_READ_ONLY: CUgraphicsMapResourceFlags_enum = CUgraphicsMapResourceFlags_enum(
+        1,
+    );
+    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_WRITE_DISCARD: CUgraphicsMapResourceFlags_enum = CUgraphicsMapResourceFlags_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Flags for mapping and unmapping interop resources
@@ -2161,17 +2461,29 @@ pub struct CUgraphicsMapResourceFlags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphicsMapResourceFlags_enum as CUgraphicsMapResourceFlags;
 impl CUarray_cubemap_face_enum {
     ///< Positive X face of cubemap
-    pub const CU_CUBEMAP_FACE_POSITIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(0);
+    pub const CU_CUBEMAP_FACE_POSITIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        0,
+    );
     ///< Negative X face of cubemap
-    pub const CU_CUBEMAP_FACE_NEGATIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(1);
+    pub const CU_CUBEMAP_FACE_NEGATIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        1,
+    );
     ///< Positive Y face of cubemap
-    pub const CU_CUBEMAP_FACE_POSITIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(2);
+    pub const CU_CUBEMAP_FACE_POSITIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        2,
+    );
     ///< Negative Y face of cubemap
-    pub const CU_CUBEMAP_FACE_NEGATIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(3);
+    pub const CU_CUBEMAP_FACE_NEGATIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        3,
+    );
     ///< Positive Z face of cubemap
-    pub const CU_CUBEMAP_FACE_POSITIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(4);
+    pub const CU_CUBEMAP_FACE_POSITIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        4,
+    );
     ///< Negative Z face of cubemap
-    pub const CU_CUBEMAP_FACE_NEGATIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(5);
+    pub const CU_CUBEMAP_FACE_NEGATIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
+        5,
+    );
 }
 #[repr(transparent)]
 /// Array indices for cube faces
@@ -2212,7 +2524,9 @@ impl CUresourcetype_enum {
     ///< Array resource
     pub const CU_RESOURCE_TYPE_ARRAY: CUresourcetype_enum = CUresourcetype_enum(0);
     ///< Mipmapped array resource
-    pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: CUresourcetype_enum = CUresourcetype_enum(1);
+    pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: CUresourcetype_enum = CUresourcetype_enum(
+        1,
+    );
     ///< Linear resource
     pub const CU_RESOURCE_TYPE_LINEAR: CUresourcetype_enum = CUresourcetype_enum(2);
     ///< Pitch 2D resource
@@ -2225,16 +2539,23 @@ pub struct CUresourcetype_enum(pub ::std::os::raw::c_uint);
 /// Resource types
 pub use self::CUresourcetype_enum as CUresourcetype;
 /** CUDA host function
-\param userData Argument value passed to the function*/
-pub type CUhostFn =
-    ::std::option::Option<unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void)>;
+ \param userData Argument value passed to the function*/
+pub type CUhostFn = ::std::option::Option<
+    unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void),
+>;
 impl CUaccessProperty_enum {
     ///< Normal cache persistence.
-    pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(0);
+    pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(
+        0,
+    );
     ///< Streaming access is less likely to persit from cache.
-    pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty_enum = CUaccessProperty_enum(1);
+    pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty_enum = CUaccessProperty_enum(
+        1,
+    );
     ///< Persisting access is more likely to persist in cache.
-    pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty_enum = CUaccessProperty_enum(2);
+    pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty_enum = CUaccessProperty_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Specifies performance hint with ::CUaccessPolicyWindow for hitProp and missProp members.
@@ -2243,15 +2564,15 @@ pub struct CUaccessProperty_enum(pub ::std::os::raw::c_uint);
 /// Specifies performance hint with ::CUaccessPolicyWindow for hitProp and missProp members.
 pub use self::CUaccessProperty_enum as CUaccessProperty;
 /** Specifies an access policy for a window, a contiguous extent of memory
-beginning at base_ptr and ending at base_ptr + num_bytes.
-num_bytes is limited by CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE.
-Partition into many segments and assign segments such that:
-sum of "hit segments" / window == approx. ratio.
-sum of "miss segments" / window == approx 1-ratio.
-Segments and ratio specifications are fitted to the capabilities of
-the architecture.
-Accesses in a hit segment apply the hitProp access policy.
-Accesses in a miss segment apply the missProp access policy.*/
+ beginning at base_ptr and ending at base_ptr + num_bytes.
+ num_bytes is limited by CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE.
+ Partition into many segments and assign segments such that:
+ sum of "hit segments" / window == approx. ratio.
+ sum of "miss segments" / window == approx 1-ratio.
+ Segments and ratio specifications are fitted to the capabilities of
+ the architecture.
+ Accesses in a hit segment apply the hitProp access policy.
+ Accesses in a miss segment apply the missProp access policy.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUaccessPolicyWindow_st {
@@ -2276,15 +2597,15 @@ impl Default for CUaccessPolicyWindow_st {
     }
 }
 /** Specifies an access policy for a window, a contiguous extent of memory
-beginning at base_ptr and ending at base_ptr + num_bytes.
-num_bytes is limited by CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE.
-Partition into many segments and assign segments such that:
-sum of "hit segments" / window == approx. ratio.
-sum of "miss segments" / window == approx 1-ratio.
-Segments and ratio specifications are fitted to the capabilities of
-the architecture.
-Accesses in a hit segment apply the hitProp access policy.
-Accesses in a miss segment apply the missProp access policy.*/
+ beginning at base_ptr and ending at base_ptr + num_bytes.
+ num_bytes is limited by CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE.
+ Partition into many segments and assign segments such that:
+ sum of "hit segments" / window == approx. ratio.
+ sum of "miss segments" / window == approx 1-ratio.
+ Segments and ratio specifications are fitted to the capabilities of
+ the architecture.
+ Accesses in a hit segment apply the hitProp access policy.
+ Accesses in a miss segment apply the missProp access policy.*/
 pub type CUaccessPolicyWindow_v1 = CUaccessPolicyWindow_st;
 /// Access policy window
 pub type CUaccessPolicyWindow = CUaccessPolicyWindow_v1;
@@ -2501,14 +2822,17 @@ impl Default for CUDA_HOST_NODE_PARAMS_v2_st {
 pub type CUDA_HOST_NODE_PARAMS_v2 = CUDA_HOST_NODE_PARAMS_v2_st;
 impl CUgraphConditionalNodeType_enum {
     ///< Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \p size == 2, an optional ELSE graph is created and this is executed if the condition is zero.
-    pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(0);
+    pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
+        0,
+    );
     ///< Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
-    pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(1);
+    pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
+        1,
+    );
     ///< Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
-    pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(2);
+    pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Conditional node types
@@ -2521,33 +2845,33 @@ pub use self::CUgraphConditionalNodeType_enum as CUgraphConditionalNodeType;
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_CONDITIONAL_NODE_PARAMS {
     /**< Conditional node handle.
-    Handles must be created in advance of creating the node
-    using ::cuGraphConditionalHandleCreate.*/
+Handles must be created in advance of creating the node
+using ::cuGraphConditionalHandleCreate.*/
     pub handle: CUgraphConditionalHandle,
     ///< Type of conditional node.
     pub type_: CUgraphConditionalNodeType,
     /**< Size of graph output array.  Allowed values are 1 for CU_GRAPH_COND_TYPE_WHILE, 1 or 2
-    for CU_GRAPH_COND_TYPE_IF, or any value greater than zero for CU_GRAPH_COND_TYPE_SWITCH.*/
+for CU_GRAPH_COND_TYPE_IF, or any value greater than zero for CU_GRAPH_COND_TYPE_SWITCH.*/
     pub size: ::std::os::raw::c_uint,
     /**< CUDA-owned array populated with conditional node child graphs during creation of the node.
-    Valid for the lifetime of the conditional node.
-    The contents of the graph(s) are subject to the following constraints:
+Valid for the lifetime of the conditional node.
+The contents of the graph(s) are subject to the following constraints:
 
-    - Allowed node types are kernel nodes, empty nodes, child graphs, memsets,
-    memcopies, and conditionals. This applies recursively to child graphs and conditional bodies.
-    - All kernels, including kernels in nested conditionals or child graphs at any level,
-    must belong to the same CUDA context.
+- Allowed node types are kernel nodes, empty nodes, child graphs, memsets,
+memcopies, and conditionals. This applies recursively to child graphs and conditional bodies.
+- All kernels, including kernels in nested conditionals or child graphs at any level,
+must belong to the same CUDA context.
 
-    These graphs may be populated using graph node creation APIs or ::cuStreamBeginCaptureToGraph.
+These graphs may be populated using graph node creation APIs or ::cuStreamBeginCaptureToGraph.
 
-    CU_GRAPH_COND_TYPE_IF:
-    phGraph_out[0] is executed when the condition is non-zero.  If \p size == 2, phGraph_out[1] will
-    be executed when the condition is zero.
-    CU_GRAPH_COND_TYPE_WHILE:
-    phGraph_out[0] is executed as long as the condition is non-zero.
-    CU_GRAPH_COND_TYPE_SWITCH:
-    phGraph_out[n] is executed when the condition is equal to n.  If the condition >= \p size,
-    no body graph is executed.*/
+CU_GRAPH_COND_TYPE_IF:
+phGraph_out[0] is executed when the condition is non-zero.  If \p size == 2, phGraph_out[1] will
+be executed when the condition is zero.
+CU_GRAPH_COND_TYPE_WHILE:
+phGraph_out[0] is executed as long as the condition is non-zero.
+CU_GRAPH_COND_TYPE_SWITCH:
+phGraph_out[n] is executed when the condition is equal to n.  If the condition >= \p size,
+no body graph is executed.*/
     pub phGraph_out: *mut CUgraph,
     ///< Context on which to run the node.  Must match context used to create the handle and all body nodes.
     pub ctx: CUcontext,
@@ -2575,38 +2899,54 @@ impl CUgraphNodeType_enum {
     ///< Empty (no-op) node
     pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType_enum = CUgraphNodeType_enum(5);
     ///< External event wait node
-    pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType_enum = CUgraphNodeType_enum(6);
+    pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        6,
+    );
     ///< External event record node
-    pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType_enum = CUgraphNodeType_enum(7);
+    pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        7,
+    );
     ///< External semaphore signal node
-    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType_enum = CUgraphNodeType_enum(8);
+    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        8,
+    );
     ///< External semaphore wait node
-    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType_enum = CUgraphNodeType_enum(9);
+    pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        9,
+    );
     ///< Memory Allocation Node
-    pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType_enum = CUgraphNodeType_enum(10);
+    pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        10,
+    );
     ///< Memory Free Node
-    pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType_enum = CUgraphNodeType_enum(11);
+    pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        11,
+    );
     /**< Batch MemOp Node
-    See ::cuStreamBatchMemOp and ::CUstreamBatchMemOpType for what these nodes can do.*/
-    pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType_enum = CUgraphNodeType_enum(12);
+See ::cuStreamBatchMemOp and ::CUstreamBatchMemOpType for what these nodes can do.*/
+    pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        12,
+    );
     /**< Conditional Node
 
-    May be used to implement a conditional execution path or loop
-    inside of a graph. The graph(s) contained within the body of the conditional node
-    can be selectively executed or iterated upon based on the value of a conditional
-    variable.
+May be used to implement a conditional execution path or loop
+inside of a graph. The graph(s) contained within the body of the conditional node
+can be selectively executed or iterated upon based on the value of a conditional
+variable.
 
-    Handles must be created in advance of creating the node
-    using ::cuGraphConditionalHandleCreate.
+Handles must be created in advance of creating the node
+using ::cuGraphConditionalHandleCreate.
 
-    The following restrictions apply to graphs which contain conditional nodes:
-    The graph cannot be used in a child node.
-    Only one instantiation of the graph may exist at any point in time.
-    The graph cannot be cloned.
+The following restrictions apply to graphs which contain conditional nodes:
+The graph cannot be used in a child node.
+Only one instantiation of the graph may exist at any point in time.
+The graph cannot be cloned.
 
-    To set the control value, supply a default value when creating the handle and/or
-    call ::cudaGraphSetConditional from device code.*/
-    pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType_enum = CUgraphNodeType_enum(13);
+To set the control value, supply a default value when creating the handle and/or
+call ::cudaGraphSetConditional from device code.*/
+    pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType_enum = CUgraphNodeType_enum(
+        13,
+    );
 }
 #[repr(transparent)]
 /// Graph node types
@@ -2616,15 +2956,17 @@ pub struct CUgraphNodeType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphNodeType_enum as CUgraphNodeType;
 impl CUgraphDependencyType_enum {
     ///< This is an ordinary dependency.
-    pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum =
-        CUgraphDependencyType_enum(0);
+    pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum = CUgraphDependencyType_enum(
+        0,
+    );
     /**< This dependency type allows the downstream node to
-    use \c cudaGridDependencySynchronize(). It may only be used
-    between kernel nodes, and must be used with either the
-    ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC or
-    ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER outgoing port.*/
-    pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType_enum =
-        CUgraphDependencyType_enum(1);
+use \c cudaGridDependencySynchronize(). It may only be used
+between kernel nodes, and must be used with either the
+::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC or
+::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER outgoing port.*/
+    pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType_enum = CUgraphDependencyType_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Type annotations that can be applied to graph edges as part of ::CUgraphEdgeData.
@@ -2633,61 +2975,67 @@ pub struct CUgraphDependencyType_enum(pub ::std::os::raw::c_uint);
 /// Type annotations that can be applied to graph edges as part of ::CUgraphEdgeData.
 pub use self::CUgraphDependencyType_enum as CUgraphDependencyType;
 /** Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and
-default to a zero-initialized value if not specified. A zero-initialized struct indicates a
-standard full serialization of two nodes with memory visibility.*/
+ default to a zero-initialized value if not specified. A zero-initialized struct indicates a
+ standard full serialization of two nodes with memory visibility.*/
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUgraphEdgeData_st {
     /**< This indicates when the dependency is triggered from the upstream
-    node on the edge. The meaning is specfic to the node type. A value
-    of 0 in all cases means full completion of the upstream node, with
-    memory visibility to the downstream node or portion thereof
-    (indicated by \c to_port).
-    <br>
-    Only kernel nodes define non-zero ports. A kernel node
-    can use the following output port types:
-    ::CU_GRAPH_KERNEL_NODE_PORT_DEFAULT, ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC,
-    or ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER.*/
+node on the edge. The meaning is specfic to the node type. A value
+of 0 in all cases means full completion of the upstream node, with
+memory visibility to the downstream node or portion thereof
+(indicated by \c to_port).
+<br>
+Only kernel nodes define non-zero ports. A kernel node
+can use the following output port types:
+::CU_GRAPH_KERNEL_NODE_PORT_DEFAULT, ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC,
+or ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER.*/
     pub from_port: ::std::os::raw::c_uchar,
     /**< This indicates what portion of the downstream node is dependent on
-    the upstream node or portion thereof (indicated by \c from_port). The
-    meaning is specific to the node type. A value of 0 in all cases means
-    the entirety of the downstream node is dependent on the upstream work.
-    <br>
-    Currently no node types define non-zero ports. Accordingly, this field
-    must be set to zero.*/
+the upstream node or portion thereof (indicated by \c from_port). The
+meaning is specific to the node type. A value of 0 in all cases means
+the entirety of the downstream node is dependent on the upstream work.
+<br>
+Currently no node types define non-zero ports. Accordingly, this field
+must be set to zero.*/
     pub to_port: ::std::os::raw::c_uchar,
     /**< This should be populated with a value from ::CUgraphDependencyType. (It
-    is typed as char due to compiler-specific layout of bitfields.) See
-    ::CUgraphDependencyType.*/
+is typed as char due to compiler-specific layout of bitfields.) See
+::CUgraphDependencyType.*/
     pub type_: ::std::os::raw::c_uchar,
     /**< These bytes are unused and must be zeroed. This ensures
-    compatibility if additional fields are added in the future.*/
+compatibility if additional fields are added in the future.*/
     pub reserved: [::std::os::raw::c_uchar; 5usize],
 }
 /** Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and
-default to a zero-initialized value if not specified. A zero-initialized struct indicates a
-standard full serialization of two nodes with memory visibility.*/
+ default to a zero-initialized value if not specified. A zero-initialized struct indicates a
+ standard full serialization of two nodes with memory visibility.*/
 pub type CUgraphEdgeData = CUgraphEdgeData_st;
 impl CUgraphInstantiateResult_enum {
     ///< Instantiation succeeded
-    pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(0);
+    pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        0,
+    );
     ///< Instantiation failed for an unexpected reason which is described in the return value of the function
-    pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(1);
+    pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        1,
+    );
     ///< Instantiation failed due to invalid structure, such as cycles
-    pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(2);
+    pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        2,
+    );
     ///< Instantiation for device launch failed because the graph contained an unsupported operation
-    pub const CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(3);
+    pub const CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        3,
+    );
     ///< Instantiation for device launch failed due to the nodes belonging to different contexts
-    pub const CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(4);
+    pub const CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        4,
+    );
     ///< One or more conditional handles are not associated with conditional nodes
-    pub const CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(5);
+    pub const CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
+        5,
+    );
 }
 #[repr(transparent)]
 /// Graph instantiation results
@@ -2720,11 +3068,18 @@ impl Default for CUDA_GRAPH_INSTANTIATE_PARAMS_st {
 /// Graph instantiation parameters
 pub type CUDA_GRAPH_INSTANTIATE_PARAMS = CUDA_GRAPH_INSTANTIATE_PARAMS_st;
 impl CUsynchronizationPolicy_enum {
-    pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(1);
-    pub const CU_SYNC_POLICY_SPIN: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(2);
-    pub const CU_SYNC_POLICY_YIELD: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(3);
-    pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy_enum =
-        CUsynchronizationPolicy_enum(4);
+    pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        1,
+    );
+    pub const CU_SYNC_POLICY_SPIN: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        2,
+    );
+    pub const CU_SYNC_POLICY_YIELD: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        3,
+    );
+    pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(
+        4,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -2732,14 +3087,17 @@ pub struct CUsynchronizationPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUsynchronizationPolicy_enum as CUsynchronizationPolicy;
 impl CUclusterSchedulingPolicy_enum {
     ///< the default policy
-    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum =
-        CUclusterSchedulingPolicy_enum(0);
+    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        0,
+    );
     ///< spread the blocks within a cluster to the SMs
-    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum =
-        CUclusterSchedulingPolicy_enum(1);
+    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        1,
+    );
     ///< allow the hardware to load-balance the blocks in a cluster to the SMs
-    pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum =
-        CUclusterSchedulingPolicy_enum(2);
+    pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Cluster scheduling policies. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
@@ -2749,53 +3107,55 @@ pub struct CUclusterSchedulingPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUclusterSchedulingPolicy_enum as CUclusterSchedulingPolicy;
 impl CUlaunchMemSyncDomain_enum {
     ///< Launch kernels in the default domain
-    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum =
-        CUlaunchMemSyncDomain_enum(0);
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
+        0,
+    );
     ///< Launch kernels in the remote domain
-    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum =
-        CUlaunchMemSyncDomain_enum(1);
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /** Memory Synchronization Domain
 
-A kernel can be launched in a specified memory synchronization domain that affects all memory operations issued by
-that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
-latency increase from memory barriers ordering unrelated traffic.
+ A kernel can be launched in a specified memory synchronization domain that affects all memory operations issued by
+ that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
+ latency increase from memory barriers ordering unrelated traffic.
 
-By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
-::cuGraphKernelNodeSetAttribute.
+ By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
+ different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
+ graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
+ ::cuGraphKernelNodeSetAttribute.
 
-Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
-words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
-memory synchronization domain even if they are on the same GPU.*/
+ Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
+ words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
+ memory synchronization domain even if they are on the same GPU.*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchMemSyncDomain_enum(pub ::std::os::raw::c_uint);
 /** Memory Synchronization Domain
 
-A kernel can be launched in a specified memory synchronization domain that affects all memory operations issued by
-that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
-latency increase from memory barriers ordering unrelated traffic.
+ A kernel can be launched in a specified memory synchronization domain that affects all memory operations issued by
+ that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
+ latency increase from memory barriers ordering unrelated traffic.
 
-By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
-::cuGraphKernelNodeSetAttribute.
+ By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
+ different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
+ graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
+ ::cuGraphKernelNodeSetAttribute.
 
-Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
-words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
-memory synchronization domain even if they are on the same GPU.*/
+ Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
+ words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
+ memory synchronization domain even if they are on the same GPU.*/
 pub use self::CUlaunchMemSyncDomain_enum as CUlaunchMemSyncDomain;
 /** Memory Synchronization Domain map
 
-See ::cudaLaunchMemSyncDomain.
+ See ::cudaLaunchMemSyncDomain.
 
-By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
+ By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
+ different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
+ graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
 
-Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.*/
+ Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.*/
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUlaunchMemSyncDomainMap_st {
@@ -2806,205 +3166,223 @@ pub struct CUlaunchMemSyncDomainMap_st {
 }
 /** Memory Synchronization Domain map
 
-See ::cudaLaunchMemSyncDomain.
+ See ::cudaLaunchMemSyncDomain.
 
-By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
+ By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
+ different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
+ graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
 
-Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.*/
+ Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.*/
 pub type CUlaunchMemSyncDomainMap = CUlaunchMemSyncDomainMap_st;
 impl CUlaunchAttributeID_enum {
     ///< Ignored entry, for convenient composition
-    pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(0);
+    pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        0,
+    );
     /**< Valid for streams, graph nodes, launches. See
-    ::CUlaunchAttributeValue::accessPolicyWindow.*/
-    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(1);
+::CUlaunchAttributeValue::accessPolicyWindow.*/
+    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        1,
+    );
     /**< Valid for graph nodes, launches. See
-    ::CUlaunchAttributeValue::cooperative.*/
-    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(2);
+::CUlaunchAttributeValue::cooperative.*/
+    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        2,
+    );
     /**< Valid for streams. See
-    ::CUlaunchAttributeValue::syncPolicy.*/
-    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(3);
+::CUlaunchAttributeValue::syncPolicy.*/
+    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        3,
+    );
     ///< Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterDim.
-    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(4);
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        4,
+    );
     ///< Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterSchedulingPolicyPreference.
-    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(5);
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        5,
+    );
     /**< Valid for launches. Setting
-    ::CUlaunchAttributeValue::programmaticStreamSerializationAllowed
-    to non-0 signals that the kernel will use programmatic
-    means to resolve its stream dependency, so that the
-    CUDA runtime should opportunistically allow the grid's
-    execution to overlap with the previous kernel in the
-    stream, if that kernel requests the overlap. The
-    dependent launches can choose to wait on the
-    dependency using the programmatic sync
-    (cudaGridDependencySynchronize() or equivalent PTX
-    instructions).*/
-    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(6);
+::CUlaunchAttributeValue::programmaticStreamSerializationAllowed
+to non-0 signals that the kernel will use programmatic
+means to resolve its stream dependency, so that the
+CUDA runtime should opportunistically allow the grid's
+execution to overlap with the previous kernel in the
+stream, if that kernel requests the overlap. The
+dependent launches can choose to wait on the
+dependency using the programmatic sync
+(cudaGridDependencySynchronize() or equivalent PTX
+instructions).*/
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        6,
+    );
     /**< Valid for launches. Set
-    ::CUlaunchAttributeValue::programmaticEvent to
-    record the event. Event recorded through this
-    launch attribute is guaranteed to only trigger
-    after all block in the associated kernel trigger
-    the event. A block can trigger the event through
-    PTX launchdep.release or CUDA builtin function
-    cudaTriggerProgrammaticLaunchCompletion(). A
-    trigger can also be inserted at the beginning of
-    each block's execution if triggerAtBlockStart is
-    set to non-0. The dependent launches can choose to
-    wait on the dependency using the programmatic sync
-    (cudaGridDependencySynchronize() or equivalent PTX
-    instructions). Note that dependents (including the
-    CPU thread calling cuEventSynchronize()) are not
-    guaranteed to observe the release precisely when
-    it is released.  For example, cuEventSynchronize()
-    may only observe the event trigger long after the
-    associated kernel has completed. This recording
-    type is primarily meant for establishing
-    programmatic dependency between device tasks. Note
-    also this type of dependency allows, but does not
-    guarantee, concurrent execution of tasks.
-    <br>
-    The event supplied must not be an interprocess or
-    interop event. The event must disable timing (i.e.
-    must be created with the ::CU_EVENT_DISABLE_TIMING
-    flag set).*/
-    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(7);
+::CUlaunchAttributeValue::programmaticEvent to
+record the event. Event recorded through this
+launch attribute is guaranteed to only trigger
+after all block in the associated kernel trigger
+the event. A block can trigger the event through
+PTX launchdep.release or CUDA builtin function
+cudaTriggerProgrammaticLaunchCompletion(). A
+trigger can also be inserted at the beginning of
+each block's execution if triggerAtBlockStart is
+set to non-0. The dependent launches can choose to
+wait on the dependency using the programmatic sync
+(cudaGridDependencySynchronize() or equivalent PTX
+instructions). Note that dependents (including the
+CPU thread calling cuEventSynchronize()) are not
+guaranteed to observe the release precisely when
+it is released.  For example, cuEventSynchronize()
+may only observe the event trigger long after the
+associated kernel has completed. This recording
+type is primarily meant for establishing
+programmatic dependency between device tasks. Note
+also this type of dependency allows, but does not
+guarantee, concurrent execution of tasks.
+<br>
+The event supplied must not be an interprocess or
+interop event. The event must disable timing (i.e.
+must be created with the ::CU_EVENT_DISABLE_TIMING
+flag set).*/
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        7,
+    );
     /**< Valid for streams, graph nodes, launches. See
-    ::CUlaunchAttributeValue::priority.*/
-    pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(8);
+::CUlaunchAttributeValue::priority.*/
+    pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        8,
+    );
     /**< Valid for streams, graph nodes, launches. See
-    ::CUlaunchAttributeValue::memSyncDomainMap.*/
-    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(9);
+::CUlaunchAttributeValue::memSyncDomainMap.*/
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        9,
+    );
     /**< Valid for streams, graph nodes, launches. See
-    ::CUlaunchAttributeValue::memSyncDomain.*/
-    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(10);
+::CUlaunchAttributeValue::memSyncDomain.*/
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        10,
+    );
     /**< Valid for graph nodes, launches. Set
-    ::CUlaunchAttributeValue::preferredClusterDim
-    to allow the kernel launch to specify a preferred substitute
-    cluster dimension. Blocks may be grouped according to either
-    the dimensions specified with this attribute (grouped into a
-    "preferred substitute cluster"), or the one specified with
-    ::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION attribute (grouped
-    into a "regular cluster"). The cluster dimensions of a
-    "preferred substitute cluster" shall be an integer multiple
-    greater than zero of the regular cluster dimensions. The
-    device will attempt - on a best-effort basis - to group
-    thread blocks into preferred clusters over grouping them
-    into regular clusters. When it deems necessary (primarily
-    when the device temporarily runs out of physical resources
-    to launch the larger preferred clusters), the device may
-    switch to launch the regular clusters instead to attempt to
-    utilize as much of the physical device resources as possible.
-    <br>
-    Each type of cluster will have its enumeration / coordinate
-    setup as if the grid consists solely of its type of cluster.
-    For example, if the preferred substitute cluster dimensions
-    double the regular cluster dimensions, there might be
-    simultaneously a regular cluster indexed at (1,0,0), and a
-    preferred cluster indexed at (1,0,0). In this example, the
-    preferred substitute cluster (1,0,0) replaces regular
-    clusters (2,0,0) and (3,0,0) and groups their blocks.
-    <br>
-    This attribute will only take effect when a regular cluster
-    dimension has been specified. The preferred substitute
-    cluster dimension must be an integer multiple greater than
-    zero of the regular cluster dimension and must divide the
-    grid. It must also be no more than `maxBlocksPerCluster`, if
-    it is set in the kernel's `__launch_bounds__`. Otherwise it
-    must be less than the maximum value the driver can support.
-    Otherwise, setting this attribute to a value physically
-    unable to fit on any particular device is permitted.*/
-    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(11);
+::CUlaunchAttributeValue::preferredClusterDim
+to allow the kernel launch to specify a preferred substitute
+cluster dimension. Blocks may be grouped according to either
+the dimensions specified with this attribute (grouped into a
+"preferred substitute cluster"), or the one specified with
+::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION attribute (grouped
+into a "regular cluster"). The cluster dimensions of a
+"preferred substitute cluster" shall be an integer multiple
+greater than zero of the regular cluster dimensions. The
+device will attempt - on a best-effort basis - to group
+thread blocks into preferred clusters over grouping them
+into regular clusters. When it deems necessary (primarily
+when the device temporarily runs out of physical resources
+to launch the larger preferred clusters), the device may
+switch to launch the regular clusters instead to attempt to
+utilize as much of the physical device resources as possible.
+<br>
+Each type of cluster will have its enumeration / coordinate
+setup as if the grid consists solely of its type of cluster.
+For example, if the preferred substitute cluster dimensions
+double the regular cluster dimensions, there might be
+simultaneously a regular cluster indexed at (1,0,0), and a
+preferred cluster indexed at (1,0,0). In this example, the
+preferred substitute cluster (1,0,0) replaces regular
+clusters (2,0,0) and (3,0,0) and groups their blocks.
+<br>
+This attribute will only take effect when a regular cluster
+dimension has been specified. The preferred substitute
+cluster dimension must be an integer multiple greater than
+zero of the regular cluster dimension and must divide the
+grid. It must also be no more than `maxBlocksPerCluster`, if
+it is set in the kernel's `__launch_bounds__`. Otherwise it
+must be less than the maximum value the driver can support.
+Otherwise, setting this attribute to a value physically
+unable to fit on any particular device is permitted.*/
+    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        11,
+    );
     /**< Valid for launches. Set
-    ::CUlaunchAttributeValue::launchCompletionEvent to record the
-    event.
-    <br>
-    Nominally, the event is triggered once all blocks of the kernel
-    have begun execution. Currently this is a best effort. If a kernel
-    B has a launch completion dependency on a kernel A, B may wait
-    until A is complete. Alternatively, blocks of B may begin before
-    all blocks of A have begun, for example if B can claim execution
-    resources unavailable to A (e.g. they run on different GPUs) or
-    if B is a higher priority than A.
-    Exercise caution if such an ordering inversion could lead
-    to deadlock.
-    <br>
-    A launch completion event is nominally similar to a programmatic
-    event with \c triggerAtBlockStart set except that it is not
-    visible to \c cudaGridDependencySynchronize() and can be used with
-    compute capability less than 9.0.
-    <br>
-    The event supplied must not be an interprocess or interop
-    event. The event must disable timing (i.e. must be created
-    with the ::CU_EVENT_DISABLE_TIMING flag set).*/
-    pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(12);
+::CUlaunchAttributeValue::launchCompletionEvent to record the
+event.
+<br>
+Nominally, the event is triggered once all blocks of the kernel
+have begun execution. Currently this is a best effort. If a kernel
+B has a launch completion dependency on a kernel A, B may wait
+until A is complete. Alternatively, blocks of B may begin before
+all blocks of A have begun, for example if B can claim execution
+resources unavailable to A (e.g. they run on different GPUs) or
+if B is a higher priority than A.
+Exercise caution if such an ordering inversion could lead
+to deadlock.
+<br>
+A launch completion event is nominally similar to a programmatic
+event with \c triggerAtBlockStart set except that it is not
+visible to \c cudaGridDependencySynchronize() and can be used with
+compute capability less than 9.0.
+<br>
+The event supplied must not be an interprocess or interop
+event. The event must disable timing (i.e. must be created
+with the ::CU_EVENT_DISABLE_TIMING flag set).*/
+    pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        12,
+    );
     /**< Valid for graph nodes, launches. This attribute is graphs-only,
-    and passing it to a launch in a non-capturing stream will result
-    in an error.
-    <br>
-    ::CUlaunchAttributeValue::deviceUpdatableKernelNode::deviceUpdatable can
-    only be set to 0 or 1. Setting the field to 1 indicates that the
-    corresponding kernel node should be device-updatable. On success, a handle
-    will be returned via
-    ::CUlaunchAttributeValue::deviceUpdatableKernelNode::devNode which can be
-    passed to the various device-side update functions to update the node's
-    kernel parameters from within another kernel. For more information on the
-    types of device updates that can be made, as well as the relevant limitations
-    thereof, see ::cudaGraphKernelNodeUpdatesApply.
-    <br>
-    Nodes which are device-updatable have additional restrictions compared to
-    regular kernel nodes. Firstly, device-updatable nodes cannot be removed
-    from their graph via ::cuGraphDestroyNode. Additionally, once opted-in
-    to this functionality, a node cannot opt out, and any attempt to set the
-    deviceUpdatable attribute to 0 will result in an error. Device-updatable
-    kernel nodes also cannot have their attributes copied to/from another kernel
-    node via ::cuGraphKernelNodeCopyAttributes. Graphs containing one or more
-    device-updatable nodes also do not allow multiple instantiation, and neither
-    the graph nor its instantiated version can be passed to ::cuGraphExecUpdate.
-    <br>
-    If a graph contains device-updatable nodes and updates those nodes from the device
-    from within the graph, the graph must be uploaded with ::cuGraphUpload before it
-    is launched. For such a graph, if host-side executable graph updates are made to the
-    device-updatable nodes, the graph must be uploaded before it is launched again.*/
-    pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(13);
+and passing it to a launch in a non-capturing stream will result
+in an error.
+<br>
+::CUlaunchAttributeValue::deviceUpdatableKernelNode::deviceUpdatable can
+only be set to 0 or 1. Setting the field to 1 indicates that the
+corresponding kernel node should be device-updatable. On success, a handle
+will be returned via
+::CUlaunchAttributeValue::deviceUpdatableKernelNode::devNode which can be
+passed to the various device-side update functions to update the node's
+kernel parameters from within another kernel. For more information on the
+types of device updates that can be made, as well as the relevant limitations
+thereof, see ::cudaGraphKernelNodeUpdatesApply.
+<br>
+Nodes which are device-updatable have additional restrictions compared to
+regular kernel nodes. Firstly, device-updatable nodes cannot be removed
+from their graph via ::cuGraphDestroyNode. Additionally, once opted-in
+to this functionality, a node cannot opt out, and any attempt to set the
+deviceUpdatable attribute to 0 will result in an error. Device-updatable
+kernel nodes also cannot have their attributes copied to/from another kernel
+node via ::cuGraphKernelNodeCopyAttributes. Graphs containing one or more
+device-updatable nodes also do not allow multiple instantiation, and neither
+the graph nor its instantiated version can be passed to ::cuGraphExecUpdate.
+<br>
+If a graph contains device-updatable nodes and updates those nodes from the device
+from within the graph, the graph must be uploaded with ::cuGraphUpload before it
+is launched. For such a graph, if host-side executable graph updates are made to the
+device-updatable nodes, the graph must be uploaded before it is launched again.*/
+    pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        13,
+    );
     /**< Valid for launches. On devices where the L1 cache and shared memory use the
-    same hardware resources, setting ::CUlaunchAttributeValue::sharedMemCarveout to a
-    percentage between 0-100 signals the CUDA driver to set the shared memory carveout
-    preference, in percent of the total shared memory for that kernel launch.
-    This attribute takes precedence over ::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
-    This is only a hint, and the CUDA driver can choose a different configuration if
-    required for the launch.*/
-    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(14);
+same hardware resources, setting ::CUlaunchAttributeValue::sharedMemCarveout to a
+percentage between 0-100 signals the CUDA driver to set the shared memory carveout
+preference, in percent of the total shared memory for that kernel launch.
+This attribute takes precedence over ::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
+This is only a hint, and the CUDA driver can choose a different configuration if
+required for the launch.*/
+    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        14,
+    );
     /**< Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the
-    launch should attempt to make the kernel maximize its NVLINK utilization.
-    <br>
-    When possible to honor this hint, CUDA will assume each block in the grid launch will carry out an even amount
-    of NVLINK traffic, and make a best-effort attempt to adjust the kernel launch based on that assumption.
-    <br>
-    This attribute is a hint only. CUDA makes no functional or performance guarantee. Its applicability can be
-    affected by many different factors, including driver version (i.e. CUDA doesn't guarantee the performance
-    characteristics will be maintained between driver versions or a driver update could alter or regress
-    previously observed perf characteristics.) It also doesn't guarantee a successful result, i.e. applying
-    the attribute may not improve the performance of either the targeted kernel or the encapsulating application.
-    <br>
-    Valid values for ::CUlaunchAttributeValue::nvlinkUtilCentricScheduling are 0 (disabled) and 1 (enabled).*/
-    pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(16);
+launch should attempt to make the kernel maximize its NVLINK utilization.
+<br>
+When possible to honor this hint, CUDA will assume each block in the grid launch will carry out an even amount
+of NVLINK traffic, and make a best-effort attempt to adjust the kernel launch based on that assumption.
+<br>
+This attribute is a hint only. CUDA makes no functional or performance guarantee. Its applicability can be
+affected by many different factors, including driver version (i.e. CUDA doesn't guarantee the performance
+characteristics will be maintained between driver versions or a driver update could alter or regress
+previously observed perf characteristics.) It also doesn't guarantee a successful result, i.e. applying
+the attribute may not improve the performance of either the targeted kernel or the encapsulating application.
+<br>
+Valid values for ::CUlaunchAttributeValue::nvlinkUtilCentricScheduling are 0 (disabled) and 1 (enabled).*/
+    pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
+        16,
+    );
 }
 #[repr(transparent)]
 /// Launch attributes enum; used as id field of ::CUlaunchAttribute
@@ -3020,30 +3398,30 @@ pub union CUlaunchAttributeValue_union {
     ///< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW.
     pub accessPolicyWindow: CUaccessPolicyWindow,
     /**< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_COOPERATIVE. Nonzero indicates a cooperative
-    kernel (see ::cuLaunchCooperativeKernel).*/
+kernel (see ::cuLaunchCooperativeKernel).*/
     pub cooperative: ::std::os::raw::c_int,
     /**< Value of launch attribute
-    ::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY. ::CUsynchronizationPolicy for
-    work queued up in this stream*/
+::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY. ::CUsynchronizationPolicy for
+work queued up in this stream*/
     pub syncPolicy: CUsynchronizationPolicy,
     pub clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1,
     /**< Value of launch attribute
-    ::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE. Cluster
-    scheduling policy preference for the kernel.*/
+::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE. Cluster
+scheduling policy preference for the kernel.*/
     pub clusterSchedulingPolicyPreference: CUclusterSchedulingPolicy,
     /**< Value of launch attribute
-    ::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.*/
+::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.*/
     pub programmaticStreamSerializationAllowed: ::std::os::raw::c_int,
     pub programmaticEvent: CUlaunchAttributeValue_union__bindgen_ty_2,
     pub launchCompletionEvent: CUlaunchAttributeValue_union__bindgen_ty_3,
     ///< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PRIORITY. Execution priority of the kernel.
     pub priority: ::std::os::raw::c_int,
     /**< Value of launch attribute
-    ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP. See
-    ::CUlaunchMemSyncDomainMap.*/
+::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP. See
+::CUlaunchMemSyncDomainMap.*/
     pub memSyncDomainMap: CUlaunchMemSyncDomainMap,
     /**< Value of launch attribute
-    ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN. See::CUlaunchMemSyncDomain*/
+::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN. See::CUlaunchMemSyncDomain*/
     pub memSyncDomain: CUlaunchMemSyncDomain,
     pub preferredClusterDim: CUlaunchAttributeValue_union__bindgen_ty_4,
     pub deviceUpdatableKernelNode: CUlaunchAttributeValue_union__bindgen_ty_5,
@@ -3052,14 +3430,14 @@ pub union CUlaunchAttributeValue_union {
     pub nvlinkUtilCentricScheduling: ::std::os::raw::c_uint,
 }
 /**  Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION that
-represents the desired cluster dimensions for the kernel. Opaque type
-with the following fields:
-    - \p x - The X dimension of the cluster, in blocks. Must be a divisor
-             of the grid X dimension.
-    - \p y - The Y dimension of the cluster, in blocks. Must be a divisor
-             of the grid Y dimension.
-    - \p z - The Z dimension of the cluster, in blocks. Must be a divisor
-             of the grid Z dimension.*/
+  represents the desired cluster dimensions for the kernel. Opaque type
+  with the following fields:
+      - \p x - The X dimension of the cluster, in blocks. Must be a divisor
+               of the grid X dimension.
+      - \p y - The Y dimension of the cluster, in blocks. Must be a divisor
+               of the grid Y dimension.
+      - \p z - The Z dimension of the cluster, in blocks. Must be a divisor
+               of the grid Z dimension.*/
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_1 {
@@ -3068,10 +3446,10 @@ pub struct CUlaunchAttributeValue_union__bindgen_ty_1 {
     pub z: ::std::os::raw::c_uint,
 }
 /**  Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT
-with the following fields:
-    - \p CUevent event - Event to fire when all blocks trigger it.
-    - \p Event record flags, see ::cuEventRecordWithFlags. Does not accept :CU_EVENT_RECORD_EXTERNAL.
-    - \p triggerAtBlockStart - If this is set to non-0, each block launch will automatically trigger the event.*/
+  with the following fields:
+      - \p CUevent event - Event to fire when all blocks trigger it.
+      - \p Event record flags, see ::cuEventRecordWithFlags. Does not accept :CU_EVENT_RECORD_EXTERNAL.
+      - \p triggerAtBlockStart - If this is set to non-0, each block launch will automatically trigger the event.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_2 {
@@ -3089,9 +3467,9 @@ impl Default for CUlaunchAttributeValue_union__bindgen_ty_2 {
     }
 }
 /** Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
-with the following fields:
-    - \p CUevent event - Event to fire when the last block launches
-    - \p int flags; - Event record flags, see ::cuEventRecordWithFlags. Does not accept ::CU_EVENT_RECORD_EXTERNAL.*/
+ with the following fields:
+     - \p CUevent event - Event to fire when the last block launches
+     - \p int flags; - Event record flags, see ::cuEventRecordWithFlags. Does not accept ::CU_EVENT_RECORD_EXTERNAL.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_3 {
@@ -3108,16 +3486,16 @@ impl Default for CUlaunchAttributeValue_union__bindgen_ty_3 {
     }
 }
 /**  Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
-that represents the desired preferred cluster dimensions for the kernel.
-Opaque type with the following fields:
-    - \p x - The X dimension of the preferred cluster, in blocks. Must
-             be a divisor of the grid X dimension, and must be a
-             multiple of the \p x field of ::CUlaunchAttributeValue::clusterDim.
-    - \p y - The Y dimension of the preferred cluster, in blocks. Must
-             be a divisor of the grid Y dimension, and must be a
-             multiple of the \p y field of ::CUlaunchAttributeValue::clusterDim.
-    - \p z - The Z dimension of the preferred cluster, in blocks. Must be
-             equal to the \p z field of ::CUlaunchAttributeValue::clusterDim.*/
+  that represents the desired preferred cluster dimensions for the kernel.
+  Opaque type with the following fields:
+      - \p x - The X dimension of the preferred cluster, in blocks. Must
+               be a divisor of the grid X dimension, and must be a
+               multiple of the \p x field of ::CUlaunchAttributeValue::clusterDim.
+      - \p y - The Y dimension of the preferred cluster, in blocks. Must
+               be a divisor of the grid Y dimension, and must be a
+               multiple of the \p y field of ::CUlaunchAttributeValue::clusterDim.
+      - \p z - The Z dimension of the preferred cluster, in blocks. Must be
+               equal to the \p z field of ::CUlaunchAttributeValue::clusterDim.*/
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_4 {
@@ -3126,9 +3504,9 @@ pub struct CUlaunchAttributeValue_union__bindgen_ty_4 {
     pub z: ::std::os::raw::c_uint,
 }
 /**  Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE.
-with the following fields:
-    - \p int deviceUpdatable - Whether or not the resulting kernel node should be device-updatable.
-    - \p CUgraphDeviceNode devNode - Returns a handle to pass to the various device-side update functions.*/
+  with the following fields:
+      - \p int deviceUpdatable - Whether or not the resulting kernel node should be device-updatable.
+      - \p CUgraphDeviceNode devNode - Returns a handle to pass to the various device-side update functions.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_5 {
@@ -3220,15 +3598,18 @@ pub type CUkernelNodeAttrValue_v1 = CUlaunchAttributeValue;
 pub type CUkernelNodeAttrValue = CUkernelNodeAttrValue_v1;
 impl CUstreamCaptureStatus_enum {
     ///< Stream is not capturing
-    pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(0);
+    pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        0,
+    );
     ///< Stream is actively capturing
-    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(1);
+    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        1,
+    );
     /**< Stream is part of a capture sequence that
-    has been invalidated, but not terminated*/
-    pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(2);
+has been invalidated, but not terminated*/
+    pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Possible stream capture statuses returned by ::cuStreamIsCapturing
@@ -3237,36 +3618,43 @@ pub struct CUstreamCaptureStatus_enum(pub ::std::os::raw::c_uint);
 /// Possible stream capture statuses returned by ::cuStreamIsCapturing
 pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
 impl CUstreamCaptureMode_enum {
-    pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(0);
-    pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum =
-        CUstreamCaptureMode_enum(1);
-    pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum =
-        CUstreamCaptureMode_enum(2);
+    pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        0,
+    );
+    pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        1,
+    );
+    pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /** Possible modes for stream capture thread interactions. For more details see
-::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode*/
+ ::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamCaptureMode_enum(pub ::std::os::raw::c_uint);
+/** Possible modes for stream capture thread interactions. For more details see
+ ::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode*/
+pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
 /// Launch attributes enum; used as id field of ::CUlaunchAttribute
 pub use self::CUlaunchAttributeID as CUstreamAttrID;
-/** Possible modes for stream capture thread interactions. For more details see
-::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode*/
-pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
 /// Launch attributes union; used as value field of ::CUlaunchAttribute
 pub type CUstreamAttrValue_v1 = CUlaunchAttributeValue;
 /// Launch attributes union; used as value field of ::CUlaunchAttribute
 pub type CUstreamAttrValue = CUstreamAttrValue_v1;
 impl CUdriverProcAddress_flags_enum {
     ///< Default search mode for driver symbols.
-    pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum =
-        CUdriverProcAddress_flags_enum(0);
+    pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
+        0,
+    );
     ///< Search for legacy versions of driver symbols.
-    pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum =
-        CUdriverProcAddress_flags_enum(1);
+    pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
+        1,
+    );
     ///< Search for per-thread versions of driver symbols.
-    pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags_enum =
-        CUdriverProcAddress_flags_enum(2);
+    pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Flags to specify search options. For more details see ::cuGetProcAddress
@@ -3276,14 +3664,17 @@ pub struct CUdriverProcAddress_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUdriverProcAddress_flags_enum as CUdriverProcAddress_flags;
 impl CUdriverProcAddressQueryResult_enum {
     ///< Symbol was succesfully found
-    pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum =
-        CUdriverProcAddressQueryResult_enum(0);
+    pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
+        0,
+    );
     ///< Symbol was not found in search
-    pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult_enum =
-        CUdriverProcAddressQueryResult_enum(1);
+    pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
+        1,
+    );
     ///< Symbol was found but version supplied was not sufficient
-    pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult_enum =
-        CUdriverProcAddressQueryResult_enum(2);
+    pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Flags to indicate search status. For more details see ::cuGetProcAddress
@@ -3293,8 +3684,12 @@ pub struct CUdriverProcAddressQueryResult_enum(pub ::std::os::raw::c_uint);
 pub use self::CUdriverProcAddressQueryResult_enum as CUdriverProcAddressQueryResult;
 impl CUexecAffinityType_enum {
     ///< Create a context with limited SMs.
-    pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType_enum = CUexecAffinityType_enum(0);
-    pub const CU_EXEC_AFFINITY_TYPE_MAX: CUexecAffinityType_enum = CUexecAffinityType_enum(1);
+    pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType_enum = CUexecAffinityType_enum(
+        0,
+    );
+    pub const CU_EXEC_AFFINITY_TYPE_MAX: CUexecAffinityType_enum = CUexecAffinityType_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Execution Affinity Types
@@ -3348,7 +3743,9 @@ pub type CUexecAffinityParam_v1 = CUexecAffinityParam_st;
 /// Execution Affinity Parameters
 pub type CUexecAffinityParam = CUexecAffinityParam_v1;
 impl CUcigDataType_enum {
-    pub const CIG_DATA_TYPE_D3D12_COMMAND_QUEUE: CUcigDataType_enum = CUcigDataType_enum(1);
+    pub const CIG_DATA_TYPE_D3D12_COMMAND_QUEUE: CUcigDataType_enum = CUcigDataType_enum(
+        1,
+    );
     /// D3D12 Command Queue Handle
     pub const CIG_DATA_TYPE_NV_BLOB: CUcigDataType_enum = CUcigDataType_enum(2);
 }
@@ -3375,8 +3772,8 @@ impl Default for CUctxCigParam_st {
 /// CIG Context Create Params
 pub type CUctxCigParam = CUctxCigParam_st;
 /** Params for creating CUDA context
-Exactly one of execAffinityParams and cigParams
-must be non-NULL.*/
+ Exactly one of execAffinityParams and cigParams
+ must be non-NULL.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUctxCreateParams_st {
@@ -3394,27 +3791,30 @@ impl Default for CUctxCreateParams_st {
     }
 }
 /** Params for creating CUDA context
-Exactly one of execAffinityParams and cigParams
-must be non-NULL.*/
+ Exactly one of execAffinityParams and cigParams
+ must be non-NULL.*/
 pub type CUctxCreateParams = CUctxCreateParams_st;
 impl CUlibraryOption_enum {
-    pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum =
-        CUlibraryOption_enum(0);
+    pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum = CUlibraryOption_enum(
+        0,
+    );
     /** Specifes that the argument \p code passed to ::cuLibraryLoadData() will be preserved.
-    Specifying this option will let the driver know that \p code can be accessed at any point
-    until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
-    maintain its own copy of \p code. Note that this is only a memory usage optimization
-    hint and the driver can choose to ignore it if required.
-    Specifying this option with ::cuLibraryLoadFromFile() is invalid and
-    will return ::CUDA_ERROR_INVALID_VALUE.*/
-    pub const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption_enum = CUlibraryOption_enum(1);
+ Specifying this option will let the driver know that \p code can be accessed at any point
+ until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
+ maintain its own copy of \p code. Note that this is only a memory usage optimization
+ hint and the driver can choose to ignore it if required.
+ Specifying this option with ::cuLibraryLoadFromFile() is invalid and
+ will return ::CUDA_ERROR_INVALID_VALUE.*/
+    pub const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption_enum = CUlibraryOption_enum(
+        1,
+    );
     /** Specifes that the argument \p code passed to ::cuLibraryLoadData() will be preserved.
-    Specifying this option will let the driver know that \p code can be accessed at any point
-    until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
-    maintain its own copy of \p code. Note that this is only a memory usage optimization
-    hint and the driver can choose to ignore it if required.
-    Specifying this option with ::cuLibraryLoadFromFile() is invalid and
-    will return ::CUDA_ERROR_INVALID_VALUE.*/
+ Specifying this option will let the driver know that \p code can be accessed at any point
+ until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
+ maintain its own copy of \p code. Note that this is only a memory usage optimization
+ hint and the driver can choose to ignore it if required.
+ Specifying this option with ::cuLibraryLoadFromFile() is invalid and
+ will return ::CUDA_ERROR_INVALID_VALUE.*/
     pub const CU_LIBRARY_NUM_OPTIONS: CUlibraryOption_enum = CUlibraryOption_enum(2);
 }
 #[repr(transparent)]
@@ -3443,119 +3843,119 @@ impl Default for CUlibraryHostUniversalFunctionAndDataTable_st {
 pub type CUlibraryHostUniversalFunctionAndDataTable = CUlibraryHostUniversalFunctionAndDataTable_st;
 impl cudaError_enum {
     /** The API call returned with no errors. In the case of query calls, this
-    also means that the operation being queried is complete (see
-    ::cuEventQuery() and ::cuStreamQuery()).*/
+ also means that the operation being queried is complete (see
+ ::cuEventQuery() and ::cuStreamQuery()).*/
     pub const CUDA_SUCCESS: cudaError_enum = cudaError_enum(0);
     /** This indicates that one or more of the parameters passed to the API call
-    is not within an acceptable range of values.*/
+ is not within an acceptable range of values.*/
     pub const CUDA_ERROR_INVALID_VALUE: cudaError_enum = cudaError_enum(1);
     /** The API call failed because it was unable to allocate enough memory or
-    other resources to perform the requested operation.*/
+ other resources to perform the requested operation.*/
     pub const CUDA_ERROR_OUT_OF_MEMORY: cudaError_enum = cudaError_enum(2);
     /** This indicates that the CUDA driver has not been initialized with
-    ::cuInit() or that initialization has failed.*/
+ ::cuInit() or that initialization has failed.*/
     pub const CUDA_ERROR_NOT_INITIALIZED: cudaError_enum = cudaError_enum(3);
     /// This indicates that the CUDA driver is in the process of shutting down.
     pub const CUDA_ERROR_DEINITIALIZED: cudaError_enum = cudaError_enum(4);
     /** This indicates profiler is not initialized for this run. This can
-    happen when the application is running with external profiling tools
-    like visual profiler.*/
+ happen when the application is running with external profiling tools
+ like visual profiler.*/
     pub const CUDA_ERROR_PROFILER_DISABLED: cudaError_enum = cudaError_enum(5);
     /** \deprecated
-    This error return is deprecated as of CUDA 5.0. It is no longer an error
-    to attempt to enable/disable the profiling via ::cuProfilerStart or
-    ::cuProfilerStop without initialization.*/
+ This error return is deprecated as of CUDA 5.0. It is no longer an error
+ to attempt to enable/disable the profiling via ::cuProfilerStart or
+ ::cuProfilerStop without initialization.*/
     pub const CUDA_ERROR_PROFILER_NOT_INITIALIZED: cudaError_enum = cudaError_enum(6);
     /** \deprecated
-    This error return is deprecated as of CUDA 5.0. It is no longer an error
-    to call cuProfilerStart() when profiling is already enabled.*/
+ This error return is deprecated as of CUDA 5.0. It is no longer an error
+ to call cuProfilerStart() when profiling is already enabled.*/
     pub const CUDA_ERROR_PROFILER_ALREADY_STARTED: cudaError_enum = cudaError_enum(7);
     /** \deprecated
-    This error return is deprecated as of CUDA 5.0. It is no longer an error
-    to call cuProfilerStop() when profiling is already disabled.*/
+ This error return is deprecated as of CUDA 5.0. It is no longer an error
+ to call cuProfilerStop() when profiling is already disabled.*/
     pub const CUDA_ERROR_PROFILER_ALREADY_STOPPED: cudaError_enum = cudaError_enum(8);
     /** This indicates that the CUDA driver that the application has loaded is a
-    stub library. Applications that run with the stub rather than a real
-    driver loaded will result in CUDA API returning this error.*/
+ stub library. Applications that run with the stub rather than a real
+ driver loaded will result in CUDA API returning this error.*/
     pub const CUDA_ERROR_STUB_LIBRARY: cudaError_enum = cudaError_enum(34);
     /** This indicates that the API call requires a newer CUDA driver than the one
-    currently installed. Users should install an updated NVIDIA CUDA driver
-    to allow the API call to succeed.*/
+ currently installed. Users should install an updated NVIDIA CUDA driver
+ to allow the API call to succeed.*/
     pub const CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: cudaError_enum = cudaError_enum(36);
     /** This indicates that requested CUDA device is unavailable at the current
-    time. Devices are often unavailable due to use of
-    ::CU_COMPUTEMODE_EXCLUSIVE_PROCESS or ::CU_COMPUTEMODE_PROHIBITED.*/
+ time. Devices are often unavailable due to use of
+ ::CU_COMPUTEMODE_EXCLUSIVE_PROCESS or ::CU_COMPUTEMODE_PROHIBITED.*/
     pub const CUDA_ERROR_DEVICE_UNAVAILABLE: cudaError_enum = cudaError_enum(46);
     /** This indicates that no CUDA-capable devices were detected by the installed
-    CUDA driver.*/
+ CUDA driver.*/
     pub const CUDA_ERROR_NO_DEVICE: cudaError_enum = cudaError_enum(100);
     /** This indicates that the device ordinal supplied by the user does not
-    correspond to a valid CUDA device or that the action requested is
-    invalid for the specified device.*/
+ correspond to a valid CUDA device or that the action requested is
+ invalid for the specified device.*/
     pub const CUDA_ERROR_INVALID_DEVICE: cudaError_enum = cudaError_enum(101);
     /// This error indicates that the Grid license is not applied.
     pub const CUDA_ERROR_DEVICE_NOT_LICENSED: cudaError_enum = cudaError_enum(102);
     /** This indicates that the device kernel image is invalid. This can also
-    indicate an invalid CUDA module.*/
+ indicate an invalid CUDA module.*/
     pub const CUDA_ERROR_INVALID_IMAGE: cudaError_enum = cudaError_enum(200);
     /** This most frequently indicates that there is no context bound to the
-    current thread. This can also be returned if the context passed to an
-    API call is not a valid handle (such as a context that has had
-    ::cuCtxDestroy() invoked on it). This can also be returned if a user
-    mixes different API versions (i.e. 3010 context with 3020 API calls).
-    See ::cuCtxGetApiVersion() for more details.
-    This can also be returned if the green context passed to an API call
-    was not converted to a ::CUcontext using ::cuCtxFromGreenCtx API.*/
+ current thread. This can also be returned if the context passed to an
+ API call is not a valid handle (such as a context that has had
+ ::cuCtxDestroy() invoked on it). This can also be returned if a user
+ mixes different API versions (i.e. 3010 context with 3020 API calls).
+ See ::cuCtxGetApiVersion() for more details.
+ This can also be returned if the green context passed to an API call
+ was not converted to a ::CUcontext using ::cuCtxFromGreenCtx API.*/
     pub const CUDA_ERROR_INVALID_CONTEXT: cudaError_enum = cudaError_enum(201);
     /** This indicated that the context being supplied as a parameter to the
-    API call was already the active context.
-    \deprecated
-    This error return is deprecated as of CUDA 3.2. It is no longer an
-    error to attempt to push the active context via ::cuCtxPushCurrent().*/
+ API call was already the active context.
+ \deprecated
+ This error return is deprecated as of CUDA 3.2. It is no longer an
+ error to attempt to push the active context via ::cuCtxPushCurrent().*/
     pub const CUDA_ERROR_CONTEXT_ALREADY_CURRENT: cudaError_enum = cudaError_enum(202);
     /// This indicates that a map or register operation has failed.
     pub const CUDA_ERROR_MAP_FAILED: cudaError_enum = cudaError_enum(205);
     /// This indicates that an unmap or unregister operation has failed.
     pub const CUDA_ERROR_UNMAP_FAILED: cudaError_enum = cudaError_enum(206);
     /** This indicates that the specified array is currently mapped and thus
-    cannot be destroyed.*/
+ cannot be destroyed.*/
     pub const CUDA_ERROR_ARRAY_IS_MAPPED: cudaError_enum = cudaError_enum(207);
     /// This indicates that the resource is already mapped.
     pub const CUDA_ERROR_ALREADY_MAPPED: cudaError_enum = cudaError_enum(208);
     /** This indicates that there is no kernel image available that is suitable
-    for the device. This can occur when a user specifies code generation
-    options for a particular CUDA source file that do not include the
-    corresponding device configuration.*/
+ for the device. This can occur when a user specifies code generation
+ options for a particular CUDA source file that do not include the
+ corresponding device configuration.*/
     pub const CUDA_ERROR_NO_BINARY_FOR_GPU: cudaError_enum = cudaError_enum(209);
     /// This indicates that a resource has already been acquired.
     pub const CUDA_ERROR_ALREADY_ACQUIRED: cudaError_enum = cudaError_enum(210);
     /// This indicates that a resource is not mapped.
     pub const CUDA_ERROR_NOT_MAPPED: cudaError_enum = cudaError_enum(211);
     /** This indicates that a mapped resource is not available for access as an
-    array.*/
+ array.*/
     pub const CUDA_ERROR_NOT_MAPPED_AS_ARRAY: cudaError_enum = cudaError_enum(212);
     /** This indicates that a mapped resource is not available for access as a
-    pointer.*/
+ pointer.*/
     pub const CUDA_ERROR_NOT_MAPPED_AS_POINTER: cudaError_enum = cudaError_enum(213);
     /** This indicates that an uncorrectable ECC error was detected during
-    execution.*/
+ execution.*/
     pub const CUDA_ERROR_ECC_UNCORRECTABLE: cudaError_enum = cudaError_enum(214);
     /** This indicates that the ::CUlimit passed to the API call is not
-    supported by the active device.*/
+ supported by the active device.*/
     pub const CUDA_ERROR_UNSUPPORTED_LIMIT: cudaError_enum = cudaError_enum(215);
     /** This indicates that the ::CUcontext passed to the API call can
-    only be bound to a single CPU thread at a time but is already
-    bound to a CPU thread.*/
+ only be bound to a single CPU thread at a time but is already
+ bound to a CPU thread.*/
     pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: cudaError_enum = cudaError_enum(216);
     /** This indicates that peer access is not supported across the given
-    devices.*/
+ devices.*/
     pub const CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: cudaError_enum = cudaError_enum(217);
     /// This indicates that a PTX JIT compilation failed.
     pub const CUDA_ERROR_INVALID_PTX: cudaError_enum = cudaError_enum(218);
     /// This indicates an error with OpenGL or DirectX context.
     pub const CUDA_ERROR_INVALID_GRAPHICS_CONTEXT: cudaError_enum = cudaError_enum(219);
     /** This indicates that an uncorrectable NVLink error was detected during the
-    execution.*/
+ execution.*/
     pub const CUDA_ERROR_NVLINK_UNCORRECTABLE: cudaError_enum = cudaError_enum(220);
     /// This indicates that the PTX JIT compiler library was not found.
     pub const CUDA_ERROR_JIT_COMPILER_NOT_FOUND: cudaError_enum = cudaError_enum(221);
@@ -3564,185 +3964,201 @@ impl cudaError_enum {
     /// This indicates that the PTX JIT compilation was disabled.
     pub const CUDA_ERROR_JIT_COMPILATION_DISABLED: cudaError_enum = cudaError_enum(223);
     /** This indicates that the ::CUexecAffinityType passed to the API call is not
-    supported by the active device.*/
+ supported by the active device.*/
     pub const CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY: cudaError_enum = cudaError_enum(224);
     /** This indicates that the code to be compiled by the PTX JIT contains
-    unsupported call to cudaDeviceSynchronize.*/
+ unsupported call to cudaDeviceSynchronize.*/
     pub const CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC: cudaError_enum = cudaError_enum(225);
     /** This indicates that an exception occurred on the device that is now
-    contained by the GPU's error containment capability. Common causes are -
-    a. Certain types of invalid accesses of peer GPU memory over nvlink
-    b. Certain classes of hardware errors
-    This leaves the process in an inconsistent state and any further CUDA
-    work will return the same error. To continue using CUDA, the process must
-    be terminated and relaunched.*/
+ contained by the GPU's error containment capability. Common causes are -
+ a. Certain types of invalid accesses of peer GPU memory over nvlink
+ b. Certain classes of hardware errors
+ This leaves the process in an inconsistent state and any further CUDA
+ work will return the same error. To continue using CUDA, the process must
+ be terminated and relaunched.*/
     pub const CUDA_ERROR_CONTAINED: cudaError_enum = cudaError_enum(226);
     /** This indicates that the device kernel source is invalid. This includes
-    compilation/linker errors encountered in device code or user error.*/
+ compilation/linker errors encountered in device code or user error.*/
     pub const CUDA_ERROR_INVALID_SOURCE: cudaError_enum = cudaError_enum(300);
     /// This indicates that the file specified was not found.
     pub const CUDA_ERROR_FILE_NOT_FOUND: cudaError_enum = cudaError_enum(301);
     /// This indicates that a link to a shared object failed to resolve.
-    pub const CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: cudaError_enum = cudaError_enum(302);
+    pub const CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: cudaError_enum = cudaError_enum(
+        302,
+    );
     /// This indicates that initialization of a shared object failed.
     pub const CUDA_ERROR_SHARED_OBJECT_INIT_FAILED: cudaError_enum = cudaError_enum(303);
     /// This indicates that an OS call failed.
     pub const CUDA_ERROR_OPERATING_SYSTEM: cudaError_enum = cudaError_enum(304);
     /** This indicates that a resource handle passed to the API call was not
-    valid. Resource handles are opaque types like ::CUstream and ::CUevent.*/
+ valid. Resource handles are opaque types like ::CUstream and ::CUevent.*/
     pub const CUDA_ERROR_INVALID_HANDLE: cudaError_enum = cudaError_enum(400);
     /** This indicates that a resource required by the API call is not in a
-    valid state to perform the requested operation.*/
+ valid state to perform the requested operation.*/
     pub const CUDA_ERROR_ILLEGAL_STATE: cudaError_enum = cudaError_enum(401);
     /** This indicates an attempt was made to introspect an object in a way that
-    would discard semantically important information. This is either due to
-    the object using funtionality newer than the API version used to
-    introspect it or omission of optional return arguments.*/
+ would discard semantically important information. This is either due to
+ the object using funtionality newer than the API version used to
+ introspect it or omission of optional return arguments.*/
     pub const CUDA_ERROR_LOSSY_QUERY: cudaError_enum = cudaError_enum(402);
     /** This indicates that a named symbol was not found. Examples of symbols
-    are global/constant variable names, driver function names, texture names,
-    and surface names.*/
+ are global/constant variable names, driver function names, texture names,
+ and surface names.*/
     pub const CUDA_ERROR_NOT_FOUND: cudaError_enum = cudaError_enum(500);
     /** This indicates that asynchronous operations issued previously have not
-    completed yet. This result is not actually an error, but must be indicated
-    differently than ::CUDA_SUCCESS (which indicates completion). Calls that
-    may return this value include ::cuEventQuery() and ::cuStreamQuery().*/
+ completed yet. This result is not actually an error, but must be indicated
+ differently than ::CUDA_SUCCESS (which indicates completion). Calls that
+ may return this value include ::cuEventQuery() and ::cuStreamQuery().*/
     pub const CUDA_ERROR_NOT_READY: cudaError_enum = cudaError_enum(600);
     /** While executing a kernel, the device encountered a
-    load or store instruction on an invalid memory address.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ load or store instruction on an invalid memory address.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_ILLEGAL_ADDRESS: cudaError_enum = cudaError_enum(700);
     /** This indicates that a launch did not occur because it did not have
-    appropriate resources. This error usually indicates that the user has
-    attempted to pass too many arguments to the device kernel, or the
-    kernel launch specifies too many threads for the kernel's register
-    count. Passing arguments of the wrong size (i.e. a 64-bit pointer
-    when a 32-bit int is expected) is equivalent to passing too many
-    arguments and can also result in this error.*/
+ appropriate resources. This error usually indicates that the user has
+ attempted to pass too many arguments to the device kernel, or the
+ kernel launch specifies too many threads for the kernel's register
+ count. Passing arguments of the wrong size (i.e. a 64-bit pointer
+ when a 32-bit int is expected) is equivalent to passing too many
+ arguments and can also result in this error.*/
     pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: cudaError_enum = cudaError_enum(701);
     /** This indicates that the device kernel took too long to execute. This can
-    only occur if timeouts are enabled - see the device attribute
-    ::CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT for more information.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ only occur if timeouts are enabled - see the device attribute
+ ::CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT for more information.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_LAUNCH_TIMEOUT: cudaError_enum = cudaError_enum(702);
     /** This error indicates a kernel launch that uses an incompatible texturing
-    mode.*/
-    pub const CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING: cudaError_enum = cudaError_enum(703);
+ mode.*/
+    pub const CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING: cudaError_enum = cudaError_enum(
+        703,
+    );
     /** This error indicates that a call to ::cuCtxEnablePeerAccess() is
-    trying to re-enable peer access to a context which has already
-    had peer access to it enabled.*/
-    pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: cudaError_enum = cudaError_enum(704);
+ trying to re-enable peer access to a context which has already
+ had peer access to it enabled.*/
+    pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: cudaError_enum = cudaError_enum(
+        704,
+    );
     /** This error indicates that ::cuCtxDisablePeerAccess() is
-    trying to disable peer access which has not been enabled yet
-    via ::cuCtxEnablePeerAccess().*/
+ trying to disable peer access which has not been enabled yet
+ via ::cuCtxEnablePeerAccess().*/
     pub const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: cudaError_enum = cudaError_enum(705);
     /** This error indicates that the primary context for the specified device
-    has already been initialized.*/
+ has already been initialized.*/
     pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: cudaError_enum = cudaError_enum(708);
     /** This error indicates that the context current to the calling thread
-    has been destroyed using ::cuCtxDestroy, or is a primary context which
-    has not yet been initialized.*/
+ has been destroyed using ::cuCtxDestroy, or is a primary context which
+ has not yet been initialized.*/
     pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: cudaError_enum = cudaError_enum(709);
     /** A device-side assert triggered during kernel execution. The context
-    cannot be used anymore, and must be destroyed. All existing device
-    memory allocations from this context are invalid and must be
-    reconstructed if the program is to continue using CUDA.*/
+ cannot be used anymore, and must be destroyed. All existing device
+ memory allocations from this context are invalid and must be
+ reconstructed if the program is to continue using CUDA.*/
     pub const CUDA_ERROR_ASSERT: cudaError_enum = cudaError_enum(710);
     /** This error indicates that the hardware resources required to enable
-    peer access have been exhausted for one or more of the devices
-    passed to ::cuCtxEnablePeerAccess().*/
+ peer access have been exhausted for one or more of the devices
+ passed to ::cuCtxEnablePeerAccess().*/
     pub const CUDA_ERROR_TOO_MANY_PEERS: cudaError_enum = cudaError_enum(711);
     /** This error indicates that the memory range passed to ::cuMemHostRegister()
-    has already been registered.*/
-    pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: cudaError_enum = cudaError_enum(712);
+ has already been registered.*/
+    pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: cudaError_enum = cudaError_enum(
+        712,
+    );
     /** This error indicates that the pointer passed to ::cuMemHostUnregister()
-    does not correspond to any currently registered memory region.*/
-    pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: cudaError_enum = cudaError_enum(713);
+ does not correspond to any currently registered memory region.*/
+    pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: cudaError_enum = cudaError_enum(
+        713,
+    );
     /** While executing a kernel, the device encountered a stack error.
-    This can be due to stack corruption or exceeding the stack size limit.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ This can be due to stack corruption or exceeding the stack size limit.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_HARDWARE_STACK_ERROR: cudaError_enum = cudaError_enum(714);
     /** While executing a kernel, the device encountered an illegal instruction.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_ILLEGAL_INSTRUCTION: cudaError_enum = cudaError_enum(715);
     /** While executing a kernel, the device encountered a load or store instruction
-    on a memory address which is not aligned.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ on a memory address which is not aligned.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_MISALIGNED_ADDRESS: cudaError_enum = cudaError_enum(716);
     /** While executing a kernel, the device encountered an instruction
-    which can only operate on memory locations in certain address spaces
-    (global, shared, or local), but was supplied a memory address not
-    belonging to an allowed address space.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ which can only operate on memory locations in certain address spaces
+ (global, shared, or local), but was supplied a memory address not
+ belonging to an allowed address space.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_INVALID_ADDRESS_SPACE: cudaError_enum = cudaError_enum(717);
     /** While executing a kernel, the device program counter wrapped its address space.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_INVALID_PC: cudaError_enum = cudaError_enum(718);
     /** An exception occurred on the device while executing a kernel. Common
-    causes include dereferencing an invalid device pointer and accessing
-    out of bounds shared memory. Less common cases can be system specific - more
-    information about these cases can be found in the system specific user guide.
-    This leaves the process in an inconsistent state and any further CUDA work
-    will return the same error. To continue using CUDA, the process must be terminated
-    and relaunched.*/
+ causes include dereferencing an invalid device pointer and accessing
+ out of bounds shared memory. Less common cases can be system specific - more
+ information about these cases can be found in the system specific user guide.
+ This leaves the process in an inconsistent state and any further CUDA work
+ will return the same error. To continue using CUDA, the process must be terminated
+ and relaunched.*/
     pub const CUDA_ERROR_LAUNCH_FAILED: cudaError_enum = cudaError_enum(719);
     /** This error indicates that the number of blocks launched per grid for a kernel that was
-    launched via either ::cuLaunchCooperativeKernel or ::cuLaunchCooperativeKernelMultiDevice
-    exceeds the maximum number of blocks as allowed by ::cuOccupancyMaxActiveBlocksPerMultiprocessor
-    or ::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags times the number of multiprocessors
-    as specified by the device attribute ::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.*/
-    pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: cudaError_enum = cudaError_enum(720);
+ launched via either ::cuLaunchCooperativeKernel or ::cuLaunchCooperativeKernelMultiDevice
+ exceeds the maximum number of blocks as allowed by ::cuOccupancyMaxActiveBlocksPerMultiprocessor
+ or ::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags times the number of multiprocessors
+ as specified by the device attribute ::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.*/
+    pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: cudaError_enum = cudaError_enum(
+        720,
+    );
     /** An exception occurred on the device while exiting a kernel using tensor memory: the
-    tensor memory was not completely deallocated. This leaves the process in an inconsistent
-    state and any further CUDA work will return the same error. To continue using CUDA, the
-    process must be terminated and relaunched.*/
+ tensor memory was not completely deallocated. This leaves the process in an inconsistent
+ state and any further CUDA work will return the same error. To continue using CUDA, the
+ process must be terminated and relaunched.*/
     pub const CUDA_ERROR_TENSOR_MEMORY_LEAK: cudaError_enum = cudaError_enum(721);
     /// This error indicates that the attempted operation is not permitted.
     pub const CUDA_ERROR_NOT_PERMITTED: cudaError_enum = cudaError_enum(800);
     /** This error indicates that the attempted operation is not supported
-    on the current system or device.*/
+ on the current system or device.*/
     pub const CUDA_ERROR_NOT_SUPPORTED: cudaError_enum = cudaError_enum(801);
     /** This error indicates that the system is not yet ready to start any CUDA
-    work.  To continue using CUDA, verify the system configuration is in a
-    valid state and all required driver daemons are actively running.
-    More information about this error can be found in the system specific
-    user guide.*/
+ work.  To continue using CUDA, verify the system configuration is in a
+ valid state and all required driver daemons are actively running.
+ More information about this error can be found in the system specific
+ user guide.*/
     pub const CUDA_ERROR_SYSTEM_NOT_READY: cudaError_enum = cudaError_enum(802);
     /** This error indicates that there is a mismatch between the versions of
-    the display driver and the CUDA driver. Refer to the compatibility documentation
-    for supported versions.*/
+ the display driver and the CUDA driver. Refer to the compatibility documentation
+ for supported versions.*/
     pub const CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: cudaError_enum = cudaError_enum(803);
     /** This error indicates that the system was upgraded to run with forward compatibility
-    but the visible hardware detected by CUDA does not support this configuration.
-    Refer to the compatibility documentation for the supported hardware matrix or ensure
-    that only supported hardware is visible during initialization via the CUDA_VISIBLE_DEVICES
-    environment variable.*/
-    pub const CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: cudaError_enum = cudaError_enum(804);
+ but the visible hardware detected by CUDA does not support this configuration.
+ Refer to the compatibility documentation for the supported hardware matrix or ensure
+ that only supported hardware is visible during initialization via the CUDA_VISIBLE_DEVICES
+ environment variable.*/
+    pub const CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: cudaError_enum = cudaError_enum(
+        804,
+    );
     /// This error indicates that the MPS client failed to connect to the MPS control daemon or the MPS server.
     pub const CUDA_ERROR_MPS_CONNECTION_FAILED: cudaError_enum = cudaError_enum(805);
     /// This error indicates that the remote procedural call between the MPS server and the MPS client failed.
     pub const CUDA_ERROR_MPS_RPC_FAILURE: cudaError_enum = cudaError_enum(806);
     /** This error indicates that the MPS server is not ready to accept new MPS client requests.
-    This error can be returned when the MPS server is in the process of recovering from a fatal failure.*/
+ This error can be returned when the MPS server is in the process of recovering from a fatal failure.*/
     pub const CUDA_ERROR_MPS_SERVER_NOT_READY: cudaError_enum = cudaError_enum(807);
     /// This error indicates that the hardware resources required to create MPS client have been exhausted.
     pub const CUDA_ERROR_MPS_MAX_CLIENTS_REACHED: cudaError_enum = cudaError_enum(808);
     /// This error indicates the the hardware resources required to support device connections have been exhausted.
-    pub const CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED: cudaError_enum = cudaError_enum(809);
+    pub const CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED: cudaError_enum = cudaError_enum(
+        809,
+    );
     /// This error indicates that the MPS client has been terminated by the server. To continue using CUDA, the process must be terminated and relaunched.
     pub const CUDA_ERROR_MPS_CLIENT_TERMINATED: cudaError_enum = cudaError_enum(810);
     /// This error indicates that the module is using CUDA Dynamic Parallelism, but the current configuration, like MPS, does not support it.
@@ -3750,58 +4166,66 @@ impl cudaError_enum {
     /// This error indicates that a module contains an unsupported interaction between different versions of CUDA Dynamic Parallelism.
     pub const CUDA_ERROR_CDP_VERSION_MISMATCH: cudaError_enum = cudaError_enum(812);
     /** This error indicates that the operation is not permitted when
-    the stream is capturing.*/
-    pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: cudaError_enum = cudaError_enum(900);
+ the stream is capturing.*/
+    pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: cudaError_enum = cudaError_enum(
+        900,
+    );
     /** This error indicates that the current capture sequence on the stream
-    has been invalidated due to a previous error.*/
-    pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: cudaError_enum = cudaError_enum(901);
+ has been invalidated due to a previous error.*/
+    pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: cudaError_enum = cudaError_enum(
+        901,
+    );
     /** This error indicates that the operation would have resulted in a merge
-    of two independent capture sequences.*/
+ of two independent capture sequences.*/
     pub const CUDA_ERROR_STREAM_CAPTURE_MERGE: cudaError_enum = cudaError_enum(902);
     /// This error indicates that the capture was not initiated in this stream.
     pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: cudaError_enum = cudaError_enum(903);
     /** This error indicates that the capture sequence contains a fork that was
-    not joined to the primary stream.*/
+ not joined to the primary stream.*/
     pub const CUDA_ERROR_STREAM_CAPTURE_UNJOINED: cudaError_enum = cudaError_enum(904);
     /** This error indicates that a dependency would have been created which
-    crosses the capture sequence boundary. Only implicit in-stream ordering
-    dependencies are allowed to cross the boundary.*/
+ crosses the capture sequence boundary. Only implicit in-stream ordering
+ dependencies are allowed to cross the boundary.*/
     pub const CUDA_ERROR_STREAM_CAPTURE_ISOLATION: cudaError_enum = cudaError_enum(905);
     /** This error indicates a disallowed implicit dependency on a current capture
-    sequence from cudaStreamLegacy.*/
+ sequence from cudaStreamLegacy.*/
     pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: cudaError_enum = cudaError_enum(906);
     /** This error indicates that the operation is not permitted on an event which
-    was last recorded in a capturing stream.*/
+ was last recorded in a capturing stream.*/
     pub const CUDA_ERROR_CAPTURED_EVENT: cudaError_enum = cudaError_enum(907);
     /** A stream capture sequence not initiated with the ::CU_STREAM_CAPTURE_MODE_RELAXED
-    argument to ::cuStreamBeginCapture was passed to ::cuStreamEndCapture in a
-    different thread.*/
-    pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: cudaError_enum = cudaError_enum(908);
+ argument to ::cuStreamBeginCapture was passed to ::cuStreamEndCapture in a
+ different thread.*/
+    pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: cudaError_enum = cudaError_enum(
+        908,
+    );
     /// This error indicates that the timeout specified for the wait operation has lapsed.
     pub const CUDA_ERROR_TIMEOUT: cudaError_enum = cudaError_enum(909);
     /** This error indicates that the graph update was not performed because it included
-    changes which violated constraints specific to instantiated graph update.*/
+ changes which violated constraints specific to instantiated graph update.*/
     pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: cudaError_enum = cudaError_enum(910);
     /** This indicates that an async error has occurred in a device outside of CUDA.
-    If CUDA was waiting for an external device's signal before consuming shared data,
-    the external device signaled an error indicating that the data is not valid for
-    consumption. This leaves the process in an inconsistent state and any further CUDA
-    work will return the same error. To continue using CUDA, the process must be
-    terminated and relaunched.*/
+ If CUDA was waiting for an external device's signal before consuming shared data,
+ the external device signaled an error indicating that the data is not valid for
+ consumption. This leaves the process in an inconsistent state and any further CUDA
+ work will return the same error. To continue using CUDA, the process must be
+ terminated and relaunched.*/
     pub const CUDA_ERROR_EXTERNAL_DEVICE: cudaError_enum = cudaError_enum(911);
     /// Indicates a kernel launch error due to cluster misconfiguration.
     pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: cudaError_enum = cudaError_enum(912);
     /** Indiciates a function handle is not loaded when calling an API that requires
-    a loaded function.*/
+ a loaded function.*/
     pub const CUDA_ERROR_FUNCTION_NOT_LOADED: cudaError_enum = cudaError_enum(913);
     /** This error indicates one or more resources passed in are not valid resource
-    types for the operation.*/
+ types for the operation.*/
     pub const CUDA_ERROR_INVALID_RESOURCE_TYPE: cudaError_enum = cudaError_enum(914);
     /** This error indicates one or more resources are insufficient or non-applicable for
-    the operation.*/
-    pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: cudaError_enum = cudaError_enum(915);
+ the operation.*/
+    pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: cudaError_enum = cudaError_enum(
+        915,
+    );
     /** This error indicates that an error happened during the key rotation
-    sequence.*/
+ sequence.*/
     pub const CUDA_ERROR_KEY_ROTATION: cudaError_enum = cudaError_enum(916);
     /// This indicates that an unknown internal error has occurred.
     pub const CUDA_ERROR_UNKNOWN: cudaError_enum = cudaError_enum(999);
@@ -3814,23 +4238,29 @@ pub struct cudaError_enum(pub ::std::os::raw::c_uint);
 pub use self::cudaError_enum as CUresult;
 impl CUdevice_P2PAttribute_enum {
     ///< A relative value indicating the performance of the link between two devices
-    pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(1);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        1,
+    );
     ///< P2P Access is enable
-    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(2);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        2,
+    );
     ///< All CUDA-valid atomic operation over the link are supported
-    pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(3);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        3,
+    );
     ///< \deprecated use CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED instead
-    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(4);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        4,
+    );
     ///< Accessing CUDA arrays over the link supported
-    pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(4);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        4,
+    );
     ///< Only some CUDA-valid atomic operations over the link are supported.
-    pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED:
-        CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(5);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
+        5,
+    );
 }
 #[repr(transparent)]
 /// P2P Attributes
@@ -3839,22 +4269,46 @@ pub struct CUdevice_P2PAttribute_enum(pub ::std::os::raw::c_uint);
 /// P2P Attributes
 pub use self::CUdevice_P2PAttribute_enum as CUdevice_P2PAttribute;
 impl CUatomicOperation_enum {
-    pub const CU_ATOMIC_OPERATION_INTEGER_ADD: CUatomicOperation_enum = CUatomicOperation_enum(0);
-    pub const CU_ATOMIC_OPERATION_INTEGER_MIN: CUatomicOperation_enum = CUatomicOperation_enum(1);
-    pub const CU_ATOMIC_OPERATION_INTEGER_MAX: CUatomicOperation_enum = CUatomicOperation_enum(2);
-    pub const CU_ATOMIC_OPERATION_INTEGER_INCREMENT: CUatomicOperation_enum =
-        CUatomicOperation_enum(3);
-    pub const CU_ATOMIC_OPERATION_INTEGER_DECREMENT: CUatomicOperation_enum =
-        CUatomicOperation_enum(4);
-    pub const CU_ATOMIC_OPERATION_AND: CUatomicOperation_enum = CUatomicOperation_enum(5);
+    pub const CU_ATOMIC_OPERATION_INTEGER_ADD: CUatomicOperation_enum = CUatomicOperation_enum(
+        0,
+    );
+    pub const CU_ATOMIC_OPERATION_INTEGER_MIN: CUatomicOperation_enum = CUatomicOperation_enum(
+        1,
+    );
+    pub const CU_ATOMIC_OPERATION_INTEGER_MAX: CUatomicOperation_enum = CUatomicOperation_enum(
+        2,
+    );
+    pub const CU_ATOMIC_OPERATION_INTEGER_INCREMENT: CUatomicOperation_enum = CUatomicOperation_enum(
+        3,
+    );
+    pub const CU_ATOMIC_OPERATION_INTEGER_DECREMENT: CUatomicOperation_enum = CUatomicOperation_enum(
+        4,
+    );
+    pub const CU_ATOMIC_OPERATION_AND: CUatomicOperation_enum = CUatomicOperation_enum(
+        5,
+    );
     pub const CU_ATOMIC_OPERATION_OR: CUatomicOperation_enum = CUatomicOperation_enum(6);
-    pub const CU_ATOMIC_OPERATION_XOR: CUatomicOperation_enum = CUatomicOperation_enum(7);
-    pub const CU_ATOMIC_OPERATION_EXCHANGE: CUatomicOperation_enum = CUatomicOperation_enum(8);
-    pub const CU_ATOMIC_OPERATION_CAS: CUatomicOperation_enum = CUatomicOperation_enum(9);
-    pub const CU_ATOMIC_OPERATION_FLOAT_ADD: CUatomicOperation_enum = CUatomicOperation_enum(10);
-    pub const CU_ATOMIC_OPERATION_FLOAT_MIN: CUatomicOperation_enum = CUatomicOperation_enum(11);
-    pub const CU_ATOMIC_OPERATION_FLOAT_MAX: CUatomicOperation_enum = CUatomicOperation_enum(12);
-    pub const CU_ATOMIC_OPERATION_MAX: CUatomicOperation_enum = CUatomicOperation_enum(13);
+    pub const CU_ATOMIC_OPERATION_XOR: CUatomicOperation_enum = CUatomicOperation_enum(
+        7,
+    );
+    pub const CU_ATOMIC_OPERATION_EXCHANGE: CUatomicOperation_enum = CUatomicOperation_enum(
+        8,
+    );
+    pub const CU_ATOMIC_OPERATION_CAS: CUatomicOperation_enum = CUatomicOperation_enum(
+        9,
+    );
+    pub const CU_ATOMIC_OPERATION_FLOAT_ADD: CUatomicOperation_enum = CUatomicOperation_enum(
+        10,
+    );
+    pub const CU_ATOMIC_OPERATION_FLOAT_MIN: CUatomicOperation_enum = CUatomicOperation_enum(
+        11,
+    );
+    pub const CU_ATOMIC_OPERATION_FLOAT_MAX: CUatomicOperation_enum = CUatomicOperation_enum(
+        12,
+    );
+    pub const CU_ATOMIC_OPERATION_MAX: CUatomicOperation_enum = CUatomicOperation_enum(
+        13,
+    );
 }
 #[repr(transparent)]
 /// CUDA-valid Atomic Operations
@@ -3863,20 +4317,27 @@ pub struct CUatomicOperation_enum(pub ::std::os::raw::c_uint);
 /// CUDA-valid Atomic Operations
 pub use self::CUatomicOperation_enum as CUatomicOperation;
 impl CUatomicOperationCapability_enum {
-    pub const CU_ATOMIC_CAPABILITY_SIGNED: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(1);
-    pub const CU_ATOMIC_CAPABILITY_UNSIGNED: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(2);
-    pub const CU_ATOMIC_CAPABILITY_REDUCTION: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(4);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_32: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(8);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_64: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(16);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_128: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(32);
-    pub const CU_ATOMIC_CAPABILITY_VECTOR_32x4: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(64);
+    pub const CU_ATOMIC_CAPABILITY_SIGNED: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        1,
+    );
+    pub const CU_ATOMIC_CAPABILITY_UNSIGNED: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        2,
+    );
+    pub const CU_ATOMIC_CAPABILITY_REDUCTION: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        4,
+    );
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_32: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        8,
+    );
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_64: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        16,
+    );
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_128: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        32,
+    );
+    pub const CU_ATOMIC_CAPABILITY_VECTOR_32x4: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(
+        64,
+    );
 }
 #[repr(transparent)]
 /// CUDA-valid Atomic Operation capabilities
@@ -3885,9 +4346,9 @@ pub struct CUatomicOperationCapability_enum(pub ::std::os::raw::c_uint);
 /// CUDA-valid Atomic Operation capabilities
 pub use self::CUatomicOperationCapability_enum as CUatomicOperationCapability;
 /** CUDA stream callback
-\param hStream The stream the callback was added to, as passed to ::cuStreamAddCallback.  May be NULL.
-\param status ::CUDA_SUCCESS or any persistent error on the stream.
-\param userData User parameter provided at registration.*/
+ \param hStream The stream the callback was added to, as passed to ::cuStreamAddCallback.  May be NULL.
+ \param status ::CUDA_SUCCESS or any persistent error on the stream.
+ \param userData User parameter provided at registration.*/
 pub type CUstreamCallback = ::std::option::Option<
     unsafe extern "C" fn(
         hStream: CUstream,
@@ -3896,11 +4357,12 @@ pub type CUstreamCallback = ::std::option::Option<
     ),
 >;
 /** Block size to per-block dynamic shared memory mapping for a certain
-kernel \param blockSize Block size of the kernel.
+ kernel \param blockSize Block size of the kernel.
 
-\return The dynamic shared memory needed by a block.*/
-pub type CUoccupancyB2DSize =
-    ::std::option::Option<unsafe extern "C" fn(blockSize: ::std::os::raw::c_int) -> usize>;
+ \return The dynamic shared memory needed by a block.*/
+pub type CUoccupancyB2DSize = ::std::option::Option<
+    unsafe extern "C" fn(blockSize: ::std::os::raw::c_int) -> usize,
+>;
 /// 2D memory copy parameters
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -4369,103 +4831,145 @@ pub type CUDA_TEXTURE_DESC_v1 = CUDA_TEXTURE_DESC_st;
 pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
 impl CUresourceViewFormat_enum {
     ///< No resource view format (use underlying resource format)
-    pub const CU_RES_VIEW_FORMAT_NONE: CUresourceViewFormat_enum = CUresourceViewFormat_enum(0);
+    pub const CU_RES_VIEW_FORMAT_NONE: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        0,
+    );
     ///< 1 channel unsigned 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(1);
+    pub const CU_RES_VIEW_FORMAT_UINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        1,
+    );
     ///< 2 channel unsigned 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(2);
+    pub const CU_RES_VIEW_FORMAT_UINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        2,
+    );
     ///< 4 channel unsigned 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(3);
+    pub const CU_RES_VIEW_FORMAT_UINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        3,
+    );
     ///< 1 channel signed 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(4);
+    pub const CU_RES_VIEW_FORMAT_SINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        4,
+    );
     ///< 2 channel signed 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(5);
+    pub const CU_RES_VIEW_FORMAT_SINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        5,
+    );
     ///< 4 channel signed 8-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(6);
+    pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        6,
+    );
     ///< 1 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(7);
+    pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        7,
+    );
     ///< 2 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(8);
+    pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        8,
+    );
     ///< 4 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(9);
+    pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        9,
+    );
     ///< 1 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(10);
+    pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        10,
+    );
     ///< 2 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(11);
+    pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        11,
+    );
     ///< 4 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(12);
+    pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        12,
+    );
     ///< 1 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(13);
+    pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        13,
+    );
     ///< 2 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(14);
+    pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        14,
+    );
     ///< 4 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(15);
+    pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        15,
+    );
     ///< 1 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(16);
+    pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        16,
+    );
     ///< 2 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(17);
+    pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        17,
+    );
     ///< 4 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(18);
+    pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        18,
+    );
     ///< 1 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(19);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        19,
+    );
     ///< 2 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(20);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        20,
+    );
     ///< 4 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(21);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        21,
+    );
     ///< 1 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(22);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        22,
+    );
     ///< 2 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(23);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        23,
+    );
     ///< 4 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(24);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        24,
+    );
     ///< Block compressed 1
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(25);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        25,
+    );
     ///< Block compressed 2
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(26);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        26,
+    );
     ///< Block compressed 3
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(27);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        27,
+    );
     ///< Block compressed 4 unsigned
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(28);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        28,
+    );
     ///< Block compressed 4 signed
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(29);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        29,
+    );
     ///< Block compressed 5 unsigned
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(30);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        30,
+    );
     ///< Block compressed 5 signed
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(31);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        31,
+    );
     ///< Block compressed 6 unsigned half-float
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(32);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        32,
+    );
     ///< Block compressed 6 signed half-float
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(33);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        33,
+    );
     ///< Block compressed 7
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(34);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
+        34,
+    );
 }
 #[repr(transparent)]
 /// Resource view format
@@ -4527,35 +5031,54 @@ impl Default for CUtensorMap_st {
 /// Tensor map descriptor. Requires compiler support for aligning to 128 bytes.
 pub type CUtensorMap = CUtensorMap_st;
 impl CUtensorMapDataType_enum {
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT8: CUtensorMapDataType_enum = CUtensorMapDataType_enum(0);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(1);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(2);
-    pub const CU_TENSOR_MAP_DATA_TYPE_INT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(3);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT64: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(4);
-    pub const CU_TENSOR_MAP_DATA_TYPE_INT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(5);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(6);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(7);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT64: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(8);
-    pub const CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(9);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(10);
-    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(11);
-    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(12);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(13);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(14);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(15);
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT8: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        1,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        2,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_INT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        3,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        4,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_INT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        5,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        6,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        7,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        8,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        9,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        10,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        11,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        12,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        13,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        14,
+    );
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(
+        15,
+    );
 }
 #[repr(transparent)]
 /// Tensor map data type
@@ -4564,12 +5087,15 @@ pub struct CUtensorMapDataType_enum(pub ::std::os::raw::c_uint);
 /// Tensor map data type
 pub use self::CUtensorMapDataType_enum as CUtensorMapDataType;
 impl CUtensorMapInterleave_enum {
-    pub const CU_TENSOR_MAP_INTERLEAVE_NONE: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(0);
-    pub const CU_TENSOR_MAP_INTERLEAVE_16B: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(1);
-    pub const CU_TENSOR_MAP_INTERLEAVE_32B: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(2);
+    pub const CU_TENSOR_MAP_INTERLEAVE_NONE: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_INTERLEAVE_16B: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(
+        1,
+    );
+    pub const CU_TENSOR_MAP_INTERLEAVE_32B: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Tensor map interleave layout type
@@ -4578,16 +5104,27 @@ pub struct CUtensorMapInterleave_enum(pub ::std::os::raw::c_uint);
 /// Tensor map interleave layout type
 pub use self::CUtensorMapInterleave_enum as CUtensorMapInterleave;
 impl CUtensorMapSwizzle_enum {
-    pub const CU_TENSOR_MAP_SWIZZLE_NONE: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(0);
-    pub const CU_TENSOR_MAP_SWIZZLE_32B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(1);
-    pub const CU_TENSOR_MAP_SWIZZLE_64B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(2);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(3);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(4);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(5);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(6);
+    pub const CU_TENSOR_MAP_SWIZZLE_NONE: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_32B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        1,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_64B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        2,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_128B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        3,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        4,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        5,
+    );
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(
+        6,
+    );
 }
 #[repr(transparent)]
 /// Tensor map swizzling mode of shared memory banks
@@ -4596,14 +5133,18 @@ pub struct CUtensorMapSwizzle_enum(pub ::std::os::raw::c_uint);
 /// Tensor map swizzling mode of shared memory banks
 pub use self::CUtensorMapSwizzle_enum as CUtensorMapSwizzle;
 impl CUtensorMapL2promotion_enum {
-    pub const CU_TENSOR_MAP_L2_PROMOTION_NONE: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(0);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_64B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(1);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_128B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(2);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_256B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(3);
+    pub const CU_TENSOR_MAP_L2_PROMOTION_NONE: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_64B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(
+        1,
+    );
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_128B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(
+        2,
+    );
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_256B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(
+        3,
+    );
 }
 #[repr(transparent)]
 /// Tensor map L2 promotion type
@@ -4612,10 +5153,12 @@ pub struct CUtensorMapL2promotion_enum(pub ::std::os::raw::c_uint);
 /// Tensor map L2 promotion type
 pub use self::CUtensorMapL2promotion_enum as CUtensorMapL2promotion;
 impl CUtensorMapFloatOOBfill_enum {
-    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: CUtensorMapFloatOOBfill_enum =
-        CUtensorMapFloatOOBfill_enum(0);
-    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: CUtensorMapFloatOOBfill_enum =
-        CUtensorMapFloatOOBfill_enum(1);
+    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: CUtensorMapFloatOOBfill_enum = CUtensorMapFloatOOBfill_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: CUtensorMapFloatOOBfill_enum = CUtensorMapFloatOOBfill_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Tensor map out-of-bounds fill type
@@ -4624,10 +5167,12 @@ pub struct CUtensorMapFloatOOBfill_enum(pub ::std::os::raw::c_uint);
 /// Tensor map out-of-bounds fill type
 pub use self::CUtensorMapFloatOOBfill_enum as CUtensorMapFloatOOBfill;
 impl CUtensorMapIm2ColWideMode_enum {
-    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W: CUtensorMapIm2ColWideMode_enum =
-        CUtensorMapIm2ColWideMode_enum(0);
-    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128: CUtensorMapIm2ColWideMode_enum =
-        CUtensorMapIm2ColWideMode_enum(1);
+    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W: CUtensorMapIm2ColWideMode_enum = CUtensorMapIm2ColWideMode_enum(
+        0,
+    );
+    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128: CUtensorMapIm2ColWideMode_enum = CUtensorMapIm2ColWideMode_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Tensor map Im2Col wide mode
@@ -4648,22 +5193,25 @@ pub type CUDA_POINTER_ATTRIBUTE_P2P_TOKENS_v1 = CUDA_POINTER_ATTRIBUTE_P2P_TOKEN
 pub type CUDA_POINTER_ATTRIBUTE_P2P_TOKENS = CUDA_POINTER_ATTRIBUTE_P2P_TOKENS_v1;
 impl CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum {
     ///< No access, meaning the device cannot access this memory at all, thus must be staged through accessible memory in order to complete certain operations
-    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
-        CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(0);
+    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
+        0,
+    );
     ///< Read-only access, meaning writes to this memory are considered invalid accesses and thus return error in that case.
-    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
-        CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(1);
+    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
+        1,
+    );
     ///< Read-write access, the device has full read-write access to the memory
-    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
-        CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(3);
+    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
+        3,
+    );
 }
 #[repr(transparent)]
 /** Access flags that specify the level of access the current context's device has
-on the memory referenced.*/
+ on the memory referenced.*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(pub ::std::os::raw::c_uint);
 /** Access flags that specify the level of access the current context's device has
-on the memory referenced.*/
+ on the memory referenced.*/
 pub use self::CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum as CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS;
 /// Kernel launch parameters
 #[repr(C)]
@@ -4705,32 +5253,41 @@ pub type CUDA_LAUNCH_PARAMS_v1 = CUDA_LAUNCH_PARAMS_st;
 pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
 impl CUexternalMemoryHandleType_enum {
     /// Handle is an opaque file descriptor
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(1);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        1,
+    );
     /// Handle is an opaque shared NT handle
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(2);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        2,
+    );
     /// Handle is an opaque, globally shared handle
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(3);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        3,
+    );
     /// Handle is a D3D12 heap object
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(4);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        4,
+    );
     /// Handle is a D3D12 committed resource
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(5);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        5,
+    );
     /// Handle is a shared NT handle to a D3D11 resource
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(6);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        6,
+    );
     /// Handle is a globally shared handle to a D3D11 resource
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(7);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        7,
+    );
     /// Handle is an NvSciBuf object
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(8);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        8,
+    );
     /// Handle is a dma_buf file descriptor
-    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_DMABUF_FD: CUexternalMemoryHandleType_enum =
-        CUexternalMemoryHandleType_enum(9);
+    pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_DMABUF_FD: CUexternalMemoryHandleType_enum = CUexternalMemoryHandleType_enum(
+        9,
+    );
 }
 #[repr(transparent)]
 /// External memory handle types
@@ -4755,34 +5312,34 @@ pub struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
 #[derive(Copy, Clone)]
 pub union CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 {
     /** File descriptor referencing the memory object. Valid
-    when type is
-    ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD*/
+ when type is
+ ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD*/
     pub fd: ::std::os::raw::c_int,
     pub win32: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
     /** A handle representing an NvSciBuf Object. Valid when type
-    is ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF*/
+ is ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF*/
     pub nvSciBufObject: *const ::std::os::raw::c_void,
 }
 /** Win32 handle referencing the semaphore object. Valid when
-type is one of the following:
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE
-- ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
-Exactly one of 'handle' and 'name' must be non-NULL. If
-type is one of the following:
-::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
-::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
-then 'name' must be NULL.*/
+ type is one of the following:
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE
+ - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
+ Exactly one of 'handle' and 'name' must be non-NULL. If
+ type is one of the following:
+ ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
+ ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
+ then 'name' must be NULL.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     /// Valid NT handle. Must be NULL if 'name' is non-NULL
     pub handle: *mut ::std::os::raw::c_void,
     /** Name of a valid memory object.
-    Must be NULL if 'handle' is non-NULL.*/
+ Must be NULL if 'handle' is non-NULL.*/
     pub name: *const ::std::os::raw::c_void,
 }
 impl Default for CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
@@ -4837,7 +5394,7 @@ pub type CUDA_EXTERNAL_MEMORY_BUFFER_DESC = CUDA_EXTERNAL_MEMORY_BUFFER_DESC_v1;
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st {
     /** Offset into the memory object where the base level of the
-    mipmap chain is.*/
+ mipmap chain is.*/
     pub offset: ::std::os::raw::c_ulonglong,
     /// Format, dimension and type of base level of the mipmap chain
     pub arrayDesc: CUDA_ARRAY3D_DESCRIPTOR,
@@ -4855,41 +5412,50 @@ impl Default for CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st {
     }
 }
 /// External memory mipmap descriptor
-pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 =
-    CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
+pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
 /// External memory mipmap descriptor
 pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1;
 impl CUexternalSemaphoreHandleType_enum {
     /// Handle is an opaque file descriptor
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD: CUexternalSemaphoreHandleType_enum =
-        CUexternalSemaphoreHandleType_enum(1);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        1,
+    );
     /// Handle is an opaque shared NT handle
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32: CUexternalSemaphoreHandleType_enum =
-        CUexternalSemaphoreHandleType_enum(2);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        2,
+    );
     /// Handle is an opaque, globally shared handle
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(3);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        3,
+    );
     /// Handle is a shared NT handle referencing a D3D12 fence object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE: CUexternalSemaphoreHandleType_enum =
-        CUexternalSemaphoreHandleType_enum(4);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        4,
+    );
     /// Handle is a shared NT handle referencing a D3D11 fence object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE: CUexternalSemaphoreHandleType_enum =
-        CUexternalSemaphoreHandleType_enum(5);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        5,
+    );
     /// Opaque handle to NvSciSync Object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC: CUexternalSemaphoreHandleType_enum =
-        CUexternalSemaphoreHandleType_enum(6);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        6,
+    );
     /// Handle is a shared NT handle referencing a D3D11 keyed mutex object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(7);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        7,
+    );
     /// Handle is a globally shared handle referencing a D3D11 keyed mutex object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(8);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        8,
+    );
     /// Handle is an opaque file descriptor referencing a timeline semaphore
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(9);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        9,
+    );
     /// Handle is an opaque shared NT handle referencing a timeline semaphore
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(10);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32: CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(
+        10,
+    );
 }
 #[repr(transparent)]
 /// External semaphore handle types
@@ -4912,34 +5478,34 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st {
 #[derive(Copy, Clone)]
 pub union CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1 {
     /** File descriptor referencing the semaphore object. Valid
-    when type is one of the following:
-    - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
-    - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD*/
+ when type is one of the following:
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD*/
     pub fd: ::std::os::raw::c_int,
     pub win32: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
     /// Valid NvSciSyncObj. Must be non NULL
     pub nvSciSyncObj: *const ::std::os::raw::c_void,
 }
 /** Win32 handle referencing the semaphore object. Valid when
-type is one of the following:
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32
-Exactly one of 'handle' and 'name' must be non-NULL. If
-type is one of the following:
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
-- ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT
-then 'name' must be NULL.*/
+ type is one of the following:
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32
+ Exactly one of 'handle' and 'name' must be non-NULL. If
+ type is one of the following:
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
+ - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT
+ then 'name' must be NULL.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     /// Valid NT handle. Must be NULL if 'name' is non-NULL
     pub handle: *mut ::std::os::raw::c_void,
     /** Name of a valid synchronization primitive.
-    Must be NULL if 'handle' is non-NULL.*/
+ Must be NULL if 'handle' is non-NULL.*/
     pub name: *const ::std::os::raw::c_void,
 }
 impl Default for CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
@@ -4979,13 +5545,13 @@ pub type CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC = CUDA_EXTERNAL_SEMAPHORE_HANDLE_DE
 pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st {
     pub params: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
     /** Only when ::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS is used to
-    signal a ::CUexternalSemaphore of type
-    ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC, the valid flag is
-    ::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_SKIP_NVSCIBUF_MEMSYNC which indicates
-    that while signaling the ::CUexternalSemaphore, no memory synchronization
-    operations should be performed for any external memory object imported
-    as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
-    For all other types of ::CUexternalSemaphore, flags must be zero.*/
+ signal a ::CUexternalSemaphore of type
+ ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC, the valid flag is
+ ::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_SKIP_NVSCIBUF_MEMSYNC which indicates
+ that while signaling the ::CUexternalSemaphore, no memory synchronization
+ operations should be performed for any external memory object imported
+ as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
+ For all other types of ::CUexternalSemaphore, flags must be zero.*/
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -5008,7 +5574,7 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1 
 #[derive(Copy, Clone)]
 pub union CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
     /** Pointer to NvSciSyncFence. Valid if ::CUexternalSemaphoreHandleType
-    is of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.*/
+ is of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.*/
     pub fence: *mut ::std::os::raw::c_void,
     pub reserved: ::std::os::raw::c_ulonglong,
 }
@@ -5056,12 +5622,12 @@ pub type CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_
 pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
     pub params: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
     /** Only when ::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS is used to wait on
-    a ::CUexternalSemaphore of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC,
-    the valid flag is ::CUDA_EXTERNAL_SEMAPHORE_WAIT_SKIP_NVSCIBUF_MEMSYNC
-    which indicates that while waiting for the ::CUexternalSemaphore, no memory
-    synchronization operations should be performed for any external memory
-    object imported as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
-    For all other types of ::CUexternalSemaphore, flags must be zero.*/
+ a ::CUexternalSemaphore of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC,
+ the valid flag is ::CUDA_EXTERNAL_SEMAPHORE_WAIT_SKIP_NVSCIBUF_MEMSYNC
+ which indicates that while waiting for the ::CUexternalSemaphore, no memory
+ synchronization operations should be performed for any external memory
+ object imported as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
+ For all other types of ::CUexternalSemaphore, flags must be zero.*/
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -5081,7 +5647,7 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1 {
     pub value: ::std::os::raw::c_ulonglong,
 }
 /** Pointer to NvSciSyncFence. Valid if CUexternalSemaphoreHandleType
-is of type CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.*/
+ is of type CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.*/
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
@@ -5224,22 +5790,28 @@ pub type CUmemGenericAllocationHandle_v1 = ::std::os::raw::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
 impl CUmemAllocationHandleType_enum {
     ///< Does not allow any export mechanism. >
-    pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(0);
+    pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        0,
+    );
     ///< Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
-    pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(1);
+    pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        1,
+    );
     ///< Allows a Win32 NT handle to be used for exporting. (HANDLE)
-    pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(2);
+    pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        2,
+    );
     ///< Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
-    pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(4);
+    pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        4,
+    );
     ///< Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
-    pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(8);
-    pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(2147483647);
+    pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        8,
+    );
+    pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// Flags for specifying particular handle types
@@ -5249,14 +5821,20 @@ pub struct CUmemAllocationHandleType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemAllocationHandleType_enum as CUmemAllocationHandleType;
 impl CUmemAccess_flags_enum {
     ///< Default, make the address range not accessible
-    pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(0);
+    pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        0,
+    );
     ///< Make the address range read accessible
-    pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(1);
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        1,
+    );
     ///< Make the address range read-write accessible
-    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum =
-        CUmemAccess_flags_enum(3);
-    pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum =
-        CUmemAccess_flags_enum(2147483647);
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        3,
+    );
+    pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// Specifies the memory protection flags for mapping.
@@ -5265,19 +5843,32 @@ pub struct CUmemAccess_flags_enum(pub ::std::os::raw::c_uint);
 /// Specifies the memory protection flags for mapping.
 pub use self::CUmemAccess_flags_enum as CUmemAccess_flags;
 impl CUmemLocationType_enum {
-    pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType_enum = CUmemLocationType_enum(0);
+    pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType_enum = CUmemLocationType_enum(
+        0,
+    );
     ///< Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool
-    pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType_enum = CUmemLocationType_enum(0);
+    pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType_enum = CUmemLocationType_enum(
+        0,
+    );
     ///< Location is a device location, thus id is a device ordinal
-    pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType_enum = CUmemLocationType_enum(1);
+    pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType_enum = CUmemLocationType_enum(
+        1,
+    );
     ///< Location is host, id is ignored
-    pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType_enum = CUmemLocationType_enum(2);
+    pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType_enum = CUmemLocationType_enum(
+        2,
+    );
     ///< Location is a host NUMA node, thus id is a host NUMA node id
-    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(3);
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(
+        3,
+    );
     ///< Location is a host NUMA node of the current thread, id is ignored
-    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum =
-        CUmemLocationType_enum(4);
-    pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType_enum = CUmemLocationType_enum(2147483647);
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum = CUmemLocationType_enum(
+        4,
+    );
+    pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType_enum = CUmemLocationType_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// Specifies the type of location
@@ -5286,17 +5877,22 @@ pub struct CUmemLocationType_enum(pub ::std::os::raw::c_uint);
 /// Specifies the type of location
 pub use self::CUmemLocationType_enum as CUmemLocationType;
 impl CUmemAllocationType_enum {
-    pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(0);
+    pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        0,
+    );
     /** This allocation type is 'pinned', i.e. cannot migrate from its current
-    location while the application is actively using it*/
-    pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType_enum = CUmemAllocationType_enum(1);
+ location while the application is actively using it*/
+    pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        1,
+    );
     /// This allocation type is managed memory
-    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(2);
+    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        2,
+    );
     /// This allocation type is managed memory
-    pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(2147483647);
+    pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum = CUmemAllocationType_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// Defines the allocation types available
@@ -5306,11 +5902,13 @@ pub struct CUmemAllocationType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemAllocationType_enum as CUmemAllocationType;
 impl CUmemAllocationGranularity_flags_enum {
     ///< Minimum required granularity for allocation
-    pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags_enum =
-        CUmemAllocationGranularity_flags_enum(0);
+    pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags_enum = CUmemAllocationGranularity_flags_enum(
+        0,
+    );
     ///< Recommended granularity for allocation for best performance
-    pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags_enum =
-        CUmemAllocationGranularity_flags_enum(1);
+    pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags_enum = CUmemAllocationGranularity_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flag for requesting different optimal and required granularities for an allocation.
@@ -5319,10 +5917,12 @@ pub struct CUmemAllocationGranularity_flags_enum(pub ::std::os::raw::c_uint);
 /// Flag for requesting different optimal and required granularities for an allocation.
 pub use self::CUmemAllocationGranularity_flags_enum as CUmemAllocationGranularity_flags;
 impl CUmemRangeHandleType_enum {
-    pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: CUmemRangeHandleType_enum =
-        CUmemRangeHandleType_enum(1);
-    pub const CU_MEM_RANGE_HANDLE_TYPE_MAX: CUmemRangeHandleType_enum =
-        CUmemRangeHandleType_enum(2147483647);
+    pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: CUmemRangeHandleType_enum = CUmemRangeHandleType_enum(
+        1,
+    );
+    pub const CU_MEM_RANGE_HANDLE_TYPE_MAX: CUmemRangeHandleType_enum = CUmemRangeHandleType_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// Specifies the handle type for address range
@@ -5332,8 +5932,9 @@ pub struct CUmemRangeHandleType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemRangeHandleType_enum as CUmemRangeHandleType;
 impl CUmemRangeFlags_enum {
     ///< Indicates that DMA_BUF handle should be mapped via PCIe BAR1
-    pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum =
-        CUmemRangeFlags_enum(1);
+    pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum = CUmemRangeFlags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flag for requesting handle type for address range.
@@ -5342,10 +5943,12 @@ pub struct CUmemRangeFlags_enum(pub ::std::os::raw::c_uint);
 /// Flag for requesting handle type for address range.
 pub use self::CUmemRangeFlags_enum as CUmemRangeFlags;
 impl CUarraySparseSubresourceType_enum {
-    pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: CUarraySparseSubresourceType_enum =
-        CUarraySparseSubresourceType_enum(0);
-    pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: CUarraySparseSubresourceType_enum =
-        CUarraySparseSubresourceType_enum(1);
+    pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: CUarraySparseSubresourceType_enum = CUarraySparseSubresourceType_enum(
+        0,
+    );
+    pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: CUarraySparseSubresourceType_enum = CUarraySparseSubresourceType_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Sparse subresource types
@@ -5354,8 +5957,12 @@ pub struct CUarraySparseSubresourceType_enum(pub ::std::os::raw::c_uint);
 /// Sparse subresource types
 pub use self::CUarraySparseSubresourceType_enum as CUarraySparseSubresourceType;
 impl CUmemOperationType_enum {
-    pub const CU_MEM_OPERATION_TYPE_MAP: CUmemOperationType_enum = CUmemOperationType_enum(1);
-    pub const CU_MEM_OPERATION_TYPE_UNMAP: CUmemOperationType_enum = CUmemOperationType_enum(2);
+    pub const CU_MEM_OPERATION_TYPE_MAP: CUmemOperationType_enum = CUmemOperationType_enum(
+        1,
+    );
+    pub const CU_MEM_OPERATION_TYPE_UNMAP: CUmemOperationType_enum = CUmemOperationType_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Memory operation types
@@ -5507,11 +6114,13 @@ pub type CUmemLocation_v1 = CUmemLocation_st;
 pub type CUmemLocation = CUmemLocation_v1;
 impl CUmemAllocationCompType_enum {
     ///< Allocating non-compressible memory
-    pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum =
-        CUmemAllocationCompType_enum(0);
+    pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(
+        0,
+    );
     ///< Allocating  compressible memory
-    pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum =
-        CUmemAllocationCompType_enum(1);
+    pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Specifies compression attribute for an allocation.
@@ -5530,10 +6139,10 @@ pub struct CUmemAllocationProp_st {
     /// Location of allocation
     pub location: CUmemLocation,
     /** Windows-specific POBJECT_ATTRIBUTES required when
-    ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This object attributes structure
-    includes security attributes that define
-    the scope of which exported allocations may be transferred to other
-    processes.  In all other cases, this field is required to be zero.*/
+ ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This object attributes structure
+ includes security attributes that define
+ the scope of which exported allocations may be transferred to other
+ processes.  In all other cases, this field is required to be zero.*/
     pub win32HandleMetaData: *mut ::std::os::raw::c_void,
     pub allocFlags: CUmemAllocationProp_st__bindgen_ty_1,
 }
@@ -5541,13 +6150,13 @@ pub struct CUmemAllocationProp_st {
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUmemAllocationProp_st__bindgen_ty_1 {
     /** Allocation hint for requesting compressible memory.
-    On devices that support Compute Data Compression, compressible
-    memory can be used to accelerate accesses to data with unstructured
-    sparsity and other compressible data patterns. Applications are
-    expected to query allocation property of the handle obtained with
-    ::cuMemCreate using ::cuMemGetAllocationPropertiesFromHandle to
-    validate if the obtained allocation is compressible or not. Note that
-    compressed memory may not be mappable on all devices.*/
+ On devices that support Compute Data Compression, compressible
+ memory can be used to accelerate accesses to data with unstructured
+ sparsity and other compressible data patterns. Applications are
+ expected to query allocation property of the handle obtained with
+ ::cuMemCreate using ::cuMemGetAllocationPropertiesFromHandle to
+ validate if the obtained allocation is compressible or not. Note that
+ compressed memory may not be mappable on all devices.*/
     pub compressionType: ::std::os::raw::c_uchar,
     pub gpuDirectRDMACapable: ::std::os::raw::c_uchar,
     /// Bitmask indicating intended usage for this allocation
@@ -5569,11 +6178,13 @@ pub type CUmemAllocationProp_v1 = CUmemAllocationProp_st;
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
 impl CUmulticastGranularity_flags_enum {
     ///< Minimum required granularity
-    pub const CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags_enum =
-        CUmulticastGranularity_flags_enum(0);
+    pub const CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags_enum = CUmulticastGranularity_flags_enum(
+        0,
+    );
     ///< Recommended granularity for best performance
-    pub const CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags_enum =
-        CUmulticastGranularity_flags_enum(1);
+    pub const CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags_enum = CUmulticastGranularity_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for querying different granularities for a multicast object
@@ -5586,13 +6197,13 @@ pub use self::CUmulticastGranularity_flags_enum as CUmulticastGranularity_flags;
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUmulticastObjectProp_st {
     /** The number of devices in the multicast team that will bind memory to this
-    object*/
+ object*/
     pub numDevices: ::std::os::raw::c_uint,
     /** The maximum amount of memory that can be bound to this multicast object
-    per device*/
+ per device*/
     pub size: usize,
     /** Bitmask of exportable handle types (see ::CUmemAllocationHandleType) for
-    this object*/
+ this object*/
     pub handleTypes: ::std::os::raw::c_ulonglong,
     /// Flags for future use, must be zero now
     pub flags: ::std::os::raw::c_ulonglong,
@@ -5625,32 +6236,41 @@ pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 impl CUgraphExecUpdateResult_enum {
     ///< The update succeeded
-    pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(0);
+    pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        0,
+    );
     ///< The update failed for an unexpected reason which is described in the return value of the function
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(1);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        1,
+    );
     ///< The update failed because the topology changed
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(2);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        2,
+    );
     ///< The update failed because a node type changed
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(3);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        3,
+    );
     ///< The update failed because the function of a kernel node changed (CUDA driver < 11.2)
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(4);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        4,
+    );
     ///< The update failed because the parameters changed in a way that is not supported
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(5);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        5,
+    );
     ///< The update failed because something about the node is not supported
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(6);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        6,
+    );
     ///< The update failed because the function of a kernel node changed in an unsupported way
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(7);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        7,
+    );
     ///< The update failed because the node attributes changed in a way that is not supported
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(8);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
+        8,
+    );
 }
 #[repr(transparent)]
 /// CUDA Graph Update error types
@@ -5665,8 +6285,8 @@ pub struct CUgraphExecUpdateResultInfo_st {
     /// Gives more specific detail when a cuda graph update fails.
     pub result: CUgraphExecUpdateResult,
     /** The "to node" of the error edge when the topologies do not match.
-    The error node when the error is associated with a specific node.
-    NULL when the error is generic.*/
+ The error node when the error is associated with a specific node.
+ NULL when the error is generic.*/
     pub errorNode: CUgraphNode,
     /// The from node of error edge when the topologies do not match. Otherwise NULL.
     pub errorFromNode: CUgraphNode,
@@ -5686,49 +6306,58 @@ pub type CUgraphExecUpdateResultInfo_v1 = CUgraphExecUpdateResultInfo_st;
 pub type CUgraphExecUpdateResultInfo = CUgraphExecUpdateResultInfo_v1;
 impl CUmemPool_attribute_enum {
     /** (value type = int)
-    Allow cuMemAllocAsync to use memory asynchronously freed
-    in another streams as long as a stream ordering dependency
-    of the allocating stream on the free action exists.
-    Cuda events and null stream interactions can create the required
-    stream ordered dependencies. (default enabled)*/
-    pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(1);
+ Allow cuMemAllocAsync to use memory asynchronously freed
+ in another streams as long as a stream ordering dependency
+ of the allocating stream on the free action exists.
+ Cuda events and null stream interactions can create the required
+ stream ordered dependencies. (default enabled)*/
+    pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        1,
+    );
     /** (value type = int)
-    Allow reuse of already completed frees when there is no dependency
-    between the free and allocation. (default enabled)*/
-    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(2);
+ Allow reuse of already completed frees when there is no dependency
+ between the free and allocation. (default enabled)*/
+    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        2,
+    );
     /** (value type = int)
-    Allow cuMemAllocAsync to insert new stream dependencies
-    in order to establish the stream ordering required to reuse
-    a piece of memory released by cuMemFreeAsync (default enabled).*/
-    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(3);
+ Allow cuMemAllocAsync to insert new stream dependencies
+ in order to establish the stream ordering required to reuse
+ a piece of memory released by cuMemFreeAsync (default enabled).*/
+    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        3,
+    );
     /** (value type = cuuint64_t)
-    Amount of reserved memory in bytes to hold onto before trying
-    to release memory back to the OS. When more than the release
-    threshold bytes of memory are held by the memory pool, the
-    allocator will try to release memory back to the OS on the
-    next call to stream, event or context synchronize. (default 0)*/
-    pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(4);
+ Amount of reserved memory in bytes to hold onto before trying
+ to release memory back to the OS. When more than the release
+ threshold bytes of memory are held by the memory pool, the
+ allocator will try to release memory back to the OS on the
+ next call to stream, event or context synchronize. (default 0)*/
+    pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        4,
+    );
     /** (value type = cuuint64_t)
-    Amount of backing memory currently allocated for the mempool.*/
-    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(5);
+ Amount of backing memory currently allocated for the mempool.*/
+    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        5,
+    );
     /** (value type = cuuint64_t)
-    High watermark of backing memory allocated for the mempool since the
-    last time it was reset. High watermark can only be reset to zero.*/
-    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(6);
+ High watermark of backing memory allocated for the mempool since the
+ last time it was reset. High watermark can only be reset to zero.*/
+    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        6,
+    );
     /** (value type = cuuint64_t)
-    Amount of memory from the pool that is currently in use by the application.*/
-    pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(7);
+ Amount of memory from the pool that is currently in use by the application.*/
+    pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        7,
+    );
     /** (value type = cuuint64_t)
-    High watermark of the amount of memory from the pool that was in use by the application since
-    the last time it was reset. High watermark can only be reset to zero.*/
-    pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: CUmemPool_attribute_enum = CUmemPool_attribute_enum(8);
+ High watermark of the amount of memory from the pool that was in use by the application since
+ the last time it was reset. High watermark can only be reset to zero.*/
+    pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: CUmemPool_attribute_enum = CUmemPool_attribute_enum(
+        8,
+    );
 }
 #[repr(transparent)]
 /// CUDA memory pool attributes
@@ -5747,9 +6376,9 @@ pub struct CUmemPoolProps_st {
     ///< Location where allocations should reside.
     pub location: CUmemLocation,
     /** Windows-specific LPSECURITYATTRIBUTES required when
-    ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This security attribute defines
-    the scope of which exported allocations may be transferred to other
-    processes.  In all other cases, this field is required to be zero.*/
+ ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This security attribute defines
+ the scope of which exported allocations may be transferred to other
+ processes.  In all other cases, this field is required to be zero.*/
     pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
     ///< Maximum pool size. When set to 0, defaults to a system dependent value.
     pub maxSize: usize,
@@ -5793,8 +6422,9 @@ pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
 impl CUmemcpyFlags_enum {
     pub const CU_MEMCPY_FLAG_DEFAULT: CUmemcpyFlags_enum = CUmemcpyFlags_enum(0);
     /// Hint to the driver to try and overlap the copy with compute work on the SMs.
-    pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum =
-        CUmemcpyFlags_enum(1);
+    pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum = CUmemcpyFlags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags to specify for copies within a batch. For more details see ::cuMemcpyBatchAsync.
@@ -5804,42 +6434,47 @@ pub struct CUmemcpyFlags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemcpyFlags_enum as CUmemcpyFlags;
 impl CUmemcpySrcAccessOrder_enum {
     /// Default invalid.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(0);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        0,
+    );
     /// Indicates that access to the source pointer must be in stream order.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(1);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        1,
+    );
     /** Indicates that access to the source pointer can be out of stream order and
-    all accesses must be complete before the API call returns. This flag is suited for
-    ephemeral sources (ex., stack variables) when it's known that no prior operations
-    in the stream can be accessing the memory and also that the lifetime of the memory
-    is limited to the scope that the source variable was declared in. Specifying
-    this flag allows the driver to optimize the copy and removes the need for the user
-    to synchronize the stream after the API call.*/
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(2);
+ all accesses must be complete before the API call returns. This flag is suited for
+ ephemeral sources (ex., stack variables) when it's known that no prior operations
+ in the stream can be accessing the memory and also that the lifetime of the memory
+ is limited to the scope that the source variable was declared in. Specifying
+ this flag allows the driver to optimize the copy and removes the need for the user
+ to synchronize the stream after the API call.*/
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        2,
+    );
     /** Indicates that access to the source pointer can be out of stream order and the accesses
-    can happen even after the API call returns. This flag is suited for host pointers
-    allocated outside CUDA (ex., via malloc) when it's known that no prior operations
-    in the stream can be accessing the memory. Specifying this flag allows the driver
-    to optimize the copy on certain platforms.*/
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(3);
+ can happen even after the API call returns. This flag is suited for host pointers
+ allocated outside CUDA (ex., via malloc) when it's known that no prior operations
+ in the stream can be accessing the memory. Specifying this flag allows the driver
+ to optimize the copy on certain platforms.*/
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        3,
+    );
     /** Indicates that access to the source pointer can be out of stream order and the accesses
-    can happen even after the API call returns. This flag is suited for host pointers
-    allocated outside CUDA (ex., via malloc) when it's known that no prior operations
-    in the stream can be accessing the memory. Specifying this flag allows the driver
-    to optimize the copy on certain platforms.*/
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(2147483647);
+ can happen even after the API call returns. This flag is suited for host pointers
+ allocated outside CUDA (ex., via malloc) when it's known that no prior operations
+ in the stream can be accessing the memory. Specifying this flag allows the driver
+ to optimize the copy on certain platforms.*/
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /** These flags allow applications to convey the source access ordering CUDA must maintain.
-The destination will always be accessed in stream order.*/
+ The destination will always be accessed in stream order.*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpySrcAccessOrder_enum(pub ::std::os::raw::c_uint);
 /** These flags allow applications to convey the source access ordering CUDA must maintain.
-The destination will always be accessed in stream order.*/
+ The destination will always be accessed in stream order.*/
 pub use self::CUmemcpySrcAccessOrder_enum as CUmemcpySrcAccessOrder;
 /// Attributes specific to copies within a batch. For more details on usage see ::cuMemcpyBatchAsync.
 #[repr(C)]
@@ -5869,13 +6504,16 @@ pub type CUmemcpyAttributes_v1 = CUmemcpyAttributes_st;
 pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
 impl CUmemcpy3DOperandType_enum {
     ///< Memcpy operand is a valid pointer.
-    pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(1);
+    pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(
+        1,
+    );
     ///< Memcpy operand is a CUarray.
-    pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(2);
-    pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(2147483647);
+    pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(
+        2,
+    );
+    pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(
+        2147483647,
+    );
 }
 #[repr(transparent)]
 /// These flags allow applications to convey the operand type for individual copies specified in ::cuMemcpy3DBatchAsync.
@@ -6009,7 +6647,7 @@ pub type CUDA_MEMCPY3D_BATCH_OP = CUDA_MEMCPY3D_BATCH_OP_v1;
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
     /** in: location where the allocation should reside (specified in ::location).
-    ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.*/
+ ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.*/
     pub poolProps: CUmemPoolProps,
     ///< in: array of memory access descriptors. Used to describe peer GPU access
     pub accessDescs: *const CUmemAccessDesc,
@@ -6038,7 +6676,7 @@ pub type CUDA_MEM_ALLOC_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS_v1;
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v2_st {
     /** in: location where the allocation should reside (specified in ::location).
-    ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.*/
+ ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.*/
     pub poolProps: CUmemPoolProps,
     ///< in: array of memory access descriptors. Used to describe peer GPU access
     pub accessDescs: *const CUmemAccessDesc,
@@ -6071,24 +6709,28 @@ pub struct CUDA_MEM_FREE_NODE_PARAMS_st {
 pub type CUDA_MEM_FREE_NODE_PARAMS = CUDA_MEM_FREE_NODE_PARAMS_st;
 impl CUgraphMem_attribute_enum {
     /** (value type = cuuint64_t)
-    Amount of memory, in bytes, currently associated with graphs*/
-    pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(0);
+ Amount of memory, in bytes, currently associated with graphs*/
+    pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(
+        0,
+    );
     /** (value type = cuuint64_t)
-    High watermark of memory, in bytes, associated with graphs since the
-    last time it was reset.  High watermark can only be reset to zero.*/
-    pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(1);
+ High watermark of memory, in bytes, associated with graphs since the
+ last time it was reset.  High watermark can only be reset to zero.*/
+    pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(
+        1,
+    );
     /** (value type = cuuint64_t)
-    Amount of memory, in bytes, currently allocated for use by
-    the CUDA graphs asynchronous allocator.*/
-    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(2);
+ Amount of memory, in bytes, currently allocated for use by
+ the CUDA graphs asynchronous allocator.*/
+    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(
+        2,
+    );
     /** (value type = cuuint64_t)
-    High watermark of memory, in bytes, currently allocated for use by
-    the CUDA graphs asynchronous allocator.*/
-    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(3);
+ High watermark of memory, in bytes, currently allocated for use by
+ the CUDA graphs asynchronous allocator.*/
+    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(
+        3,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -6096,21 +6738,23 @@ pub struct CUgraphMem_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphMem_attribute_enum as CUgraphMem_attribute;
 impl CUgraphChildGraphNodeOwnership_enum {
     /**< Default behavior for a child graph node. Child graph is cloned
-    into the parent and memory allocation/free nodes can't be present
-    in the child graph.*/
-    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: CUgraphChildGraphNodeOwnership_enum =
-        CUgraphChildGraphNodeOwnership_enum(0);
+into the parent and memory allocation/free nodes can't be present
+in the child graph.*/
+    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: CUgraphChildGraphNodeOwnership_enum = CUgraphChildGraphNodeOwnership_enum(
+        0,
+    );
     /**< The child graph is moved to the parent. The handle to the child graph
-    is owned by the parent and will be destroyed when the parent is
-    destroyed.
+is owned by the parent and will be destroyed when the parent is
+destroyed.
 
-    The following restrictions apply to child graphs after they have been moved:
-    Cannot be independently instantiated or destroyed;
-    Cannot be added as a child graph of a separate parent graph;
-    Cannot be used as an argument to cuGraphExecUpdate;
-    Cannot have additional memory allocation or free nodes added.*/
-    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: CUgraphChildGraphNodeOwnership_enum =
-        CUgraphChildGraphNodeOwnership_enum(1);
+The following restrictions apply to child graphs after they have been moved:
+Cannot be independently instantiated or destroyed;
+Cannot be added as a child graph of a separate parent graph;
+Cannot be used as an argument to cuGraphExecUpdate;
+Cannot have additional memory allocation or free nodes added.*/
+    pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: CUgraphChildGraphNodeOwnership_enum = CUgraphChildGraphNodeOwnership_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Child graph node ownership
@@ -6123,10 +6767,10 @@ pub use self::CUgraphChildGraphNodeOwnership_enum as CUgraphChildGraphNodeOwners
 #[derive(Debug, Copy, Clone)]
 pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
     /**< The child graph to clone into the node for node creation, or
-    a handle to the graph owned by the node for node query.
-    The graph must not contain conditional nodes. Graphs
-    containing memory allocation or memory free nodes must
-    set the ownership to be moved to the parent.*/
+   a handle to the graph owned by the node for node query.
+   The graph must not contain conditional nodes. Graphs
+   containing memory allocation or memory free nodes must
+   set the ownership to be moved to the parent.*/
     pub graph: CUgraph,
     ///< The ownership relationship of the child graph node.
     pub ownership: CUgraphChildGraphNodeOwnership,
@@ -6244,11 +6888,13 @@ impl Default for CUgraphNodeParams_st {
 pub type CUgraphNodeParams = CUgraphNodeParams_st;
 impl CUflushGPUDirectRDMAWritesOptions_enum {
     ///< ::cuFlushGPUDirectRDMAWrites() and its CUDA Runtime API counterpart are supported on the device.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions_enum =
-        CUflushGPUDirectRDMAWritesOptions_enum(1);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(
+        1,
+    );
     ///< The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS:
-        CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(2);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS: CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// Bitmasks for ::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
@@ -6258,14 +6904,17 @@ pub struct CUflushGPUDirectRDMAWritesOptions_enum(pub ::std::os::raw::c_uint);
 pub use self::CUflushGPUDirectRDMAWritesOptions_enum as CUflushGPUDirectRDMAWritesOptions;
 impl CUGPUDirectRDMAWritesOrdering_enum {
     ///< The device does not natively support ordering of remote writes. ::cuFlushGPUDirectRDMAWrites() can be leveraged if supported.
-    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: CUGPUDirectRDMAWritesOrdering_enum =
-        CUGPUDirectRDMAWritesOrdering_enum(0);
+    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
+        0,
+    );
     ///< Natively, the device can consistently consume remote writes, although other CUDA devices may not.
-    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: CUGPUDirectRDMAWritesOrdering_enum =
-        CUGPUDirectRDMAWritesOrdering_enum(100);
+    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
+        100,
+    );
     ///< Any CUDA device in the system can consistently consume remote writes to this device.
-    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES: CUGPUDirectRDMAWritesOrdering_enum =
-        CUGPUDirectRDMAWritesOrdering_enum(200);
+    pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
+        200,
+    );
 }
 #[repr(transparent)]
 /// Platform native ordering for GPUDirect RDMA writes
@@ -6275,11 +6924,13 @@ pub struct CUGPUDirectRDMAWritesOrdering_enum(pub ::std::os::raw::c_uint);
 pub use self::CUGPUDirectRDMAWritesOrdering_enum as CUGPUDirectRDMAWritesOrdering;
 impl CUflushGPUDirectRDMAWritesScope_enum {
     ///< Blocks until remote writes are visible to the CUDA device context owning the data.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER: CUflushGPUDirectRDMAWritesScope_enum =
-        CUflushGPUDirectRDMAWritesScope_enum(100);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER: CUflushGPUDirectRDMAWritesScope_enum = CUflushGPUDirectRDMAWritesScope_enum(
+        100,
+    );
     ///< Blocks until remote writes are visible to all CUDA device contexts.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES: CUflushGPUDirectRDMAWritesScope_enum =
-        CUflushGPUDirectRDMAWritesScope_enum(200);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES: CUflushGPUDirectRDMAWritesScope_enum = CUflushGPUDirectRDMAWritesScope_enum(
+        200,
+    );
 }
 #[repr(transparent)]
 /// The scopes for ::cuFlushGPUDirectRDMAWrites
@@ -6289,8 +6940,9 @@ pub struct CUflushGPUDirectRDMAWritesScope_enum(pub ::std::os::raw::c_uint);
 pub use self::CUflushGPUDirectRDMAWritesScope_enum as CUflushGPUDirectRDMAWritesScope;
 impl CUflushGPUDirectRDMAWritesTarget_enum {
     ///< Sets the target for ::cuFlushGPUDirectRDMAWrites() to the currently active CUDA device context.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX:
-        CUflushGPUDirectRDMAWritesTarget_enum = CUflushGPUDirectRDMAWritesTarget_enum(0);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX: CUflushGPUDirectRDMAWritesTarget_enum = CUflushGPUDirectRDMAWritesTarget_enum(
+        0,
+    );
 }
 #[repr(transparent)]
 /// The targets for ::cuFlushGPUDirectRDMAWrites
@@ -6300,53 +6952,69 @@ pub struct CUflushGPUDirectRDMAWritesTarget_enum(pub ::std::os::raw::c_uint);
 pub use self::CUflushGPUDirectRDMAWritesTarget_enum as CUflushGPUDirectRDMAWritesTarget;
 impl CUgraphDebugDot_flags_enum {
     ///< Output all debug data as if every debug flag is enabled
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(1);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        1,
+    );
     ///< Use CUDA Runtime structures for output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(2);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        2,
+    );
     ///< Adds CUDA_KERNEL_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(4);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        4,
+    );
     ///< Adds CUDA_MEMCPY3D values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(8);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        8,
+    );
     ///< Adds CUDA_MEMSET_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(16);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        16,
+    );
     ///< Adds CUDA_HOST_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(32);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        32,
+    );
     ///< Adds CUevent handle from record and wait nodes to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(64);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        64,
+    );
     ///< Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(128);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        128,
+    );
     ///< Adds CUDA_EXT_SEM_WAIT_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(256);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        256,
+    );
     ///< Adds CUkernelNodeAttrValue values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(512);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        512,
+    );
     ///< Adds node handles and every kernel function handle to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(1024);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        1024,
+    );
     ///< Adds memory alloc node parameters to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(2048);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        2048,
+    );
     ///< Adds memory free node parameters to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(4096);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        4096,
+    );
     ///< Adds batch mem op node parameters to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(8192);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        8192,
+    );
     ///< Adds edge numbering information
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(16384);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        16384,
+    );
     ///< Adds conditional node parameters to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(32768);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
+        32768,
+    );
 }
 #[repr(transparent)]
 /// The additional write options for ::cuGraphDebugDotPrint
@@ -6356,8 +7024,9 @@ pub struct CUgraphDebugDot_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphDebugDot_flags_enum as CUgraphDebugDot_flags;
 impl CUuserObject_flags_enum {
     ///< Indicates the destructor execution is not synchronized by any CUDA handle.
-    pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum =
-        CUuserObject_flags_enum(1);
+    pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum = CUuserObject_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for user objects for graphs
@@ -6367,8 +7036,9 @@ pub struct CUuserObject_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUuserObject_flags_enum as CUuserObject_flags;
 impl CUuserObjectRetain_flags_enum {
     ///< Transfer references from the caller rather than creating new references.
-    pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum =
-        CUuserObjectRetain_flags_enum(1);
+    pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum = CUuserObjectRetain_flags_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// Flags for retaining user object references for graphs
@@ -6378,22 +7048,26 @@ pub struct CUuserObjectRetain_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUuserObjectRetain_flags_enum as CUuserObjectRetain_flags;
 impl CUgraphInstantiate_flags_enum {
     ///< Automatically free memory allocated in a graph before relaunching.
-    pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags_enum =
-        CUgraphInstantiate_flags_enum(1);
+    pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
+        1,
+    );
     /**< Automatically upload the graph after instantiation. Only supported by
-    ::cuGraphInstantiateWithParams.  The upload will be performed using the
-    stream provided in \p instantiateParams.*/
-    pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags_enum =
-        CUgraphInstantiate_flags_enum(2);
+::cuGraphInstantiateWithParams.  The upload will be performed using the
+stream provided in \p instantiateParams.*/
+    pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
+        2,
+    );
     /**< Instantiate the graph to be launchable from the device. This flag can only
-    be used on platforms which support unified addressing. This flag cannot be
-    used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.*/
-    pub const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: CUgraphInstantiate_flags_enum =
-        CUgraphInstantiate_flags_enum(4);
+be used on platforms which support unified addressing. This flag cannot be
+used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.*/
+    pub const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
+        4,
+    );
     /**< Run the graph using the per-node priority attributes rather than the
-    priority of the stream it is launched into.*/
-    pub const CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: CUgraphInstantiate_flags_enum =
-        CUgraphInstantiate_flags_enum(8);
+priority of the stream it is launched into.*/
+    pub const CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
+        8,
+    );
 }
 #[repr(transparent)]
 /// Flags for instantiating a graph
@@ -6403,9 +7077,13 @@ pub struct CUgraphInstantiate_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphInstantiate_flags_enum as CUgraphInstantiate_flags;
 impl CUdeviceNumaConfig_enum {
     ///< The GPU is not a NUMA node
-    pub const CU_DEVICE_NUMA_CONFIG_NONE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(0);
+    pub const CU_DEVICE_NUMA_CONFIG_NONE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(
+        0,
+    );
     ///< The GPU is a NUMA node, CU_DEVICE_ATTRIBUTE_NUMA_ID contains its NUMA ID
-    pub const CU_DEVICE_NUMA_CONFIG_NUMA_NODE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(1);
+    pub const CU_DEVICE_NUMA_CONFIG_NUMA_NODE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(
+        1,
+    );
 }
 #[repr(transparent)]
 /// CUDA device NUMA configuration
@@ -6419,7 +7097,9 @@ impl CUprocessState_enum {
     ///< CUDA API locks are taken so further CUDA API calls will block
     pub const CU_PROCESS_STATE_LOCKED: CUprocessState_enum = CUprocessState_enum(1);
     ///< Application memory contents have been checkpointed and underlying allocations and device handles have been released
-    pub const CU_PROCESS_STATE_CHECKPOINTED: CUprocessState_enum = CUprocessState_enum(2);
+    pub const CU_PROCESS_STATE_CHECKPOINTED: CUprocessState_enum = CUprocessState_enum(
+        2,
+    );
     ///< Application entered an uncorrectable error during the checkpoint/restore process
     pub const CU_PROCESS_STATE_FAILED: CUprocessState_enum = CUprocessState_enum(3);
 }
@@ -6497,9 +7177,13 @@ pub struct CUcheckpointUnlockArgs_st {
 pub type CUcheckpointUnlockArgs = CUcheckpointUnlockArgs_st;
 impl CUmoduleLoadingMode_enum {
     ///< Lazy Kernel Loading is not enabled
-    pub const CU_MODULE_EAGER_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(1);
+    pub const CU_MODULE_EAGER_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(
+        1,
+    );
     ///< Lazy Kernel Loading is enabled
-    pub const CU_MODULE_LAZY_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(2);
+    pub const CU_MODULE_LAZY_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 /// CUDA Lazy Loading status
@@ -6509,17 +7193,21 @@ pub struct CUmoduleLoadingMode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmoduleLoadingMode_enum as CUmoduleLoadingMode;
 impl CUmemDecompressAlgorithm_enum {
     ///< Decompression is unsupported.
-    pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(0);
+    pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
+        0,
+    );
     ///< Deflate is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(1);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
+        1,
+    );
     ///< Snappy is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(2);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
+        2,
+    );
     ///< LZ4 is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(4);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
+        4,
+    );
 }
 #[repr(transparent)]
 /// \brief Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
@@ -6528,28 +7216,28 @@ pub struct CUmemDecompressAlgorithm_enum(pub ::std::os::raw::c_uint);
 /// \brief Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
 pub use self::CUmemDecompressAlgorithm_enum as CUmemDecompressAlgorithm;
 /** \brief Structure describing the parameters that compose a single
-decompression operation.*/
+        decompression operation.*/
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct CUmemDecompressParams_st {
     /** The number of bytes to be read and decompressed from
-    ::CUmemDecompressParams_st.src.*/
+  ::CUmemDecompressParams_st.src.*/
     pub srcNumBytes: usize,
     /** The number of bytes that the decompression operation will be expected to
-    write to ::CUmemDecompressParams_st.dst. This value is optional; if
-    present, it may be used by the CUDA driver as a heuristic for scheduling
-    the individual decompression operations.*/
+  write to ::CUmemDecompressParams_st.dst. This value is optional; if
+  present, it may be used by the CUDA driver as a heuristic for scheduling
+  the individual decompression operations.*/
     pub dstNumBytes: usize,
     /** After the decompression operation has completed, the actual number of
-    bytes written to ::CUmemDecompressParams.dst will be recorded as a 32-bit
-    unsigned integer in the memory at this address.*/
+ bytes written to ::CUmemDecompressParams.dst will be recorded as a 32-bit
+ unsigned integer in the memory at this address.*/
     pub dstActBytes: *mut cuuint32_t,
     /** Pointer to a buffer of at least ::CUmemDecompressParams_st.srcNumBytes
-    compressed bytes.*/
+ compressed bytes.*/
     pub src: *const ::std::os::raw::c_void,
     /** Pointer to a buffer where the decompressed data will be written. The
-    number of bytes written to this location will be recorded in the memory
-    pointed to by ::CUmemDecompressParams_st.dstActBytes*/
+ number of bytes written to this location will be recorded in the memory
+ pointed to by ::CUmemDecompressParams_st.dstActBytes*/
     pub dst: *mut ::std::os::raw::c_void,
     /// The decompression algorithm to use.
     pub algo: CUmemDecompressAlgorithm,
@@ -6565,28 +7253,41 @@ impl Default for CUmemDecompressParams_st {
     }
 }
 /** \brief Structure describing the parameters that compose a single
-decompression operation.*/
+        decompression operation.*/
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 impl CUfunctionLoadingState_enum {
-    pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(0);
-    pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(1);
-    pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(2);
+    pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        0,
+    );
+    pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        1,
+    );
+    pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(
+        2,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUfunctionLoadingState_enum(pub ::std::os::raw::c_uint);
 pub use self::CUfunctionLoadingState_enum as CUfunctionLoadingState;
 impl CUcoredumpSettings_enum {
-    pub const CU_COREDUMP_ENABLE_ON_EXCEPTION: CUcoredumpSettings_enum = CUcoredumpSettings_enum(1);
-    pub const CU_COREDUMP_TRIGGER_HOST: CUcoredumpSettings_enum = CUcoredumpSettings_enum(2);
-    pub const CU_COREDUMP_LIGHTWEIGHT: CUcoredumpSettings_enum = CUcoredumpSettings_enum(3);
-    pub const CU_COREDUMP_ENABLE_USER_TRIGGER: CUcoredumpSettings_enum = CUcoredumpSettings_enum(4);
+    pub const CU_COREDUMP_ENABLE_ON_EXCEPTION: CUcoredumpSettings_enum = CUcoredumpSettings_enum(
+        1,
+    );
+    pub const CU_COREDUMP_TRIGGER_HOST: CUcoredumpSettings_enum = CUcoredumpSettings_enum(
+        2,
+    );
+    pub const CU_COREDUMP_LIGHTWEIGHT: CUcoredumpSettings_enum = CUcoredumpSettings_enum(
+        3,
+    );
+    pub const CU_COREDUMP_ENABLE_USER_TRIGGER: CUcoredumpSettings_enum = CUcoredumpSettings_enum(
+        4,
+    );
     pub const CU_COREDUMP_FILE: CUcoredumpSettings_enum = CUcoredumpSettings_enum(5);
     pub const CU_COREDUMP_PIPE: CUcoredumpSettings_enum = CUcoredumpSettings_enum(6);
-    pub const CU_COREDUMP_GENERATION_FLAGS: CUcoredumpSettings_enum = CUcoredumpSettings_enum(7);
+    pub const CU_COREDUMP_GENERATION_FLAGS: CUcoredumpSettings_enum = CUcoredumpSettings_enum(
+        7,
+    );
     pub const CU_COREDUMP_MAX: CUcoredumpSettings_enum = CUcoredumpSettings_enum(8);
 }
 #[repr(transparent)]
@@ -6596,20 +7297,30 @@ pub struct CUcoredumpSettings_enum(pub ::std::os::raw::c_uint);
 /// Flags for choosing a coredump attribute to get/set
 pub use self::CUcoredumpSettings_enum as CUcoredumpSettings;
 impl CUCoredumpGenerationFlags {
-    pub const CU_COREDUMP_DEFAULT_FLAGS: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(0);
-    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(1);
-    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(2);
-    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(4);
-    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(8);
-    pub const CU_COREDUMP_SKIP_ABORT: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(16);
-    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(32);
-    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(47);
+    pub const CU_COREDUMP_DEFAULT_FLAGS: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        0,
+    );
+    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        1,
+    );
+    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        2,
+    );
+    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        4,
+    );
+    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        8,
+    );
+    pub const CU_COREDUMP_SKIP_ABORT: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        16,
+    );
+    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        32,
+    );
+    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(
+        47,
+    );
 }
 #[repr(transparent)]
 /// Flags for controlling coredump contents
@@ -6621,21 +7332,25 @@ pub struct CUdevResourceDesc_st {
     _unused: [u8; 0],
 }
 /** \typedef struct CUdevResourceDesc_st* CUdevResourceDesc;
-An opaque descriptor handle. The descriptor encapsulates multiple created and configured resources.
-Created via ::cuDevResourceGenerateDesc*/
+ An opaque descriptor handle. The descriptor encapsulates multiple created and configured resources.
+ Created via ::cuDevResourceGenerateDesc*/
 pub type CUdevResourceDesc = *mut CUdevResourceDesc_st;
 impl CUgreenCtxCreate_flags {
     ///< Required. Creates a default stream to use inside the green context
-    pub const CU_GREEN_CTX_DEFAULT_STREAM: CUgreenCtxCreate_flags = CUgreenCtxCreate_flags(1);
+    pub const CU_GREEN_CTX_DEFAULT_STREAM: CUgreenCtxCreate_flags = CUgreenCtxCreate_flags(
+        1,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUgreenCtxCreate_flags(pub ::std::os::raw::c_uint);
 impl CUdevSmResourceSplit_flags {
-    pub const CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING: CUdevSmResourceSplit_flags =
-        CUdevSmResourceSplit_flags(1);
-    pub const CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE: CUdevSmResourceSplit_flags =
-        CUdevSmResourceSplit_flags(2);
+    pub const CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING: CUdevSmResourceSplit_flags = CUdevSmResourceSplit_flags(
+        1,
+    );
+    pub const CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE: CUdevSmResourceSplit_flags = CUdevSmResourceSplit_flags(
+        2,
+    );
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -6647,40 +7362,40 @@ impl CUdevResourceType {
 }
 #[repr(transparent)]
 /** \typedef enum CUdevResourceType
-Type of resource*/
+ Type of resource*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevResourceType(pub ::std::os::raw::c_uint);
 /** \struct CUdevSmResource
-Data for SM-related resources*/
+ Data for SM-related resources*/
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUdevSmResource_st {
     ///< The amount of streaming multiprocessors available in this resource. This is an output parameter only, do not write to this field.
     pub smCount: ::std::os::raw::c_uint,
     /**< The minimum number of streaming multiprocessors required to partition this resource.
-    This is an output parameter only, do not write to this field.*/
+This is an output parameter only, do not write to this field.*/
     pub minSmPartitionSize: ::std::os::raw::c_uint,
     /**< The number of streaming multiprocessors in this resource that are guaranteed to
-    be co-scheduled on the same GPU processing cluster. smCount is a multiple of this value.
-    This is an output parameter only, do not write to this field.*/
+be co-scheduled on the same GPU processing cluster. smCount is a multiple of this value.
+This is an output parameter only, do not write to this field.*/
     pub smCoscheduledAlignment: ::std::os::raw::c_uint,
 }
 /** \struct CUdevSmResource
-Data for SM-related resources*/
+ Data for SM-related resources*/
 pub type CUdevSmResource = CUdevSmResource_st;
 /** \struct CUdevResource
-A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-\code
-struct {
-    CUdevResourceType type;
-    union {
-        CUdevSmResource sm;
-    };
-};
-\endcode
-- If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-- If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-\p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
+ A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
+ \code
+ struct {
+     CUdevResourceType type;
+     union {
+         CUdevSmResource sm;
+     };
+ };
+ \endcode
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
+ \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUdevResource_st {
@@ -6715,32 +7430,32 @@ impl Default for CUdevResource_st {
     }
 }
 /** \struct CUdevResource
-A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-\code
-struct {
-    CUdevResourceType type;
-    union {
-        CUdevSmResource sm;
-    };
-};
-\endcode
-- If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-- If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-\p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
+ A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
+ \code
+ struct {
+     CUdevResourceType type;
+     union {
+         CUdevSmResource sm;
+     };
+ };
+ \endcode
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
+ \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
 pub type CUdevResource_v1 = CUdevResource_st;
 /** \struct CUdevResource
-A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-\code
-struct {
-    CUdevResourceType type;
-    union {
-        CUdevSmResource sm;
-    };
-};
-\endcode
-- If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-- If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-\p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
+ A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
+ \code
+ struct {
+     CUdevResourceType type;
+     union {
+         CUdevSmResource sm;
+     };
+ };
+ \endcode
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
+ - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
+ \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.*/
 pub type CUdevResource = CUdevResource_v1;
 impl CUlogLevel_enum {
     pub const CU_LOG_LEVEL_ERROR: CUlogLevel_enum = CUlogLevel_enum(0);
@@ -6749,24 +7464,24 @@ impl CUlogLevel_enum {
 #[repr(transparent)]
 /** \defgroup CUDA_LOGS Error Log Management Functions
 
-___MANBRIEF___ error log management functions for the low-level CUDA API
-(___CURRENT_FILE___) ___ENDMANBRIEF___
+ ___MANBRIEF___ error log management functions for the low-level CUDA API
+ (___CURRENT_FILE___) ___ENDMANBRIEF___
 
-This section describes the error log management functions of the low-level CUDA
-driver application programming interface.
+ This section describes the error log management functions of the low-level CUDA
+ driver application programming interface.
 
-@{*/
+ @{*/
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlogLevel_enum(pub ::std::os::raw::c_uint);
 /** \defgroup CUDA_LOGS Error Log Management Functions
 
-___MANBRIEF___ error log management functions for the low-level CUDA API
-(___CURRENT_FILE___) ___ENDMANBRIEF___
+ ___MANBRIEF___ error log management functions for the low-level CUDA API
+ (___CURRENT_FILE___) ___ENDMANBRIEF___
 
-This section describes the error log management functions of the low-level CUDA
-driver application programming interface.
+ This section describes the error log management functions of the low-level CUDA
+ driver application programming interface.
 
-@{*/
+ @{*/
 pub use self::CUlogLevel_enum as CUlogLevel;
 #[repr(C)]
 #[derive(Debug)]

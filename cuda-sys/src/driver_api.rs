@@ -457,36 +457,64 @@ pub const SYMBOLS: [&str; 449usize] = [
 /// name the header maps it to. A symbol the driver lacks is `None`, and calling it
 /// returns [`Error::MissingSymbol`](crate::Error::MissingSymbol).
 pub struct DriverApi {
-    cuArray3DCreate_v2:
-        Option<unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult>,
-    cuArray3DGetDescriptor_v2:
-        Option<unsafe extern "C" fn(*mut CUDA_ARRAY3D_DESCRIPTOR, CUarray) -> CUresult>,
-    cuArrayCreate_v2:
-        Option<unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult>,
+    cuArray3DCreate_v2: Option<
+        unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult,
+    >,
+    cuArray3DGetDescriptor_v2: Option<
+        unsafe extern "C" fn(*mut CUDA_ARRAY3D_DESCRIPTOR, CUarray) -> CUresult,
+    >,
+    cuArrayCreate_v2: Option<
+        unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult,
+    >,
     cuArrayDestroy: Option<unsafe extern "C" fn(CUarray) -> CUresult>,
-    cuArrayGetDescriptor_v2:
-        Option<unsafe extern "C" fn(*mut CUDA_ARRAY_DESCRIPTOR, CUarray) -> CUresult>,
+    cuArrayGetDescriptor_v2: Option<
+        unsafe extern "C" fn(*mut CUDA_ARRAY_DESCRIPTOR, CUarray) -> CUresult,
+    >,
     cuArrayGetMemoryRequirements: Option<
-        unsafe extern "C" fn(*mut CUDA_ARRAY_MEMORY_REQUIREMENTS, CUarray, CUdevice) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
+            CUarray,
+            CUdevice,
+        ) -> CUresult,
     >,
-    cuArrayGetPlane:
-        Option<unsafe extern "C" fn(*mut CUarray, CUarray, ::std::os::raw::c_uint) -> CUresult>,
-    cuArrayGetSparseProperties:
-        Option<unsafe extern "C" fn(*mut CUDA_ARRAY_SPARSE_PROPERTIES, CUarray) -> CUresult>,
+    cuArrayGetPlane: Option<
+        unsafe extern "C" fn(*mut CUarray, CUarray, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuArrayGetSparseProperties: Option<
+        unsafe extern "C" fn(*mut CUDA_ARRAY_SPARSE_PROPERTIES, CUarray) -> CUresult,
+    >,
     cuCheckpointProcessCheckpoint: Option<
-        unsafe extern "C" fn(::std::os::raw::c_int, *mut CUcheckpointCheckpointArgs) -> CUresult,
+        unsafe extern "C" fn(
+            ::std::os::raw::c_int,
+            *mut CUcheckpointCheckpointArgs,
+        ) -> CUresult,
     >,
-    cuCheckpointProcessGetRestoreThreadId:
-        Option<unsafe extern "C" fn(::std::os::raw::c_int, *mut ::std::os::raw::c_int) -> CUresult>,
-    cuCheckpointProcessGetState:
-        Option<unsafe extern "C" fn(::std::os::raw::c_int, *mut CUprocessState) -> CUresult>,
-    cuCheckpointProcessLock:
-        Option<unsafe extern "C" fn(::std::os::raw::c_int, *mut CUcheckpointLockArgs) -> CUresult>,
+    cuCheckpointProcessGetRestoreThreadId: Option<
+        unsafe extern "C" fn(
+            ::std::os::raw::c_int,
+            *mut ::std::os::raw::c_int,
+        ) -> CUresult,
+    >,
+    cuCheckpointProcessGetState: Option<
+        unsafe extern "C" fn(::std::os::raw::c_int, *mut CUprocessState) -> CUresult,
+    >,
+    cuCheckpointProcessLock: Option<
+        unsafe extern "C" fn(
+            ::std::os::raw::c_int,
+            *mut CUcheckpointLockArgs,
+        ) -> CUresult,
+    >,
     cuCheckpointProcessRestore: Option<
-        unsafe extern "C" fn(::std::os::raw::c_int, *mut CUcheckpointRestoreArgs) -> CUresult,
+        unsafe extern "C" fn(
+            ::std::os::raw::c_int,
+            *mut CUcheckpointRestoreArgs,
+        ) -> CUresult,
     >,
     cuCheckpointProcessUnlock: Option<
-        unsafe extern "C" fn(::std::os::raw::c_int, *mut CUcheckpointUnlockArgs) -> CUresult,
+        unsafe extern "C" fn(
+            ::std::os::raw::c_int,
+            *mut CUcheckpointUnlockArgs,
+        ) -> CUresult,
     >,
     cuCoredumpGetAttribute: Option<
         unsafe extern "C" fn(
@@ -516,7 +544,9 @@ pub struct DriverApi {
             *mut usize,
         ) -> CUresult,
     >,
-    cuCtxAttach: Option<unsafe extern "C" fn(*mut CUcontext, ::std::os::raw::c_uint) -> CUresult>,
+    cuCtxAttach: Option<
+        unsafe extern "C" fn(*mut CUcontext, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuCtxCreate_v4: Option<
         unsafe extern "C" fn(
             *mut CUcontext,
@@ -528,26 +558,44 @@ pub struct DriverApi {
     cuCtxDestroy_v2: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
     cuCtxDetach: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
     cuCtxDisablePeerAccess: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
-    cuCtxEnablePeerAccess:
-        Option<unsafe extern "C" fn(CUcontext, ::std::os::raw::c_uint) -> CUresult>,
-    cuCtxFromGreenCtx: Option<unsafe extern "C" fn(*mut CUcontext, CUgreenCtx) -> CUresult>,
-    cuCtxGetApiVersion:
-        Option<unsafe extern "C" fn(CUcontext, *mut ::std::os::raw::c_uint) -> CUresult>,
+    cuCtxEnablePeerAccess: Option<
+        unsafe extern "C" fn(CUcontext, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuCtxFromGreenCtx: Option<
+        unsafe extern "C" fn(*mut CUcontext, CUgreenCtx) -> CUresult,
+    >,
+    cuCtxGetApiVersion: Option<
+        unsafe extern "C" fn(CUcontext, *mut ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuCtxGetCacheConfig: Option<unsafe extern "C" fn(*mut CUfunc_cache) -> CUresult>,
     cuCtxGetCurrent: Option<unsafe extern "C" fn(*mut CUcontext) -> CUresult>,
-    cuCtxGetDevResource:
-        Option<unsafe extern "C" fn(CUcontext, *mut CUdevResource, CUdevResourceType) -> CUresult>,
+    cuCtxGetDevResource: Option<
+        unsafe extern "C" fn(
+            CUcontext,
+            *mut CUdevResource,
+            CUdevResourceType,
+        ) -> CUresult,
+    >,
     cuCtxGetDevice: Option<unsafe extern "C" fn(*mut CUdevice) -> CUresult>,
-    cuCtxGetDevice_v2: Option<unsafe extern "C" fn(*mut CUdevice, CUcontext) -> CUresult>,
-    cuCtxGetExecAffinity:
-        Option<unsafe extern "C" fn(*mut CUexecAffinityParam, CUexecAffinityType) -> CUresult>,
+    cuCtxGetDevice_v2: Option<
+        unsafe extern "C" fn(*mut CUdevice, CUcontext) -> CUresult,
+    >,
+    cuCtxGetExecAffinity: Option<
+        unsafe extern "C" fn(*mut CUexecAffinityParam, CUexecAffinityType) -> CUresult,
+    >,
     cuCtxGetFlags: Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint) -> CUresult>,
-    cuCtxGetId:
-        Option<unsafe extern "C" fn(CUcontext, *mut ::std::os::raw::c_ulonglong) -> CUresult>,
+    cuCtxGetId: Option<
+        unsafe extern "C" fn(CUcontext, *mut ::std::os::raw::c_ulonglong) -> CUresult,
+    >,
     cuCtxGetLimit: Option<unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult>,
-    cuCtxGetSharedMemConfig: Option<unsafe extern "C" fn(*mut CUsharedconfig) -> CUresult>,
+    cuCtxGetSharedMemConfig: Option<
+        unsafe extern "C" fn(*mut CUsharedconfig) -> CUresult,
+    >,
     cuCtxGetStreamPriorityRange: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_int, *mut ::std::os::raw::c_int) -> CUresult,
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_int,
+            *mut ::std::os::raw::c_int,
+        ) -> CUresult,
     >,
     cuCtxPopCurrent_v2: Option<unsafe extern "C" fn(*mut CUcontext) -> CUresult>,
     cuCtxPushCurrent_v2: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
@@ -562,7 +610,9 @@ pub struct DriverApi {
     cuCtxSynchronize_v2: Option<unsafe extern "C" fn(CUcontext) -> CUresult>,
     cuCtxWaitEvent: Option<unsafe extern "C" fn(CUcontext, CUevent) -> CUresult>,
     cuDestroyExternalMemory: Option<unsafe extern "C" fn(CUexternalMemory) -> CUresult>,
-    cuDestroyExternalSemaphore: Option<unsafe extern "C" fn(CUexternalSemaphore) -> CUresult>,
+    cuDestroyExternalSemaphore: Option<
+        unsafe extern "C" fn(CUexternalSemaphore) -> CUresult,
+    >,
     cuDevResourceGenerateDesc: Option<
         unsafe extern "C" fn(
             *mut CUdevResourceDesc,
@@ -580,8 +630,9 @@ pub struct DriverApi {
             ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
-    cuDeviceCanAccessPeer:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUdevice, CUdevice) -> CUresult>,
+    cuDeviceCanAccessPeer: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUdevice, CUdevice) -> CUresult,
+    >,
     cuDeviceComputeCapability: Option<
         unsafe extern "C" fn(
             *mut ::std::os::raw::c_int,
@@ -589,19 +640,34 @@ pub struct DriverApi {
             CUdevice,
         ) -> CUresult,
     >,
-    cuDeviceGet: Option<unsafe extern "C" fn(*mut CUdevice, ::std::os::raw::c_int) -> CUresult>,
-    cuDeviceGetAttribute: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUdevice_attribute, CUdevice) -> CUresult,
+    cuDeviceGet: Option<
+        unsafe extern "C" fn(*mut CUdevice, ::std::os::raw::c_int) -> CUresult,
     >,
-    cuDeviceGetByPCIBusId:
-        Option<unsafe extern "C" fn(*mut CUdevice, *const ::std::os::raw::c_char) -> CUresult>,
-    cuDeviceGetCount: Option<unsafe extern "C" fn(*mut ::std::os::raw::c_int) -> CUresult>,
-    cuDeviceGetDefaultMemPool:
-        Option<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>,
-    cuDeviceGetDevResource:
-        Option<unsafe extern "C" fn(CUdevice, *mut CUdevResource, CUdevResourceType) -> CUresult>,
+    cuDeviceGetAttribute: Option<
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_int,
+            CUdevice_attribute,
+            CUdevice,
+        ) -> CUresult,
+    >,
+    cuDeviceGetByPCIBusId: Option<
+        unsafe extern "C" fn(*mut CUdevice, *const ::std::os::raw::c_char) -> CUresult,
+    >,
+    cuDeviceGetCount: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_int) -> CUresult,
+    >,
+    cuDeviceGetDefaultMemPool: Option<
+        unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult,
+    >,
+    cuDeviceGetDevResource: Option<
+        unsafe extern "C" fn(CUdevice, *mut CUdevResource, CUdevResourceType) -> CUresult,
+    >,
     cuDeviceGetExecAffinitySupport: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUexecAffinityType, CUdevice) -> CUresult,
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_int,
+            CUexecAffinityType,
+            CUdevice,
+        ) -> CUresult,
     >,
     cuDeviceGetGraphMemAttribute: Option<
         unsafe extern "C" fn(
@@ -625,7 +691,9 @@ pub struct DriverApi {
             CUdevice,
         ) -> CUresult,
     >,
-    cuDeviceGetMemPool: Option<unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult>,
+    cuDeviceGetMemPool: Option<
+        unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult,
+    >,
     cuDeviceGetName: Option<
         unsafe extern "C" fn(
             *mut ::std::os::raw::c_char,
@@ -664,7 +732,9 @@ pub struct DriverApi {
             CUdevice,
         ) -> CUresult,
     >,
-    cuDeviceGetProperties: Option<unsafe extern "C" fn(*mut CUdevprop, CUdevice) -> CUresult>,
+    cuDeviceGetProperties: Option<
+        unsafe extern "C" fn(*mut CUdevprop, CUdevice) -> CUresult,
+    >,
     cuDeviceGetTexture1DLinearMaxWidth: Option<
         unsafe extern "C" fn(
             *mut usize,
@@ -684,9 +754,12 @@ pub struct DriverApi {
     >,
     cuDevicePrimaryCtxRelease_v2: Option<unsafe extern "C" fn(CUdevice) -> CUresult>,
     cuDevicePrimaryCtxReset_v2: Option<unsafe extern "C" fn(CUdevice) -> CUresult>,
-    cuDevicePrimaryCtxRetain: Option<unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult>,
-    cuDevicePrimaryCtxSetFlags_v2:
-        Option<unsafe extern "C" fn(CUdevice, ::std::os::raw::c_uint) -> CUresult>,
+    cuDevicePrimaryCtxRetain: Option<
+        unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult,
+    >,
+    cuDevicePrimaryCtxSetFlags_v2: Option<
+        unsafe extern "C" fn(CUdevice, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuDeviceRegisterAsyncNotification: Option<
         unsafe extern "C" fn(
             CUdevice,
@@ -704,16 +777,24 @@ pub struct DriverApi {
     >,
     cuDeviceSetMemPool: Option<unsafe extern "C" fn(CUdevice, CUmemoryPool) -> CUresult>,
     cuDeviceTotalMem_v2: Option<unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult>,
-    cuDeviceUnregisterAsyncNotification:
-        Option<unsafe extern "C" fn(CUdevice, CUasyncCallbackHandle) -> CUresult>,
-    cuDriverGetVersion: Option<unsafe extern "C" fn(*mut ::std::os::raw::c_int) -> CUresult>,
-    cuEventCreate: Option<unsafe extern "C" fn(*mut CUevent, ::std::os::raw::c_uint) -> CUresult>,
+    cuDeviceUnregisterAsyncNotification: Option<
+        unsafe extern "C" fn(CUdevice, CUasyncCallbackHandle) -> CUresult,
+    >,
+    cuDriverGetVersion: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_int) -> CUresult,
+    >,
+    cuEventCreate: Option<
+        unsafe extern "C" fn(*mut CUevent, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuEventDestroy_v2: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
-    cuEventElapsedTime_v2: Option<unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult>,
+    cuEventElapsedTime_v2: Option<
+        unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult,
+    >,
     cuEventQuery: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
     cuEventRecord: Option<unsafe extern "C" fn(CUevent, CUstream) -> CUresult>,
-    cuEventRecordWithFlags:
-        Option<unsafe extern "C" fn(CUevent, CUstream, ::std::os::raw::c_uint) -> CUresult>,
+    cuEventRecordWithFlags: Option<
+        unsafe extern "C" fn(CUevent, CUstream, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuEventSynchronize: Option<unsafe extern "C" fn(CUevent) -> CUresult>,
     cuExternalMemoryGetMappedBuffer: Option<
         unsafe extern "C" fn(
@@ -743,15 +824,22 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuFuncGetModule: Option<unsafe extern "C" fn(*mut CUmodule, CUfunction) -> CUresult>,
-    cuFuncGetName:
-        Option<unsafe extern "C" fn(*mut *const ::std::os::raw::c_char, CUfunction) -> CUresult>,
-    cuFuncGetParamInfo:
-        Option<unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult>,
-    cuFuncIsLoaded:
-        Option<unsafe extern "C" fn(*mut CUfunctionLoadingState, CUfunction) -> CUresult>,
+    cuFuncGetName: Option<
+        unsafe extern "C" fn(*mut *const ::std::os::raw::c_char, CUfunction) -> CUresult,
+    >,
+    cuFuncGetParamInfo: Option<
+        unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult,
+    >,
+    cuFuncIsLoaded: Option<
+        unsafe extern "C" fn(*mut CUfunctionLoadingState, CUfunction) -> CUresult,
+    >,
     cuFuncLoad: Option<unsafe extern "C" fn(CUfunction) -> CUresult>,
     cuFuncSetAttribute: Option<
-        unsafe extern "C" fn(CUfunction, CUfunction_attribute, ::std::os::raw::c_int) -> CUresult,
+        unsafe extern "C" fn(
+            CUfunction,
+            CUfunction_attribute,
+            ::std::os::raw::c_int,
+        ) -> CUresult,
     >,
     cuFuncSetBlockShape: Option<
         unsafe extern "C" fn(
@@ -761,16 +849,27 @@ pub struct DriverApi {
             ::std::os::raw::c_int,
         ) -> CUresult,
     >,
-    cuFuncSetCacheConfig: Option<unsafe extern "C" fn(CUfunction, CUfunc_cache) -> CUresult>,
-    cuFuncSetSharedMemConfig: Option<unsafe extern "C" fn(CUfunction, CUsharedconfig) -> CUresult>,
-    cuFuncSetSharedSize:
-        Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult>,
-    cuGetErrorName:
-        Option<unsafe extern "C" fn(CUresult, *mut *const ::std::os::raw::c_char) -> CUresult>,
-    cuGetErrorString:
-        Option<unsafe extern "C" fn(CUresult, *mut *const ::std::os::raw::c_char) -> CUresult>,
-    cuGetExportTable:
-        Option<unsafe extern "C" fn(*mut *const ::std::os::raw::c_void, *const CUuuid) -> CUresult>,
+    cuFuncSetCacheConfig: Option<
+        unsafe extern "C" fn(CUfunction, CUfunc_cache) -> CUresult,
+    >,
+    cuFuncSetSharedMemConfig: Option<
+        unsafe extern "C" fn(CUfunction, CUsharedconfig) -> CUresult,
+    >,
+    cuFuncSetSharedSize: Option<
+        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuGetErrorName: Option<
+        unsafe extern "C" fn(CUresult, *mut *const ::std::os::raw::c_char) -> CUresult,
+    >,
+    cuGetErrorString: Option<
+        unsafe extern "C" fn(CUresult, *mut *const ::std::os::raw::c_char) -> CUresult,
+    >,
+    cuGetExportTable: Option<
+        unsafe extern "C" fn(
+            *mut *const ::std::os::raw::c_void,
+            *const CUuuid,
+        ) -> CUresult,
+    >,
     cuGetProcAddress_v2: Option<
         unsafe extern "C" fn(
             *const ::std::os::raw::c_char,
@@ -808,7 +907,12 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuGraphAddEmptyNode: Option<
-        unsafe extern "C" fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUgraphNode,
+            CUgraph,
+            *const CUgraphNode,
+            usize,
+        ) -> CUresult,
     >,
     cuGraphAddEventRecordNode: Option<
         unsafe extern "C" fn(
@@ -912,12 +1016,18 @@ pub struct DriverApi {
             *mut CUgraphNodeParams,
         ) -> CUresult,
     >,
-    cuGraphBatchMemOpNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult>,
-    cuGraphBatchMemOpNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult>,
-    cuGraphChildGraphNodeGetGraph:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult>,
+    cuGraphBatchMemOpNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphBatchMemOpNodeSetParams: Option<
+        unsafe extern "C" fn(
+            CUgraphNode,
+            *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+        ) -> CUresult,
+    >,
+    cuGraphChildGraphNodeGetGraph: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult,
+    >,
     cuGraphClone: Option<unsafe extern "C" fn(*mut CUgraph, CUgraph) -> CUresult>,
     cuGraphConditionalHandleCreate: Option<
         unsafe extern "C" fn(
@@ -928,7 +1038,9 @@ pub struct DriverApi {
             ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
-    cuGraphCreate: Option<unsafe extern "C" fn(*mut CUgraph, ::std::os::raw::c_uint) -> CUresult>,
+    cuGraphCreate: Option<
+        unsafe extern "C" fn(*mut CUgraph, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuGraphDebugDotPrint: Option<
         unsafe extern "C" fn(
             CUgraph,
@@ -938,12 +1050,18 @@ pub struct DriverApi {
     >,
     cuGraphDestroy: Option<unsafe extern "C" fn(CUgraph) -> CUresult>,
     cuGraphDestroyNode: Option<unsafe extern "C" fn(CUgraphNode) -> CUresult>,
-    cuGraphEventRecordNodeGetEvent:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUevent) -> CUresult>,
-    cuGraphEventRecordNodeSetEvent: Option<unsafe extern "C" fn(CUgraphNode, CUevent) -> CUresult>,
-    cuGraphEventWaitNodeGetEvent:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUevent) -> CUresult>,
-    cuGraphEventWaitNodeSetEvent: Option<unsafe extern "C" fn(CUgraphNode, CUevent) -> CUresult>,
+    cuGraphEventRecordNodeGetEvent: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUevent) -> CUresult,
+    >,
+    cuGraphEventRecordNodeSetEvent: Option<
+        unsafe extern "C" fn(CUgraphNode, CUevent) -> CUresult,
+    >,
+    cuGraphEventWaitNodeGetEvent: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUevent) -> CUresult,
+    >,
+    cuGraphEventWaitNodeSetEvent: Option<
+        unsafe extern "C" fn(CUgraphNode, CUevent) -> CUresult,
+    >,
     cuGraphExecBatchMemOpNodeSetParams: Option<
         unsafe extern "C" fn(
             CUgraphExec,
@@ -951,13 +1069,16 @@ pub struct DriverApi {
             *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
         ) -> CUresult,
     >,
-    cuGraphExecChildGraphNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUgraph) -> CUresult>,
+    cuGraphExecChildGraphNodeSetParams: Option<
+        unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUgraph) -> CUresult,
+    >,
     cuGraphExecDestroy: Option<unsafe extern "C" fn(CUgraphExec) -> CUresult>,
-    cuGraphExecEventRecordNodeSetEvent:
-        Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult>,
-    cuGraphExecEventWaitNodeSetEvent:
-        Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult>,
+    cuGraphExecEventRecordNodeSetEvent: Option<
+        unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult,
+    >,
+    cuGraphExecEventWaitNodeSetEvent: Option<
+        unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult,
+    >,
     cuGraphExecExternalSemaphoresSignalNodeSetParams: Option<
         unsafe extern "C" fn(
             CUgraphExec,
@@ -972,15 +1093,30 @@ pub struct DriverApi {
             *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
         ) -> CUresult,
     >,
-    cuGraphExecGetFlags: Option<unsafe extern "C" fn(CUgraphExec, *mut cuuint64_t) -> CUresult>,
+    cuGraphExecGetFlags: Option<
+        unsafe extern "C" fn(CUgraphExec, *mut cuuint64_t) -> CUresult,
+    >,
     cuGraphExecHostNodeSetParams: Option<
-        unsafe extern "C" fn(CUgraphExec, CUgraphNode, *const CUDA_HOST_NODE_PARAMS) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            *const CUDA_HOST_NODE_PARAMS,
+        ) -> CUresult,
     >,
     cuGraphExecKernelNodeSetParams_v2: Option<
-        unsafe extern "C" fn(CUgraphExec, CUgraphNode, *const CUDA_KERNEL_NODE_PARAMS) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            *const CUDA_KERNEL_NODE_PARAMS,
+        ) -> CUresult,
     >,
     cuGraphExecMemcpyNodeSetParams: Option<
-        unsafe extern "C" fn(CUgraphExec, CUgraphNode, *const CUDA_MEMCPY3D, CUcontext) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            *const CUDA_MEMCPY3D,
+            CUcontext,
+        ) -> CUresult,
     >,
     cuGraphExecMemsetNodeSetParams: Option<
         unsafe extern "C" fn(
@@ -990,20 +1126,41 @@ pub struct DriverApi {
             CUcontext,
         ) -> CUresult,
     >,
-    cuGraphExecNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, *mut CUgraphNodeParams) -> CUresult>,
+    cuGraphExecNodeSetParams: Option<
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            *mut CUgraphNodeParams,
+        ) -> CUresult,
+    >,
     cuGraphExecUpdate_v2: Option<
-        unsafe extern "C" fn(CUgraphExec, CUgraph, *mut CUgraphExecUpdateResultInfo) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraph,
+            *mut CUgraphExecUpdateResultInfo,
+        ) -> CUresult,
     >,
-    cuGraphExternalSemaphoresSignalNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) -> CUresult>,
+    cuGraphExternalSemaphoresSignalNodeGetParams: Option<
+        unsafe extern "C" fn(
+            CUgraphNode,
+            *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
+        ) -> CUresult,
+    >,
     cuGraphExternalSemaphoresSignalNodeSetParams: Option<
-        unsafe extern "C" fn(CUgraphNode, *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphNode,
+            *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
+        ) -> CUresult,
     >,
-    cuGraphExternalSemaphoresWaitNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS) -> CUresult>,
-    cuGraphExternalSemaphoresWaitNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) -> CUresult>,
+    cuGraphExternalSemaphoresWaitNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphExternalSemaphoresWaitNodeSetParams: Option<
+        unsafe extern "C" fn(
+            CUgraphNode,
+            *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
+        ) -> CUresult,
+    >,
     cuGraphGetEdges_v2: Option<
         unsafe extern "C" fn(
             CUgraph,
@@ -1013,16 +1170,24 @@ pub struct DriverApi {
             *mut usize,
         ) -> CUresult,
     >,
-    cuGraphGetNodes:
-        Option<unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult>,
-    cuGraphGetRootNodes:
-        Option<unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult>,
-    cuGraphHostNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_HOST_NODE_PARAMS) -> CUresult>,
-    cuGraphHostNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_HOST_NODE_PARAMS) -> CUresult>,
+    cuGraphGetNodes: Option<
+        unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult,
+    >,
+    cuGraphGetRootNodes: Option<
+        unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult,
+    >,
+    cuGraphHostNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_HOST_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphHostNodeSetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *const CUDA_HOST_NODE_PARAMS) -> CUresult,
+    >,
     cuGraphInstantiateWithFlags: Option<
-        unsafe extern "C" fn(*mut CUgraphExec, CUgraph, ::std::os::raw::c_ulonglong) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUgraphExec,
+            CUgraph,
+            ::std::os::raw::c_ulonglong,
+        ) -> CUresult,
     >,
     cuGraphInstantiateWithParams: Option<
         unsafe extern "C" fn(
@@ -1031,8 +1196,9 @@ pub struct DriverApi {
             *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
         ) -> CUresult,
     >,
-    cuGraphKernelNodeCopyAttributes:
-        Option<unsafe extern "C" fn(CUgraphNode, CUgraphNode) -> CUresult>,
+    cuGraphKernelNodeCopyAttributes: Option<
+        unsafe extern "C" fn(CUgraphNode, CUgraphNode) -> CUresult,
+    >,
     cuGraphKernelNodeGetAttribute: Option<
         unsafe extern "C" fn(
             CUgraphNode,
@@ -1040,8 +1206,9 @@ pub struct DriverApi {
             *mut CUkernelNodeAttrValue,
         ) -> CUresult,
     >,
-    cuGraphKernelNodeGetParams_v2:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult>,
+    cuGraphKernelNodeGetParams_v2: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult,
+    >,
     cuGraphKernelNodeSetAttribute: Option<
         unsafe extern "C" fn(
             CUgraphNode,
@@ -1049,23 +1216,31 @@ pub struct DriverApi {
             *const CUkernelNodeAttrValue,
         ) -> CUresult,
     >,
-    cuGraphKernelNodeSetParams_v2:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_KERNEL_NODE_PARAMS) -> CUresult>,
+    cuGraphKernelNodeSetParams_v2: Option<
+        unsafe extern "C" fn(CUgraphNode, *const CUDA_KERNEL_NODE_PARAMS) -> CUresult,
+    >,
     cuGraphLaunch: Option<unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult>,
-    cuGraphMemAllocNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult>,
-    cuGraphMemFreeNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUdeviceptr) -> CUresult>,
-    cuGraphMemcpyNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMCPY3D) -> CUresult>,
-    cuGraphMemcpyNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_MEMCPY3D) -> CUresult>,
-    cuGraphMemsetNodeGetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMSET_NODE_PARAMS) -> CUresult>,
-    cuGraphMemsetNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_MEMSET_NODE_PARAMS) -> CUresult>,
-    cuGraphNodeFindInClone:
-        Option<unsafe extern "C" fn(*mut CUgraphNode, CUgraphNode, CUgraph) -> CUresult>,
+    cuGraphMemAllocNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphMemFreeNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUdeviceptr) -> CUresult,
+    >,
+    cuGraphMemcpyNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMCPY3D) -> CUresult,
+    >,
+    cuGraphMemcpyNodeSetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *const CUDA_MEMCPY3D) -> CUresult,
+    >,
+    cuGraphMemsetNodeGetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMSET_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphMemsetNodeSetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *const CUDA_MEMSET_NODE_PARAMS) -> CUresult,
+    >,
+    cuGraphNodeFindInClone: Option<
+        unsafe extern "C" fn(*mut CUgraphNode, CUgraphNode, CUgraph) -> CUresult,
+    >,
     cuGraphNodeGetDependencies_v2: Option<
         unsafe extern "C" fn(
             CUgraphNode,
@@ -1083,15 +1258,28 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuGraphNodeGetEnabled: Option<
-        unsafe extern "C" fn(CUgraphExec, CUgraphNode, *mut ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            *mut ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
-    cuGraphNodeGetType: Option<unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeType) -> CUresult>,
-    cuGraphNodeSetEnabled:
-        Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, ::std::os::raw::c_uint) -> CUresult>,
-    cuGraphNodeSetParams:
-        Option<unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeParams) -> CUresult>,
-    cuGraphReleaseUserObject:
-        Option<unsafe extern "C" fn(CUgraph, CUuserObject, ::std::os::raw::c_uint) -> CUresult>,
+    cuGraphNodeGetType: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeType) -> CUresult,
+    >,
+    cuGraphNodeSetEnabled: Option<
+        unsafe extern "C" fn(
+            CUgraphExec,
+            CUgraphNode,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
+    >,
+    cuGraphNodeSetParams: Option<
+        unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeParams) -> CUresult,
+    >,
+    cuGraphReleaseUserObject: Option<
+        unsafe extern "C" fn(CUgraph, CUuserObject, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuGraphRemoveDependencies_v2: Option<
         unsafe extern "C" fn(
             CUgraph,
@@ -1111,14 +1299,25 @@ pub struct DriverApi {
     >,
     cuGraphUpload: Option<unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult>,
     cuGraphicsMapResources: Option<
-        unsafe extern "C" fn(::std::os::raw::c_uint, *mut CUgraphicsResource, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            ::std::os::raw::c_uint,
+            *mut CUgraphicsResource,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuGraphicsResourceGetMappedMipmappedArray:
-        Option<unsafe extern "C" fn(*mut CUmipmappedArray, CUgraphicsResource) -> CUresult>,
-    cuGraphicsResourceGetMappedPointer_v2:
-        Option<unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUgraphicsResource) -> CUresult>,
-    cuGraphicsResourceSetMapFlags_v2:
-        Option<unsafe extern "C" fn(CUgraphicsResource, ::std::os::raw::c_uint) -> CUresult>,
+    cuGraphicsResourceGetMappedMipmappedArray: Option<
+        unsafe extern "C" fn(*mut CUmipmappedArray, CUgraphicsResource) -> CUresult,
+    >,
+    cuGraphicsResourceGetMappedPointer_v2: Option<
+        unsafe extern "C" fn(
+            *mut CUdeviceptr,
+            *mut usize,
+            CUgraphicsResource,
+        ) -> CUresult,
+    >,
+    cuGraphicsResourceSetMapFlags_v2: Option<
+        unsafe extern "C" fn(CUgraphicsResource, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuGraphicsSubResourceGetMappedArray: Option<
         unsafe extern "C" fn(
             *mut CUarray,
@@ -1128,9 +1327,15 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuGraphicsUnmapResources: Option<
-        unsafe extern "C" fn(::std::os::raw::c_uint, *mut CUgraphicsResource, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            ::std::os::raw::c_uint,
+            *mut CUgraphicsResource,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuGraphicsUnregisterResource: Option<unsafe extern "C" fn(CUgraphicsResource) -> CUresult>,
+    cuGraphicsUnregisterResource: Option<
+        unsafe extern "C" fn(CUgraphicsResource) -> CUresult,
+    >,
     cuGreenCtxCreate: Option<
         unsafe extern "C" fn(
             *mut CUgreenCtx,
@@ -1140,10 +1345,16 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuGreenCtxDestroy: Option<unsafe extern "C" fn(CUgreenCtx) -> CUresult>,
-    cuGreenCtxGetDevResource:
-        Option<unsafe extern "C" fn(CUgreenCtx, *mut CUdevResource, CUdevResourceType) -> CUresult>,
-    cuGreenCtxGetId:
-        Option<unsafe extern "C" fn(CUgreenCtx, *mut ::std::os::raw::c_ulonglong) -> CUresult>,
+    cuGreenCtxGetDevResource: Option<
+        unsafe extern "C" fn(
+            CUgreenCtx,
+            *mut CUdevResource,
+            CUdevResourceType,
+        ) -> CUresult,
+    >,
+    cuGreenCtxGetId: Option<
+        unsafe extern "C" fn(CUgreenCtx, *mut ::std::os::raw::c_ulonglong) -> CUresult,
+    >,
     cuGreenCtxRecordEvent: Option<unsafe extern "C" fn(CUgreenCtx, CUevent) -> CUresult>,
     cuGreenCtxStreamCreate: Option<
         unsafe extern "C" fn(
@@ -1168,11 +1379,21 @@ pub struct DriverApi {
     >,
     cuInit: Option<unsafe extern "C" fn(::std::os::raw::c_uint) -> CUresult>,
     cuIpcCloseMemHandle: Option<unsafe extern "C" fn(CUdeviceptr) -> CUresult>,
-    cuIpcGetEventHandle: Option<unsafe extern "C" fn(*mut CUipcEventHandle, CUevent) -> CUresult>,
-    cuIpcGetMemHandle: Option<unsafe extern "C" fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult>,
-    cuIpcOpenEventHandle: Option<unsafe extern "C" fn(*mut CUevent, CUipcEventHandle) -> CUresult>,
+    cuIpcGetEventHandle: Option<
+        unsafe extern "C" fn(*mut CUipcEventHandle, CUevent) -> CUresult,
+    >,
+    cuIpcGetMemHandle: Option<
+        unsafe extern "C" fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult,
+    >,
+    cuIpcOpenEventHandle: Option<
+        unsafe extern "C" fn(*mut CUevent, CUipcEventHandle) -> CUresult,
+    >,
     cuIpcOpenMemHandle_v2: Option<
-        unsafe extern "C" fn(*mut CUdeviceptr, CUipcMemHandle, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUdeviceptr,
+            CUipcMemHandle,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuKernelGetAttribute: Option<
         unsafe extern "C" fn(
@@ -1182,12 +1403,18 @@ pub struct DriverApi {
             CUdevice,
         ) -> CUresult,
     >,
-    cuKernelGetFunction: Option<unsafe extern "C" fn(*mut CUfunction, CUkernel) -> CUresult>,
-    cuKernelGetLibrary: Option<unsafe extern "C" fn(*mut CUlibrary, CUkernel) -> CUresult>,
-    cuKernelGetName:
-        Option<unsafe extern "C" fn(*mut *const ::std::os::raw::c_char, CUkernel) -> CUresult>,
-    cuKernelGetParamInfo:
-        Option<unsafe extern "C" fn(CUkernel, usize, *mut usize, *mut usize) -> CUresult>,
+    cuKernelGetFunction: Option<
+        unsafe extern "C" fn(*mut CUfunction, CUkernel) -> CUresult,
+    >,
+    cuKernelGetLibrary: Option<
+        unsafe extern "C" fn(*mut CUlibrary, CUkernel) -> CUresult,
+    >,
+    cuKernelGetName: Option<
+        unsafe extern "C" fn(*mut *const ::std::os::raw::c_char, CUkernel) -> CUresult,
+    >,
+    cuKernelGetParamInfo: Option<
+        unsafe extern "C" fn(CUkernel, usize, *mut usize, *mut usize) -> CUresult,
+    >,
     cuKernelSetAttribute: Option<
         unsafe extern "C" fn(
             CUfunction_attribute,
@@ -1196,8 +1423,9 @@ pub struct DriverApi {
             CUdevice,
         ) -> CUresult,
     >,
-    cuKernelSetCacheConfig:
-        Option<unsafe extern "C" fn(CUkernel, CUfunc_cache, CUdevice) -> CUresult>,
+    cuKernelSetCacheConfig: Option<
+        unsafe extern "C" fn(CUkernel, CUfunc_cache, CUdevice) -> CUresult,
+    >,
     cuLaunch: Option<unsafe extern "C" fn(CUfunction) -> CUresult>,
     cuLaunchCooperativeKernel: Option<
         unsafe extern "C" fn(
@@ -1221,7 +1449,11 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuLaunchGrid: Option<
-        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, ::std::os::raw::c_int) -> CUresult,
+        unsafe extern "C" fn(
+            CUfunction,
+            ::std::os::raw::c_int,
+            ::std::os::raw::c_int,
+        ) -> CUresult,
     >,
     cuLaunchGridAsync: Option<
         unsafe extern "C" fn(
@@ -1231,8 +1463,9 @@ pub struct DriverApi {
             CUstream,
         ) -> CUresult,
     >,
-    cuLaunchHostFunc:
-        Option<unsafe extern "C" fn(CUstream, CUhostFn, *mut ::std::os::raw::c_void) -> CUresult>,
+    cuLaunchHostFunc: Option<
+        unsafe extern "C" fn(CUstream, CUhostFn, *mut ::std::os::raw::c_void) -> CUresult,
+    >,
     cuLaunchKernel: Option<
         unsafe extern "C" fn(
             CUfunction,
@@ -1256,8 +1489,13 @@ pub struct DriverApi {
             *mut *mut ::std::os::raw::c_void,
         ) -> CUresult,
     >,
-    cuLibraryEnumerateKernels:
-        Option<unsafe extern "C" fn(*mut CUkernel, ::std::os::raw::c_uint, CUlibrary) -> CUresult>,
+    cuLibraryEnumerateKernels: Option<
+        unsafe extern "C" fn(
+            *mut CUkernel,
+            ::std::os::raw::c_uint,
+            CUlibrary,
+        ) -> CUresult,
+    >,
     cuLibraryGetGlobal: Option<
         unsafe extern "C" fn(
             *mut CUdeviceptr,
@@ -1267,10 +1505,15 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuLibraryGetKernel: Option<
-        unsafe extern "C" fn(*mut CUkernel, CUlibrary, *const ::std::os::raw::c_char) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUkernel,
+            CUlibrary,
+            *const ::std::os::raw::c_char,
+        ) -> CUresult,
     >,
-    cuLibraryGetKernelCount:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUlibrary) -> CUresult>,
+    cuLibraryGetKernelCount: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUlibrary) -> CUresult,
+    >,
     cuLibraryGetManaged: Option<
         unsafe extern "C" fn(
             *mut CUdeviceptr,
@@ -1279,7 +1522,9 @@ pub struct DriverApi {
             *const ::std::os::raw::c_char,
         ) -> CUresult,
     >,
-    cuLibraryGetModule: Option<unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult>,
+    cuLibraryGetModule: Option<
+        unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult,
+    >,
     cuLibraryGetUnifiedFunction: Option<
         unsafe extern "C" fn(
             *mut *mut ::std::os::raw::c_void,
@@ -1335,7 +1580,11 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuLinkComplete: Option<
-        unsafe extern "C" fn(CUlinkState, *mut *mut ::std::os::raw::c_void, *mut usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUlinkState,
+            *mut *mut ::std::os::raw::c_void,
+            *mut usize,
+        ) -> CUresult,
     >,
     cuLinkCreate_v2: Option<
         unsafe extern "C" fn(
@@ -1346,8 +1595,9 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuLinkDestroy: Option<unsafe extern "C" fn(CUlinkState) -> CUresult>,
-    cuLogsCurrent:
-        Option<unsafe extern "C" fn(*mut CUlogIterator, ::std::os::raw::c_uint) -> CUresult>,
+    cuLogsCurrent: Option<
+        unsafe extern "C" fn(*mut CUlogIterator, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuLogsDumpToFile: Option<
         unsafe extern "C" fn(
             *mut CUlogIterator,
@@ -1370,7 +1620,9 @@ pub struct DriverApi {
             *mut CUlogsCallbackHandle,
         ) -> CUresult,
     >,
-    cuLogsUnregisterCallback: Option<unsafe extern "C" fn(CUlogsCallbackHandle) -> CUresult>,
+    cuLogsUnregisterCallback: Option<
+        unsafe extern "C" fn(CUlogsCallbackHandle) -> CUresult,
+    >,
     cuMemAddressFree: Option<unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult>,
     cuMemAddressReserve: Option<
         unsafe extern "C" fn(
@@ -1381,15 +1633,21 @@ pub struct DriverApi {
             ::std::os::raw::c_ulonglong,
         ) -> CUresult,
     >,
-    cuMemAdvise_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation) -> CUresult>,
-    cuMemAllocAsync: Option<unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult>,
-    cuMemAllocFromPoolAsync:
-        Option<unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult>,
-    cuMemAllocHost_v2:
-        Option<unsafe extern "C" fn(*mut *mut ::std::os::raw::c_void, usize) -> CUresult>,
-    cuMemAllocManaged:
-        Option<unsafe extern "C" fn(*mut CUdeviceptr, usize, ::std::os::raw::c_uint) -> CUresult>,
+    cuMemAdvise_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation) -> CUresult,
+    >,
+    cuMemAllocAsync: Option<
+        unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult,
+    >,
+    cuMemAllocFromPoolAsync: Option<
+        unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult,
+    >,
+    cuMemAllocHost_v2: Option<
+        unsafe extern "C" fn(*mut *mut ::std::os::raw::c_void, usize) -> CUresult,
+    >,
+    cuMemAllocManaged: Option<
+        unsafe extern "C" fn(*mut CUdeviceptr, usize, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuMemAllocPitch_v2: Option<
         unsafe extern "C" fn(
             *mut CUdeviceptr,
@@ -1456,8 +1714,9 @@ pub struct DriverApi {
             CUdeviceptr,
         ) -> CUresult,
     >,
-    cuMemGetAddressRange_v2:
-        Option<unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult>,
+    cuMemGetAddressRange_v2: Option<
+        unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult,
+    >,
     cuMemGetAllocationGranularity: Option<
         unsafe extern "C" fn(
             *mut usize,
@@ -1466,7 +1725,10 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemGetAllocationPropertiesFromHandle: Option<
-        unsafe extern "C" fn(*mut CUmemAllocationProp, CUmemGenericAllocationHandle) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUmemAllocationProp,
+            CUmemGenericAllocationHandle,
+        ) -> CUresult,
     >,
     cuMemGetDefaultMemPool: Option<
         unsafe extern "C" fn(
@@ -1507,7 +1769,10 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemHostGetFlags: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_uint, *mut ::std::os::raw::c_void) -> CUresult,
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_uint,
+            *mut ::std::os::raw::c_void,
+        ) -> CUresult,
     >,
     cuMemHostRegister_v2: Option<
         unsafe extern "C" fn(
@@ -1516,7 +1781,9 @@ pub struct DriverApi {
             ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
-    cuMemHostUnregister: Option<unsafe extern "C" fn(*mut ::std::os::raw::c_void) -> CUresult>,
+    cuMemHostUnregister: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_void) -> CUresult,
+    >,
     cuMemImportFromShareableHandle: Option<
         unsafe extern "C" fn(
             *mut CUmemGenericAllocationHandle,
@@ -1534,13 +1801,19 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemMapArrayAsync: Option<
-        unsafe extern "C" fn(*mut CUarrayMapInfo, ::std::os::raw::c_uint, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUarrayMapInfo,
+            ::std::os::raw::c_uint,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuMemPoolCreate:
-        Option<unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult>,
+    cuMemPoolCreate: Option<
+        unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult,
+    >,
     cuMemPoolDestroy: Option<unsafe extern "C" fn(CUmemoryPool) -> CUresult>,
-    cuMemPoolExportPointer:
-        Option<unsafe extern "C" fn(*mut CUmemPoolPtrExportData, CUdeviceptr) -> CUresult>,
+    cuMemPoolExportPointer: Option<
+        unsafe extern "C" fn(*mut CUmemPoolPtrExportData, CUdeviceptr) -> CUresult,
+    >,
     cuMemPoolExportToShareableHandle: Option<
         unsafe extern "C" fn(
             *mut ::std::os::raw::c_void,
@@ -1550,7 +1823,11 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemPoolGetAccess: Option<
-        unsafe extern "C" fn(*mut CUmemAccess_flags, CUmemoryPool, *mut CUmemLocation) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUmemAccess_flags,
+            CUmemoryPool,
+            *mut CUmemLocation,
+        ) -> CUresult,
     >,
     cuMemPoolGetAttribute: Option<
         unsafe extern "C" fn(
@@ -1574,8 +1851,9 @@ pub struct DriverApi {
             *mut CUmemPoolPtrExportData,
         ) -> CUresult,
     >,
-    cuMemPoolSetAccess:
-        Option<unsafe extern "C" fn(CUmemoryPool, *const CUmemAccessDesc, usize) -> CUresult>,
+    cuMemPoolSetAccess: Option<
+        unsafe extern "C" fn(CUmemoryPool, *const CUmemAccessDesc, usize) -> CUresult,
+    >,
     cuMemPoolSetAttribute: Option<
         unsafe extern "C" fn(
             CUmemoryPool,
@@ -1631,17 +1909,33 @@ pub struct DriverApi {
             *mut ::std::os::raw::c_void,
         ) -> CUresult,
     >,
-    cuMemSetAccess:
-        Option<unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult>,
+    cuMemSetAccess: Option<
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            usize,
+            *const CUmemAccessDesc,
+            usize,
+        ) -> CUresult,
+    >,
     cuMemSetMemPool: Option<
-        unsafe extern "C" fn(*mut CUmemLocation, CUmemAllocationType, CUmemoryPool) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUmemLocation,
+            CUmemAllocationType,
+            CUmemoryPool,
+        ) -> CUresult,
     >,
     cuMemUnmap: Option<unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult>,
     cuMemcpy: Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult>,
-    cuMemcpy2DAsync_v2: Option<unsafe extern "C" fn(*const CUDA_MEMCPY2D, CUstream) -> CUresult>,
-    cuMemcpy2DUnaligned_v2: Option<unsafe extern "C" fn(*const CUDA_MEMCPY2D) -> CUresult>,
+    cuMemcpy2DAsync_v2: Option<
+        unsafe extern "C" fn(*const CUDA_MEMCPY2D, CUstream) -> CUresult,
+    >,
+    cuMemcpy2DUnaligned_v2: Option<
+        unsafe extern "C" fn(*const CUDA_MEMCPY2D) -> CUresult,
+    >,
     cuMemcpy2D_v2: Option<unsafe extern "C" fn(*const CUDA_MEMCPY2D) -> CUresult>,
-    cuMemcpy3DAsync_v2: Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D, CUstream) -> CUresult>,
+    cuMemcpy3DAsync_v2: Option<
+        unsafe extern "C" fn(*const CUDA_MEMCPY3D, CUstream) -> CUresult,
+    >,
     cuMemcpy3DBatchAsync_v2: Option<
         unsafe extern "C" fn(
             usize,
@@ -1651,14 +1945,19 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemcpy3DPeer: Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D_PEER) -> CUresult>,
-    cuMemcpy3DPeerAsync:
-        Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D_PEER, CUstream) -> CUresult>,
+    cuMemcpy3DPeerAsync: Option<
+        unsafe extern "C" fn(*const CUDA_MEMCPY3D_PEER, CUstream) -> CUresult,
+    >,
     cuMemcpy3D_v2: Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D) -> CUresult>,
-    cuMemcpyAsync:
-        Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult>,
-    cuMemcpyAtoA_v2:
-        Option<unsafe extern "C" fn(CUarray, usize, CUarray, usize, usize) -> CUresult>,
-    cuMemcpyAtoD_v2: Option<unsafe extern "C" fn(CUdeviceptr, CUarray, usize, usize) -> CUresult>,
+    cuMemcpyAsync: Option<
+        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult,
+    >,
+    cuMemcpyAtoA_v2: Option<
+        unsafe extern "C" fn(CUarray, usize, CUarray, usize, usize) -> CUresult,
+    >,
+    cuMemcpyAtoD_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, CUarray, usize, usize) -> CUresult,
+    >,
     cuMemcpyAtoHAsync_v2: Option<
         unsafe extern "C" fn(
             *mut ::std::os::raw::c_void,
@@ -1669,7 +1968,12 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemcpyAtoH_v2: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_void, CUarray, usize, usize) -> CUresult,
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_void,
+            CUarray,
+            usize,
+            usize,
+        ) -> CUresult,
     >,
     cuMemcpyBatchAsync_v2: Option<
         unsafe extern "C" fn(
@@ -1683,15 +1987,26 @@ pub struct DriverApi {
             CUstream,
         ) -> CUresult,
     >,
-    cuMemcpyDtoA_v2: Option<unsafe extern "C" fn(CUarray, usize, CUdeviceptr, usize) -> CUresult>,
-    cuMemcpyDtoDAsync_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult>,
-    cuMemcpyDtoD_v2: Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult>,
-    cuMemcpyDtoHAsync_v2: Option<
-        unsafe extern "C" fn(*mut ::std::os::raw::c_void, CUdeviceptr, usize, CUstream) -> CUresult,
+    cuMemcpyDtoA_v2: Option<
+        unsafe extern "C" fn(CUarray, usize, CUdeviceptr, usize) -> CUresult,
     >,
-    cuMemcpyDtoH_v2:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_void, CUdeviceptr, usize) -> CUresult>,
+    cuMemcpyDtoDAsync_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult,
+    >,
+    cuMemcpyDtoD_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult,
+    >,
+    cuMemcpyDtoHAsync_v2: Option<
+        unsafe extern "C" fn(
+            *mut ::std::os::raw::c_void,
+            CUdeviceptr,
+            usize,
+            CUstream,
+        ) -> CUresult,
+    >,
+    cuMemcpyDtoH_v2: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_void, CUdeviceptr, usize) -> CUresult,
+    >,
     cuMemcpyHtoAAsync_v2: Option<
         unsafe extern "C" fn(
             CUarray,
@@ -1702,7 +2017,12 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemcpyHtoA_v2: Option<
-        unsafe extern "C" fn(CUarray, usize, *const ::std::os::raw::c_void, usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUarray,
+            usize,
+            *const ::std::os::raw::c_void,
+            usize,
+        ) -> CUresult,
     >,
     cuMemcpyHtoDAsync_v2: Option<
         unsafe extern "C" fn(
@@ -1712,10 +2032,21 @@ pub struct DriverApi {
             CUstream,
         ) -> CUresult,
     >,
-    cuMemcpyHtoD_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, *const ::std::os::raw::c_void, usize) -> CUresult>,
+    cuMemcpyHtoD_v2: Option<
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            *const ::std::os::raw::c_void,
+            usize,
+        ) -> CUresult,
+    >,
     cuMemcpyPeer: Option<
-        unsafe extern "C" fn(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            CUcontext,
+            CUdeviceptr,
+            CUcontext,
+            usize,
+        ) -> CUresult,
     >,
     cuMemcpyPeerAsync: Option<
         unsafe extern "C" fn(
@@ -1728,10 +2059,16 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemsetD16Async: Option<
-        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_ushort, usize, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            ::std::os::raw::c_ushort,
+            usize,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuMemsetD16_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_ushort, usize) -> CUresult>,
+    cuMemsetD16_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_ushort, usize) -> CUresult,
+    >,
     cuMemsetD2D16Async: Option<
         unsafe extern "C" fn(
             CUdeviceptr,
@@ -1762,7 +2099,13 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemsetD2D32_v2: Option<
-        unsafe extern "C" fn(CUdeviceptr, usize, ::std::os::raw::c_uint, usize, usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            usize,
+            ::std::os::raw::c_uint,
+            usize,
+            usize,
+        ) -> CUresult,
     >,
     cuMemsetD2D8Async: Option<
         unsafe extern "C" fn(
@@ -1775,18 +2118,36 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMemsetD2D8_v2: Option<
-        unsafe extern "C" fn(CUdeviceptr, usize, ::std::os::raw::c_uchar, usize, usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            usize,
+            ::std::os::raw::c_uchar,
+            usize,
+            usize,
+        ) -> CUresult,
     >,
     cuMemsetD32Async: Option<
-        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uint, usize, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            ::std::os::raw::c_uint,
+            usize,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuMemsetD32_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uint, usize) -> CUresult>,
+    cuMemsetD32_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uint, usize) -> CUresult,
+    >,
     cuMemsetD8Async: Option<
-        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uchar, usize, CUstream) -> CUresult,
+        unsafe extern "C" fn(
+            CUdeviceptr,
+            ::std::os::raw::c_uchar,
+            usize,
+            CUstream,
+        ) -> CUresult,
     >,
-    cuMemsetD8_v2:
-        Option<unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uchar, usize) -> CUresult>,
+    cuMemsetD8_v2: Option<
+        unsafe extern "C" fn(CUdeviceptr, ::std::os::raw::c_uchar, usize) -> CUresult,
+    >,
     cuMipmappedArrayCreate: Option<
         unsafe extern "C" fn(
             *mut CUmipmappedArray,
@@ -1796,7 +2157,11 @@ pub struct DriverApi {
     >,
     cuMipmappedArrayDestroy: Option<unsafe extern "C" fn(CUmipmappedArray) -> CUresult>,
     cuMipmappedArrayGetLevel: Option<
-        unsafe extern "C" fn(*mut CUarray, CUmipmappedArray, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUarray,
+            CUmipmappedArray,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuMipmappedArrayGetMemoryRequirements: Option<
         unsafe extern "C" fn(
@@ -1806,15 +2171,28 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMipmappedArrayGetSparseProperties: Option<
-        unsafe extern "C" fn(*mut CUDA_ARRAY_SPARSE_PROPERTIES, CUmipmappedArray) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUDA_ARRAY_SPARSE_PROPERTIES,
+            CUmipmappedArray,
+        ) -> CUresult,
     >,
-    cuModuleEnumerateFunctions:
-        Option<unsafe extern "C" fn(*mut CUfunction, ::std::os::raw::c_uint, CUmodule) -> CUresult>,
+    cuModuleEnumerateFunctions: Option<
+        unsafe extern "C" fn(
+            *mut CUfunction,
+            ::std::os::raw::c_uint,
+            CUmodule,
+        ) -> CUresult,
+    >,
     cuModuleGetFunction: Option<
-        unsafe extern "C" fn(*mut CUfunction, CUmodule, *const ::std::os::raw::c_char) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUfunction,
+            CUmodule,
+            *const ::std::os::raw::c_char,
+        ) -> CUresult,
     >,
-    cuModuleGetFunctionCount:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUmodule) -> CUresult>,
+    cuModuleGetFunctionCount: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUmodule) -> CUresult,
+    >,
     cuModuleGetGlobal_v2: Option<
         unsafe extern "C" fn(
             *mut CUdeviceptr,
@@ -1823,17 +2201,29 @@ pub struct DriverApi {
             *const ::std::os::raw::c_char,
         ) -> CUresult,
     >,
-    cuModuleGetLoadingMode: Option<unsafe extern "C" fn(*mut CUmoduleLoadingMode) -> CUresult>,
+    cuModuleGetLoadingMode: Option<
+        unsafe extern "C" fn(*mut CUmoduleLoadingMode) -> CUresult,
+    >,
     cuModuleGetSurfRef: Option<
-        unsafe extern "C" fn(*mut CUsurfref, CUmodule, *const ::std::os::raw::c_char) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUsurfref,
+            CUmodule,
+            *const ::std::os::raw::c_char,
+        ) -> CUresult,
     >,
     cuModuleGetTexRef: Option<
-        unsafe extern "C" fn(*mut CUtexref, CUmodule, *const ::std::os::raw::c_char) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUtexref,
+            CUmodule,
+            *const ::std::os::raw::c_char,
+        ) -> CUresult,
     >,
-    cuModuleLoad:
-        Option<unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_char) -> CUresult>,
-    cuModuleLoadData:
-        Option<unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_void) -> CUresult>,
+    cuModuleLoad: Option<
+        unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_char) -> CUresult,
+    >,
+    cuModuleLoadData: Option<
+        unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_void) -> CUresult,
+    >,
     cuModuleLoadDataEx: Option<
         unsafe extern "C" fn(
             *mut CUmodule,
@@ -1843,11 +2233,13 @@ pub struct DriverApi {
             *mut *mut ::std::os::raw::c_void,
         ) -> CUresult,
     >,
-    cuModuleLoadFatBinary:
-        Option<unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_void) -> CUresult>,
+    cuModuleLoadFatBinary: Option<
+        unsafe extern "C" fn(*mut CUmodule, *const ::std::os::raw::c_void) -> CUresult,
+    >,
     cuModuleUnload: Option<unsafe extern "C" fn(CUmodule) -> CUresult>,
-    cuMulticastAddDevice:
-        Option<unsafe extern "C" fn(CUmemGenericAllocationHandle, CUdevice) -> CUresult>,
+    cuMulticastAddDevice: Option<
+        unsafe extern "C" fn(CUmemGenericAllocationHandle, CUdevice) -> CUresult,
+    >,
     cuMulticastBindAddr: Option<
         unsafe extern "C" fn(
             CUmemGenericAllocationHandle,
@@ -1881,7 +2273,12 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuMulticastUnbind: Option<
-        unsafe extern "C" fn(CUmemGenericAllocationHandle, CUdevice, usize, usize) -> CUresult,
+        unsafe extern "C" fn(
+            CUmemGenericAllocationHandle,
+            CUdevice,
+            usize,
+            usize,
+        ) -> CUresult,
     >,
     cuOccupancyAvailableDynamicSMemPerBlock: Option<
         unsafe extern "C" fn(
@@ -1943,12 +2340,21 @@ pub struct DriverApi {
             *const CUlaunchConfig,
         ) -> CUresult,
     >,
-    cuParamSetSize: Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult>,
-    cuParamSetTexRef:
-        Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, CUtexref) -> CUresult>,
-    cuParamSetf: Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, f32) -> CUresult>,
+    cuParamSetSize: Option<
+        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuParamSetTexRef: Option<
+        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, CUtexref) -> CUresult,
+    >,
+    cuParamSetf: Option<
+        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, f32) -> CUresult,
+    >,
     cuParamSeti: Option<
-        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUfunction,
+            ::std::os::raw::c_int,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuParamSetv: Option<
         unsafe extern "C" fn(
@@ -1997,7 +2403,12 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuStreamAttachMemAsync: Option<
-        unsafe extern "C" fn(CUstream, CUdeviceptr, usize, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUdeviceptr,
+            usize,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuStreamBatchMemOp_v2: Option<
         unsafe extern "C" fn(
@@ -2017,10 +2428,13 @@ pub struct DriverApi {
             CUstreamCaptureMode,
         ) -> CUresult,
     >,
-    cuStreamBeginCapture_v2:
-        Option<unsafe extern "C" fn(CUstream, CUstreamCaptureMode) -> CUresult>,
+    cuStreamBeginCapture_v2: Option<
+        unsafe extern "C" fn(CUstream, CUstreamCaptureMode) -> CUresult,
+    >,
     cuStreamCopyAttributes: Option<unsafe extern "C" fn(CUstream, CUstream) -> CUresult>,
-    cuStreamCreate: Option<unsafe extern "C" fn(*mut CUstream, ::std::os::raw::c_uint) -> CUresult>,
+    cuStreamCreate: Option<
+        unsafe extern "C" fn(*mut CUstream, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuStreamCreateWithPriority: Option<
         unsafe extern "C" fn(
             *mut CUstream,
@@ -2030,8 +2444,13 @@ pub struct DriverApi {
     >,
     cuStreamDestroy_v2: Option<unsafe extern "C" fn(CUstream) -> CUresult>,
     cuStreamEndCapture: Option<unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult>,
-    cuStreamGetAttribute:
-        Option<unsafe extern "C" fn(CUstream, CUstreamAttrID, *mut CUstreamAttrValue) -> CUresult>,
+    cuStreamGetAttribute: Option<
+        unsafe extern "C" fn(
+            CUstream,
+            CUstreamAttrID,
+            *mut CUstreamAttrValue,
+        ) -> CUresult,
+    >,
     cuStreamGetCaptureInfo_v3: Option<
         unsafe extern "C" fn(
             CUstream,
@@ -2044,21 +2463,32 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuStreamGetCtx: Option<unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult>,
-    cuStreamGetCtx_v2:
-        Option<unsafe extern "C" fn(CUstream, *mut CUcontext, *mut CUgreenCtx) -> CUresult>,
+    cuStreamGetCtx_v2: Option<
+        unsafe extern "C" fn(CUstream, *mut CUcontext, *mut CUgreenCtx) -> CUresult,
+    >,
     cuStreamGetDevice: Option<unsafe extern "C" fn(CUstream, *mut CUdevice) -> CUresult>,
-    cuStreamGetFlags:
-        Option<unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_uint) -> CUresult>,
-    cuStreamGetGreenCtx: Option<unsafe extern "C" fn(CUstream, *mut CUgreenCtx) -> CUresult>,
-    cuStreamGetId:
-        Option<unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_ulonglong) -> CUresult>,
-    cuStreamGetPriority:
-        Option<unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_int) -> CUresult>,
-    cuStreamIsCapturing:
-        Option<unsafe extern "C" fn(CUstream, *mut CUstreamCaptureStatus) -> CUresult>,
+    cuStreamGetFlags: Option<
+        unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuStreamGetGreenCtx: Option<
+        unsafe extern "C" fn(CUstream, *mut CUgreenCtx) -> CUresult,
+    >,
+    cuStreamGetId: Option<
+        unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_ulonglong) -> CUresult,
+    >,
+    cuStreamGetPriority: Option<
+        unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_int) -> CUresult,
+    >,
+    cuStreamIsCapturing: Option<
+        unsafe extern "C" fn(CUstream, *mut CUstreamCaptureStatus) -> CUresult,
+    >,
     cuStreamQuery: Option<unsafe extern "C" fn(CUstream) -> CUresult>,
     cuStreamSetAttribute: Option<
-        unsafe extern "C" fn(CUstream, CUstreamAttrID, *const CUstreamAttrValue) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUstreamAttrID,
+            *const CUstreamAttrValue,
+        ) -> CUresult,
     >,
     cuStreamSynchronize: Option<unsafe extern "C" fn(CUstream) -> CUresult>,
     cuStreamUpdateCaptureDependencies_v2: Option<
@@ -2070,28 +2500,52 @@ pub struct DriverApi {
             ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
-    cuStreamWaitEvent:
-        Option<unsafe extern "C" fn(CUstream, CUevent, ::std::os::raw::c_uint) -> CUresult>,
+    cuStreamWaitEvent: Option<
+        unsafe extern "C" fn(CUstream, CUevent, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuStreamWaitValue32_v2: Option<
-        unsafe extern "C" fn(CUstream, CUdeviceptr, cuuint32_t, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUdeviceptr,
+            cuuint32_t,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuStreamWaitValue64_v2: Option<
-        unsafe extern "C" fn(CUstream, CUdeviceptr, cuuint64_t, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUdeviceptr,
+            cuuint64_t,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuStreamWriteValue32_v2: Option<
-        unsafe extern "C" fn(CUstream, CUdeviceptr, cuuint32_t, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUdeviceptr,
+            cuuint32_t,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
     cuStreamWriteValue64_v2: Option<
-        unsafe extern "C" fn(CUstream, CUdeviceptr, cuuint64_t, ::std::os::raw::c_uint) -> CUresult,
+        unsafe extern "C" fn(
+            CUstream,
+            CUdeviceptr,
+            cuuint64_t,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
     >,
-    cuSurfObjectCreate:
-        Option<unsafe extern "C" fn(*mut CUsurfObject, *const CUDA_RESOURCE_DESC) -> CUresult>,
+    cuSurfObjectCreate: Option<
+        unsafe extern "C" fn(*mut CUsurfObject, *const CUDA_RESOURCE_DESC) -> CUresult,
+    >,
     cuSurfObjectDestroy: Option<unsafe extern "C" fn(CUsurfObject) -> CUresult>,
-    cuSurfObjectGetResourceDesc:
-        Option<unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUsurfObject) -> CUresult>,
+    cuSurfObjectGetResourceDesc: Option<
+        unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUsurfObject) -> CUresult,
+    >,
     cuSurfRefGetArray: Option<unsafe extern "C" fn(*mut CUarray, CUsurfref) -> CUresult>,
-    cuSurfRefSetArray:
-        Option<unsafe extern "C" fn(CUsurfref, CUarray, ::std::os::raw::c_uint) -> CUresult>,
+    cuSurfRefSetArray: Option<
+        unsafe extern "C" fn(CUsurfref, CUarray, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuTensorMapEncodeIm2col: Option<
         unsafe extern "C" fn(
             *mut CUtensorMap,
@@ -2147,8 +2601,9 @@ pub struct DriverApi {
             CUtensorMapFloatOOBfill,
         ) -> CUresult,
     >,
-    cuTensorMapReplaceAddress:
-        Option<unsafe extern "C" fn(*mut CUtensorMap, *mut ::std::os::raw::c_void) -> CUresult>,
+    cuTensorMapReplaceAddress: Option<
+        unsafe extern "C" fn(*mut CUtensorMap, *mut ::std::os::raw::c_void) -> CUresult,
+    >,
     cuTexObjectCreate: Option<
         unsafe extern "C" fn(
             *mut CUtexObject,
@@ -2158,35 +2613,57 @@ pub struct DriverApi {
         ) -> CUresult,
     >,
     cuTexObjectDestroy: Option<unsafe extern "C" fn(CUtexObject) -> CUresult>,
-    cuTexObjectGetResourceDesc:
-        Option<unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUtexObject) -> CUresult>,
-    cuTexObjectGetResourceViewDesc:
-        Option<unsafe extern "C" fn(*mut CUDA_RESOURCE_VIEW_DESC, CUtexObject) -> CUresult>,
-    cuTexObjectGetTextureDesc:
-        Option<unsafe extern "C" fn(*mut CUDA_TEXTURE_DESC, CUtexObject) -> CUresult>,
+    cuTexObjectGetResourceDesc: Option<
+        unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUtexObject) -> CUresult,
+    >,
+    cuTexObjectGetResourceViewDesc: Option<
+        unsafe extern "C" fn(*mut CUDA_RESOURCE_VIEW_DESC, CUtexObject) -> CUresult,
+    >,
+    cuTexObjectGetTextureDesc: Option<
+        unsafe extern "C" fn(*mut CUDA_TEXTURE_DESC, CUtexObject) -> CUresult,
+    >,
     cuTexRefCreate: Option<unsafe extern "C" fn(*mut CUtexref) -> CUresult>,
     cuTexRefDestroy: Option<unsafe extern "C" fn(CUtexref) -> CUresult>,
     cuTexRefGetAddressMode: Option<
-        unsafe extern "C" fn(*mut CUaddress_mode, CUtexref, ::std::os::raw::c_int) -> CUresult,
+        unsafe extern "C" fn(
+            *mut CUaddress_mode,
+            CUtexref,
+            ::std::os::raw::c_int,
+        ) -> CUresult,
     >,
-    cuTexRefGetAddress_v2: Option<unsafe extern "C" fn(*mut CUdeviceptr, CUtexref) -> CUresult>,
+    cuTexRefGetAddress_v2: Option<
+        unsafe extern "C" fn(*mut CUdeviceptr, CUtexref) -> CUresult,
+    >,
     cuTexRefGetArray: Option<unsafe extern "C" fn(*mut CUarray, CUtexref) -> CUresult>,
     cuTexRefGetBorderColor: Option<unsafe extern "C" fn(*mut f32, CUtexref) -> CUresult>,
-    cuTexRefGetFilterMode: Option<unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult>,
-    cuTexRefGetFlags:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUtexref) -> CUresult>,
-    cuTexRefGetFormat: Option<
-        unsafe extern "C" fn(*mut CUarray_format, *mut ::std::os::raw::c_int, CUtexref) -> CUresult,
+    cuTexRefGetFilterMode: Option<
+        unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult,
     >,
-    cuTexRefGetMaxAnisotropy:
-        Option<unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUtexref) -> CUresult>,
-    cuTexRefGetMipmapFilterMode:
-        Option<unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult>,
-    cuTexRefGetMipmapLevelBias: Option<unsafe extern "C" fn(*mut f32, CUtexref) -> CUresult>,
-    cuTexRefGetMipmapLevelClamp:
-        Option<unsafe extern "C" fn(*mut f32, *mut f32, CUtexref) -> CUresult>,
-    cuTexRefGetMipmappedArray:
-        Option<unsafe extern "C" fn(*mut CUmipmappedArray, CUtexref) -> CUresult>,
+    cuTexRefGetFlags: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUtexref) -> CUresult,
+    >,
+    cuTexRefGetFormat: Option<
+        unsafe extern "C" fn(
+            *mut CUarray_format,
+            *mut ::std::os::raw::c_int,
+            CUtexref,
+        ) -> CUresult,
+    >,
+    cuTexRefGetMaxAnisotropy: Option<
+        unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUtexref) -> CUresult,
+    >,
+    cuTexRefGetMipmapFilterMode: Option<
+        unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult,
+    >,
+    cuTexRefGetMipmapLevelBias: Option<
+        unsafe extern "C" fn(*mut f32, CUtexref) -> CUresult,
+    >,
+    cuTexRefGetMipmapLevelClamp: Option<
+        unsafe extern "C" fn(*mut f32, *mut f32, CUtexref) -> CUresult,
+    >,
+    cuTexRefGetMipmappedArray: Option<
+        unsafe extern "C" fn(*mut CUmipmappedArray, CUtexref) -> CUresult,
+    >,
     cuTexRefSetAddress2D_v3: Option<
         unsafe extern "C" fn(
             CUtexref,
@@ -2195,27 +2672,45 @@ pub struct DriverApi {
             usize,
         ) -> CUresult,
     >,
-    cuTexRefSetAddressMode:
-        Option<unsafe extern "C" fn(CUtexref, ::std::os::raw::c_int, CUaddress_mode) -> CUresult>,
-    cuTexRefSetAddress_v2:
-        Option<unsafe extern "C" fn(*mut usize, CUtexref, CUdeviceptr, usize) -> CUresult>,
-    cuTexRefSetArray:
-        Option<unsafe extern "C" fn(CUtexref, CUarray, ::std::os::raw::c_uint) -> CUresult>,
-    cuTexRefSetBorderColor: Option<unsafe extern "C" fn(CUtexref, *mut f32) -> CUresult>,
-    cuTexRefSetFilterMode: Option<unsafe extern "C" fn(CUtexref, CUfilter_mode) -> CUresult>,
-    cuTexRefSetFlags: Option<unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult>,
-    cuTexRefSetFormat:
-        Option<unsafe extern "C" fn(CUtexref, CUarray_format, ::std::os::raw::c_int) -> CUresult>,
-    cuTexRefSetMaxAnisotropy:
-        Option<unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult>,
-    cuTexRefSetMipmapFilterMode: Option<unsafe extern "C" fn(CUtexref, CUfilter_mode) -> CUresult>,
-    cuTexRefSetMipmapLevelBias: Option<unsafe extern "C" fn(CUtexref, f32) -> CUresult>,
-    cuTexRefSetMipmapLevelClamp: Option<unsafe extern "C" fn(CUtexref, f32, f32) -> CUresult>,
-    cuTexRefSetMipmappedArray: Option<
-        unsafe extern "C" fn(CUtexref, CUmipmappedArray, ::std::os::raw::c_uint) -> CUresult,
+    cuTexRefSetAddressMode: Option<
+        unsafe extern "C" fn(CUtexref, ::std::os::raw::c_int, CUaddress_mode) -> CUresult,
     >,
-    cuThreadExchangeStreamCaptureMode:
-        Option<unsafe extern "C" fn(*mut CUstreamCaptureMode) -> CUresult>,
+    cuTexRefSetAddress_v2: Option<
+        unsafe extern "C" fn(*mut usize, CUtexref, CUdeviceptr, usize) -> CUresult,
+    >,
+    cuTexRefSetArray: Option<
+        unsafe extern "C" fn(CUtexref, CUarray, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuTexRefSetBorderColor: Option<unsafe extern "C" fn(CUtexref, *mut f32) -> CUresult>,
+    cuTexRefSetFilterMode: Option<
+        unsafe extern "C" fn(CUtexref, CUfilter_mode) -> CUresult,
+    >,
+    cuTexRefSetFlags: Option<
+        unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuTexRefSetFormat: Option<
+        unsafe extern "C" fn(CUtexref, CUarray_format, ::std::os::raw::c_int) -> CUresult,
+    >,
+    cuTexRefSetMaxAnisotropy: Option<
+        unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuTexRefSetMipmapFilterMode: Option<
+        unsafe extern "C" fn(CUtexref, CUfilter_mode) -> CUresult,
+    >,
+    cuTexRefSetMipmapLevelBias: Option<unsafe extern "C" fn(CUtexref, f32) -> CUresult>,
+    cuTexRefSetMipmapLevelClamp: Option<
+        unsafe extern "C" fn(CUtexref, f32, f32) -> CUresult,
+    >,
+    cuTexRefSetMipmappedArray: Option<
+        unsafe extern "C" fn(
+            CUtexref,
+            CUmipmappedArray,
+            ::std::os::raw::c_uint,
+        ) -> CUresult,
+    >,
+    cuThreadExchangeStreamCaptureMode: Option<
+        unsafe extern "C" fn(*mut CUstreamCaptureMode) -> CUresult,
+    >,
     cuUserObjectCreate: Option<
         unsafe extern "C" fn(
             *mut CUuserObject,
@@ -2225,10 +2720,12 @@ pub struct DriverApi {
             ::std::os::raw::c_uint,
         ) -> CUresult,
     >,
-    cuUserObjectRelease:
-        Option<unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult>,
-    cuUserObjectRetain:
-        Option<unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult>,
+    cuUserObjectRelease: Option<
+        unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult,
+    >,
+    cuUserObjectRetain: Option<
+        unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult,
+    >,
     cuWaitExternalSemaphoresAsync: Option<
         unsafe extern "C" fn(
             *const CUexternalSemaphore,
@@ -2258,7 +2755,12 @@ impl DriverApi {
             cuArray3DGetDescriptor_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUDA_ARRAY3D_DESCRIPTOR, CUarray) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUDA_ARRAY3D_DESCRIPTOR,
+                            CUarray,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuArray3DGetDescriptor_v2"))
             },
             cuArrayCreate_v2: unsafe {
@@ -2281,7 +2783,12 @@ impl DriverApi {
             cuArrayGetDescriptor_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUDA_ARRAY_DESCRIPTOR, CUarray) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUDA_ARRAY_DESCRIPTOR,
+                            CUarray,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuArrayGetDescriptor_v2"))
             },
             cuArrayGetMemoryRequirements: unsafe {
@@ -2437,7 +2944,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUcontext, ::std::os::raw::c_uint) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUcontext,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuCtxAttach"))
             },
@@ -2475,7 +2985,12 @@ impl DriverApi {
             cuCtxEnablePeerAccess: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUcontext, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUcontext,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuCtxEnablePeerAccess"))
             },
             cuCtxFromGreenCtx: unsafe {
@@ -2488,7 +3003,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUcontext, *mut ::std::os::raw::c_uint) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUcontext,
+                            *mut ::std::os::raw::c_uint,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuCtxGetApiVersion"))
             },
@@ -2717,7 +3235,12 @@ impl DriverApi {
             cuDeviceGet: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUdevice, ::std::os::raw::c_int) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUdevice,
+                            ::std::os::raw::c_int,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuDeviceGet"))
             },
             cuDeviceGetAttribute: unsafe {
@@ -2949,7 +3472,12 @@ impl DriverApi {
             cuDevicePrimaryCtxSetFlags_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUdevice, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUdevice,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuDevicePrimaryCtxSetFlags_v2"))
             },
             cuDeviceRegisterAsyncNotification: unsafe {
@@ -2992,7 +3520,9 @@ impl DriverApi {
             cuDeviceUnregisterAsyncNotification: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUdevice, CUasyncCallbackHandle) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUdevice, CUasyncCallbackHandle) -> CUresult,
+                    >,
                 >(resolve(c"cuDeviceUnregisterAsyncNotification"))
             },
             cuDriverGetVersion: unsafe {
@@ -3004,7 +3534,12 @@ impl DriverApi {
             cuEventCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUevent, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUevent,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuEventCreate"))
             },
             cuEventDestroy_v2: unsafe {
@@ -3035,7 +3570,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUevent, CUstream, ::std::os::raw::c_uint) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUevent,
+                            CUstream,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuEventRecordWithFlags"))
             },
@@ -3113,7 +3652,12 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUfunction, usize, *mut usize, *mut usize) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUfunction,
+                            usize,
+                            *mut usize,
+                            *mut usize,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuFuncGetParamInfo"))
             },
@@ -3121,7 +3665,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUfunctionLoadingState, CUfunction) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUfunctionLoadingState,
+                            CUfunction,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuFuncIsLoaded"))
             },
@@ -3171,7 +3718,12 @@ impl DriverApi {
             cuFuncSetSharedSize: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUfunction,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuFuncSetSharedSize"))
             },
             cuGetErrorName: unsafe {
@@ -3484,7 +4036,12 @@ impl DriverApi {
             cuGraphCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUgraph, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUgraph,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphCreate"))
             },
             cuGraphDebugDotPrint: unsafe {
@@ -3550,7 +4107,13 @@ impl DriverApi {
             cuGraphExecChildGraphNodeSetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUgraph) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphExec,
+                            CUgraphNode,
+                            CUgraph,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphExecChildGraphNodeSetParams"))
             },
             cuGraphExecDestroy: unsafe {
@@ -3562,13 +4125,25 @@ impl DriverApi {
             cuGraphExecEventRecordNodeSetEvent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphExec,
+                            CUgraphNode,
+                            CUevent,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphExecEventRecordNodeSetEvent"))
             },
             cuGraphExecEventWaitNodeSetEvent: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUevent) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphExec,
+                            CUgraphNode,
+                            CUevent,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphExecEventWaitNodeSetEvent"))
             },
             cuGraphExecExternalSemaphoresSignalNodeSetParams: unsafe {
@@ -3598,7 +4173,9 @@ impl DriverApi {
             cuGraphExecGetFlags: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphExec, *mut cuuint64_t) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUgraphExec, *mut cuuint64_t) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphExecGetFlags"))
             },
             cuGraphExecHostNodeSetParams: unsafe {
@@ -3736,20 +4313,35 @@ impl DriverApi {
             cuGraphGetNodes: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraph,
+                            *mut CUgraphNode,
+                            *mut usize,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphGetNodes"))
             },
             cuGraphGetRootNodes: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraph,
+                            *mut CUgraphNode,
+                            *mut usize,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphGetRootNodes"))
             },
             cuGraphHostNodeGetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUgraphNode, *mut CUDA_HOST_NODE_PARAMS) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *mut CUDA_HOST_NODE_PARAMS,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphHostNodeGetParams"))
             },
@@ -3757,7 +4349,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUgraphNode, *const CUDA_HOST_NODE_PARAMS) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *const CUDA_HOST_NODE_PARAMS,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphHostNodeSetParams"))
             },
@@ -3807,7 +4402,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUgraphNode, *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *mut CUDA_KERNEL_NODE_PARAMS,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphKernelNodeGetParams_v2"))
             },
@@ -3854,26 +4452,38 @@ impl DriverApi {
             cuGraphMemFreeNodeGetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphNode, *mut CUdeviceptr) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUgraphNode, *mut CUdeviceptr) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphMemFreeNodeGetParams"))
             },
             cuGraphMemcpyNodeGetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMCPY3D) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMCPY3D) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphMemcpyNodeGetParams"))
             },
             cuGraphMemcpyNodeSetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphNode, *const CUDA_MEMCPY3D) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *const CUDA_MEMCPY3D,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphMemcpyNodeSetParams"))
             },
             cuGraphMemsetNodeGetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEMSET_NODE_PARAMS) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *mut CUDA_MEMSET_NODE_PARAMS,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphMemsetNodeGetParams"))
             },
@@ -3892,7 +4502,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUgraphNode, CUgraphNode, CUgraph) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUgraphNode,
+                            CUgraphNode,
+                            CUgraph,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphNodeFindInClone"))
             },
@@ -3937,7 +4551,12 @@ impl DriverApi {
             cuGraphNodeGetType: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeType) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *mut CUgraphNodeType,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphNodeGetType"))
             },
             cuGraphNodeSetEnabled: unsafe {
@@ -3955,7 +4574,12 @@ impl DriverApi {
             cuGraphNodeSetParams: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUgraphNode, *mut CUgraphNodeParams) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUgraphNode,
+                            *mut CUgraphNodeParams,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuGraphNodeSetParams"))
             },
             cuGraphReleaseUserObject: unsafe {
@@ -4019,7 +4643,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUmipmappedArray, CUgraphicsResource) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUmipmappedArray,
+                            CUgraphicsResource,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuGraphicsResourceGetMappedMipmappedArray"))
             },
@@ -4181,19 +4808,28 @@ impl DriverApi {
             cuIpcGetEventHandle: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUipcEventHandle, CUevent) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut CUipcEventHandle, CUevent) -> CUresult,
+                    >,
                 >(resolve(c"cuIpcGetEventHandle"))
             },
             cuIpcGetMemHandle: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUipcMemHandle, CUdeviceptr) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUipcMemHandle,
+                            CUdeviceptr,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuIpcGetMemHandle"))
             },
             cuIpcOpenEventHandle: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUevent, CUipcEventHandle) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut CUevent, CUipcEventHandle) -> CUresult,
+                    >,
                 >(resolve(c"cuIpcOpenEventHandle"))
             },
             cuIpcOpenMemHandle_v2: unsafe {
@@ -4248,7 +4884,12 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUkernel, usize, *mut usize, *mut usize) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUkernel,
+                            usize,
+                            *mut usize,
+                            *mut usize,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuKernelGetParamInfo"))
             },
@@ -4268,7 +4909,13 @@ impl DriverApi {
             cuKernelSetCacheConfig: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUkernel, CUfunc_cache, CUdevice) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUkernel,
+                            CUfunc_cache,
+                            CUdevice,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuKernelSetCacheConfig"))
             },
             cuLaunch: unsafe {
@@ -4419,7 +5066,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUlibrary) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut ::std::os::raw::c_uint,
+                            CUlibrary,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuLibraryGetKernelCount"))
             },
@@ -4647,7 +5297,13 @@ impl DriverApi {
             cuMemAllocAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUdeviceptr,
+                            usize,
+                            CUstream,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuMemAllocAsync"))
             },
             cuMemAllocFromPoolAsync: unsafe {
@@ -4667,7 +5323,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut *mut ::std::os::raw::c_void, usize) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut *mut ::std::os::raw::c_void,
+                            usize,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemAllocHost_v2"))
             },
@@ -4808,7 +5467,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUdeviceptr,
+                            *mut usize,
+                            CUdeviceptr,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemGetAddressRange_v2"))
             },
@@ -4974,7 +5637,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolProps) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUmemoryPool,
+                            *const CUmemPoolProps,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemPoolCreate"))
             },
@@ -4988,7 +5654,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUmemPoolPtrExportData, CUdeviceptr) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUmemPoolPtrExportData,
+                            CUdeviceptr,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemPoolExportPointer"))
             },
@@ -5147,7 +5816,9 @@ impl DriverApi {
             cuMemRelease: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult,
+                    >,
                 >(resolve(c"cuMemRelease"))
             },
             cuMemRetainAllocationHandle: unsafe {
@@ -5195,13 +5866,17 @@ impl DriverApi {
             cuMemcpy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpy"))
             },
             cuMemcpy2DAsync_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*const CUDA_MEMCPY2D, CUstream) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*const CUDA_MEMCPY2D, CUstream) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpy2DAsync_v2"))
             },
             cuMemcpy2DUnaligned_v2: unsafe {
@@ -5219,7 +5894,9 @@ impl DriverApi {
             cuMemcpy3DAsync_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D, CUstream) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*const CUDA_MEMCPY3D, CUstream) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpy3DAsync_v2"))
             },
             cuMemcpy3DBatchAsync_v2: unsafe {
@@ -5244,7 +5921,12 @@ impl DriverApi {
             cuMemcpy3DPeerAsync: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*const CUDA_MEMCPY3D_PEER, CUstream) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *const CUDA_MEMCPY3D_PEER,
+                            CUstream,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpy3DPeerAsync"))
             },
             cuMemcpy3D_v2: unsafe {
@@ -5257,20 +5939,40 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUdeviceptr,
+                            CUdeviceptr,
+                            usize,
+                            CUstream,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemcpyAsync"))
             },
             cuMemcpyAtoA_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUarray, usize, CUarray, usize, usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUarray,
+                            usize,
+                            CUarray,
+                            usize,
+                            usize,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpyAtoA_v2"))
             },
             cuMemcpyAtoD_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUdeviceptr, CUarray, usize, usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUdeviceptr,
+                            CUarray,
+                            usize,
+                            usize,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpyAtoD_v2"))
             },
             cuMemcpyAtoHAsync_v2: unsafe {
@@ -5320,21 +6022,35 @@ impl DriverApi {
             cuMemcpyDtoA_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUarray, usize, CUdeviceptr, usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUarray,
+                            usize,
+                            CUdeviceptr,
+                            usize,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpyDtoA_v2"))
             },
             cuMemcpyDtoDAsync_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize, CUstream) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUdeviceptr,
+                            CUdeviceptr,
+                            usize,
+                            CUstream,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMemcpyDtoDAsync_v2"))
             },
             cuMemcpyDtoD_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult,
+                    >,
                 >(resolve(c"cuMemcpyDtoD_v2"))
             },
             cuMemcpyDtoHAsync_v2: unsafe {
@@ -5685,7 +6401,12 @@ impl DriverApi {
             cuModuleGetFunctionCount: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUmodule) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut ::std::os::raw::c_uint,
+                            CUmodule,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuModuleGetFunctionCount"))
             },
             cuModuleGetGlobal_v2: unsafe {
@@ -5788,7 +6509,10 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUmemGenericAllocationHandle, CUdevice) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUmemGenericAllocationHandle,
+                            CUdevice,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuMulticastAddDevice"))
             },
@@ -5895,9 +6619,7 @@ impl DriverApi {
                             ::std::os::raw::c_uint,
                         ) -> CUresult,
                     >,
-                >(resolve(
-                    c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-                ))
+                >(resolve(c"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"))
             },
             cuOccupancyMaxActiveClusters: unsafe {
                 core::mem::transmute::<
@@ -5957,7 +6679,12 @@ impl DriverApi {
             cuParamSetSize: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUfunction, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUfunction,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuParamSetSize"))
             },
             cuParamSetTexRef: unsafe {
@@ -5976,7 +6703,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUfunction, ::std::os::raw::c_int, f32) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUfunction,
+                            ::std::os::raw::c_int,
+                            f32,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuParamSetf"))
             },
@@ -6112,7 +6843,9 @@ impl DriverApi {
             cuStreamBeginCapture_v2: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUstream, CUstreamCaptureMode) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(CUstream, CUstreamCaptureMode) -> CUresult,
+                    >,
                 >(resolve(c"cuStreamBeginCapture_v2"))
             },
             cuStreamCopyAttributes: unsafe {
@@ -6124,7 +6857,12 @@ impl DriverApi {
             cuStreamCreate: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUstream, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUstream,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuStreamCreate"))
             },
             cuStreamCreateWithPriority: unsafe {
@@ -6189,7 +6927,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUstream, *mut CUcontext, *mut CUgreenCtx) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUstream,
+                            *mut CUcontext,
+                            *mut CUgreenCtx,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuStreamGetCtx_v2"))
             },
@@ -6202,7 +6944,12 @@ impl DriverApi {
             cuStreamGetFlags: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUstream,
+                            *mut ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuStreamGetFlags"))
             },
             cuStreamGetGreenCtx: unsafe {
@@ -6225,13 +6972,23 @@ impl DriverApi {
             cuStreamGetPriority: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUstream, *mut ::std::os::raw::c_int) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUstream,
+                            *mut ::std::os::raw::c_int,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuStreamGetPriority"))
             },
             cuStreamIsCapturing: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUstream, *mut CUstreamCaptureStatus) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUstream,
+                            *mut CUstreamCaptureStatus,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuStreamIsCapturing"))
             },
             cuStreamQuery: unsafe {
@@ -6276,7 +7033,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUstream, CUevent, ::std::os::raw::c_uint) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUstream,
+                            CUevent,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuStreamWaitEvent"))
             },
@@ -6352,7 +7113,12 @@ impl DriverApi {
             cuSurfObjectGetResourceDesc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUsurfObject) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUDA_RESOURCE_DESC,
+                            CUsurfObject,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuSurfObjectGetResourceDesc"))
             },
             cuSurfRefGetArray: unsafe {
@@ -6476,21 +7242,34 @@ impl DriverApi {
             cuTexObjectGetResourceDesc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUDA_RESOURCE_DESC, CUtexObject) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUDA_RESOURCE_DESC,
+                            CUtexObject,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexObjectGetResourceDesc"))
             },
             cuTexObjectGetResourceViewDesc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut CUDA_RESOURCE_VIEW_DESC, CUtexObject) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut CUDA_RESOURCE_VIEW_DESC,
+                            CUtexObject,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuTexObjectGetResourceViewDesc"))
             },
             cuTexObjectGetTextureDesc: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUDA_TEXTURE_DESC, CUtexObject) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut CUDA_TEXTURE_DESC,
+                            CUtexObject,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexObjectGetTextureDesc"))
             },
             cuTexRefCreate: unsafe {
@@ -6538,13 +7317,20 @@ impl DriverApi {
             cuTexRefGetFilterMode: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetFilterMode"))
             },
             cuTexRefGetFlags: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut ::std::os::raw::c_uint, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut ::std::os::raw::c_uint,
+                            CUtexref,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetFlags"))
             },
             cuTexRefGetFormat: unsafe {
@@ -6562,13 +7348,20 @@ impl DriverApi {
             cuTexRefGetMaxAnisotropy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut ::std::os::raw::c_int, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            *mut ::std::os::raw::c_int,
+                            CUtexref,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetMaxAnisotropy"))
             },
             cuTexRefGetMipmapFilterMode: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut CUfilter_mode, CUtexref) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetMipmapFilterMode"))
             },
             cuTexRefGetMipmapLevelBias: unsafe {
@@ -6580,13 +7373,17 @@ impl DriverApi {
             cuTexRefGetMipmapLevelClamp: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut f32, *mut f32, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut f32, *mut f32, CUtexref) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetMipmapLevelClamp"))
             },
             cuTexRefGetMipmappedArray: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(*mut CUmipmappedArray, CUtexref) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(*mut CUmipmappedArray, CUtexref) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefGetMipmappedArray"))
             },
             cuTexRefSetAddress2D_v3: unsafe {
@@ -6618,7 +7415,12 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(*mut usize, CUtexref, CUdeviceptr, usize) -> CUresult,
+                        unsafe extern "C" fn(
+                            *mut usize,
+                            CUtexref,
+                            CUdeviceptr,
+                            usize,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuTexRefSetAddress_v2"))
             },
@@ -6626,7 +7428,11 @@ impl DriverApi {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
                     Option<
-                        unsafe extern "C" fn(CUtexref, CUarray, ::std::os::raw::c_uint) -> CUresult,
+                        unsafe extern "C" fn(
+                            CUtexref,
+                            CUarray,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
                     >,
                 >(resolve(c"cuTexRefSetArray"))
             },
@@ -6645,7 +7451,12 @@ impl DriverApi {
             cuTexRefSetFlags: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUtexref,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefSetFlags"))
             },
             cuTexRefSetFormat: unsafe {
@@ -6663,7 +7474,12 @@ impl DriverApi {
             cuTexRefSetMaxAnisotropy: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUtexref, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUtexref,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuTexRefSetMaxAnisotropy"))
             },
             cuTexRefSetMipmapFilterMode: unsafe {
@@ -6719,13 +7535,23 @@ impl DriverApi {
             cuUserObjectRelease: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUuserObject,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuUserObjectRelease"))
             },
             cuUserObjectRetain: unsafe {
                 core::mem::transmute::<
                     *mut core::ffi::c_void,
-                    Option<unsafe extern "C" fn(CUuserObject, ::std::os::raw::c_uint) -> CUresult>,
+                    Option<
+                        unsafe extern "C" fn(
+                            CUuserObject,
+                            ::std::os::raw::c_uint,
+                        ) -> CUresult,
+                    >,
                 >(resolve(c"cuUserObjectRetain"))
             },
             cuWaitExternalSemaphoresAsync: unsafe {
@@ -6747,25 +7573,16 @@ impl DriverApi {
     pub fn presence(&self) -> [(&'static str, bool); 449usize] {
         [
             ("cuArray3DCreate_v2", self.cuArray3DCreate_v2.is_some()),
-            (
-                "cuArray3DGetDescriptor_v2",
-                self.cuArray3DGetDescriptor_v2.is_some(),
-            ),
+            ("cuArray3DGetDescriptor_v2", self.cuArray3DGetDescriptor_v2.is_some()),
             ("cuArrayCreate_v2", self.cuArrayCreate_v2.is_some()),
             ("cuArrayDestroy", self.cuArrayDestroy.is_some()),
-            (
-                "cuArrayGetDescriptor_v2",
-                self.cuArrayGetDescriptor_v2.is_some(),
-            ),
+            ("cuArrayGetDescriptor_v2", self.cuArrayGetDescriptor_v2.is_some()),
             (
                 "cuArrayGetMemoryRequirements",
                 self.cuArrayGetMemoryRequirements.is_some(),
             ),
             ("cuArrayGetPlane", self.cuArrayGetPlane.is_some()),
-            (
-                "cuArrayGetSparseProperties",
-                self.cuArrayGetSparseProperties.is_some(),
-            ),
+            ("cuArrayGetSparseProperties", self.cuArrayGetSparseProperties.is_some()),
             (
                 "cuCheckpointProcessCheckpoint",
                 self.cuCheckpointProcessCheckpoint.is_some(),
@@ -6774,34 +7591,16 @@ impl DriverApi {
                 "cuCheckpointProcessGetRestoreThreadId",
                 self.cuCheckpointProcessGetRestoreThreadId.is_some(),
             ),
-            (
-                "cuCheckpointProcessGetState",
-                self.cuCheckpointProcessGetState.is_some(),
-            ),
-            (
-                "cuCheckpointProcessLock",
-                self.cuCheckpointProcessLock.is_some(),
-            ),
-            (
-                "cuCheckpointProcessRestore",
-                self.cuCheckpointProcessRestore.is_some(),
-            ),
-            (
-                "cuCheckpointProcessUnlock",
-                self.cuCheckpointProcessUnlock.is_some(),
-            ),
-            (
-                "cuCoredumpGetAttribute",
-                self.cuCoredumpGetAttribute.is_some(),
-            ),
+            ("cuCheckpointProcessGetState", self.cuCheckpointProcessGetState.is_some()),
+            ("cuCheckpointProcessLock", self.cuCheckpointProcessLock.is_some()),
+            ("cuCheckpointProcessRestore", self.cuCheckpointProcessRestore.is_some()),
+            ("cuCheckpointProcessUnlock", self.cuCheckpointProcessUnlock.is_some()),
+            ("cuCoredumpGetAttribute", self.cuCoredumpGetAttribute.is_some()),
             (
                 "cuCoredumpGetAttributeGlobal",
                 self.cuCoredumpGetAttributeGlobal.is_some(),
             ),
-            (
-                "cuCoredumpSetAttribute",
-                self.cuCoredumpSetAttribute.is_some(),
-            ),
+            ("cuCoredumpSetAttribute", self.cuCoredumpSetAttribute.is_some()),
             (
                 "cuCoredumpSetAttributeGlobal",
                 self.cuCoredumpSetAttributeGlobal.is_some(),
@@ -6810,14 +7609,8 @@ impl DriverApi {
             ("cuCtxCreate_v4", self.cuCtxCreate_v4.is_some()),
             ("cuCtxDestroy_v2", self.cuCtxDestroy_v2.is_some()),
             ("cuCtxDetach", self.cuCtxDetach.is_some()),
-            (
-                "cuCtxDisablePeerAccess",
-                self.cuCtxDisablePeerAccess.is_some(),
-            ),
-            (
-                "cuCtxEnablePeerAccess",
-                self.cuCtxEnablePeerAccess.is_some(),
-            ),
+            ("cuCtxDisablePeerAccess", self.cuCtxDisablePeerAccess.is_some()),
+            ("cuCtxEnablePeerAccess", self.cuCtxEnablePeerAccess.is_some()),
             ("cuCtxFromGreenCtx", self.cuCtxFromGreenCtx.is_some()),
             ("cuCtxGetApiVersion", self.cuCtxGetApiVersion.is_some()),
             ("cuCtxGetCacheConfig", self.cuCtxGetCacheConfig.is_some()),
@@ -6829,71 +7622,32 @@ impl DriverApi {
             ("cuCtxGetFlags", self.cuCtxGetFlags.is_some()),
             ("cuCtxGetId", self.cuCtxGetId.is_some()),
             ("cuCtxGetLimit", self.cuCtxGetLimit.is_some()),
-            (
-                "cuCtxGetSharedMemConfig",
-                self.cuCtxGetSharedMemConfig.is_some(),
-            ),
-            (
-                "cuCtxGetStreamPriorityRange",
-                self.cuCtxGetStreamPriorityRange.is_some(),
-            ),
+            ("cuCtxGetSharedMemConfig", self.cuCtxGetSharedMemConfig.is_some()),
+            ("cuCtxGetStreamPriorityRange", self.cuCtxGetStreamPriorityRange.is_some()),
             ("cuCtxPopCurrent_v2", self.cuCtxPopCurrent_v2.is_some()),
             ("cuCtxPushCurrent_v2", self.cuCtxPushCurrent_v2.is_some()),
             ("cuCtxRecordEvent", self.cuCtxRecordEvent.is_some()),
-            (
-                "cuCtxResetPersistingL2Cache",
-                self.cuCtxResetPersistingL2Cache.is_some(),
-            ),
+            ("cuCtxResetPersistingL2Cache", self.cuCtxResetPersistingL2Cache.is_some()),
             ("cuCtxSetCacheConfig", self.cuCtxSetCacheConfig.is_some()),
             ("cuCtxSetCurrent", self.cuCtxSetCurrent.is_some()),
             ("cuCtxSetFlags", self.cuCtxSetFlags.is_some()),
             ("cuCtxSetLimit", self.cuCtxSetLimit.is_some()),
-            (
-                "cuCtxSetSharedMemConfig",
-                self.cuCtxSetSharedMemConfig.is_some(),
-            ),
+            ("cuCtxSetSharedMemConfig", self.cuCtxSetSharedMemConfig.is_some()),
             ("cuCtxSynchronize", self.cuCtxSynchronize.is_some()),
             ("cuCtxSynchronize_v2", self.cuCtxSynchronize_v2.is_some()),
             ("cuCtxWaitEvent", self.cuCtxWaitEvent.is_some()),
-            (
-                "cuDestroyExternalMemory",
-                self.cuDestroyExternalMemory.is_some(),
-            ),
-            (
-                "cuDestroyExternalSemaphore",
-                self.cuDestroyExternalSemaphore.is_some(),
-            ),
-            (
-                "cuDevResourceGenerateDesc",
-                self.cuDevResourceGenerateDesc.is_some(),
-            ),
-            (
-                "cuDevSmResourceSplitByCount",
-                self.cuDevSmResourceSplitByCount.is_some(),
-            ),
-            (
-                "cuDeviceCanAccessPeer",
-                self.cuDeviceCanAccessPeer.is_some(),
-            ),
-            (
-                "cuDeviceComputeCapability",
-                self.cuDeviceComputeCapability.is_some(),
-            ),
+            ("cuDestroyExternalMemory", self.cuDestroyExternalMemory.is_some()),
+            ("cuDestroyExternalSemaphore", self.cuDestroyExternalSemaphore.is_some()),
+            ("cuDevResourceGenerateDesc", self.cuDevResourceGenerateDesc.is_some()),
+            ("cuDevSmResourceSplitByCount", self.cuDevSmResourceSplitByCount.is_some()),
+            ("cuDeviceCanAccessPeer", self.cuDeviceCanAccessPeer.is_some()),
+            ("cuDeviceComputeCapability", self.cuDeviceComputeCapability.is_some()),
             ("cuDeviceGet", self.cuDeviceGet.is_some()),
             ("cuDeviceGetAttribute", self.cuDeviceGetAttribute.is_some()),
-            (
-                "cuDeviceGetByPCIBusId",
-                self.cuDeviceGetByPCIBusId.is_some(),
-            ),
+            ("cuDeviceGetByPCIBusId", self.cuDeviceGetByPCIBusId.is_some()),
             ("cuDeviceGetCount", self.cuDeviceGetCount.is_some()),
-            (
-                "cuDeviceGetDefaultMemPool",
-                self.cuDeviceGetDefaultMemPool.is_some(),
-            ),
-            (
-                "cuDeviceGetDevResource",
-                self.cuDeviceGetDevResource.is_some(),
-            ),
+            ("cuDeviceGetDefaultMemPool", self.cuDeviceGetDefaultMemPool.is_some()),
+            ("cuDeviceGetDevResource", self.cuDeviceGetDevResource.is_some()),
             (
                 "cuDeviceGetExecAffinitySupport",
                 self.cuDeviceGetExecAffinitySupport.is_some(),
@@ -6917,37 +7671,22 @@ impl DriverApi {
                 "cuDeviceGetP2PAtomicCapabilities",
                 self.cuDeviceGetP2PAtomicCapabilities.is_some(),
             ),
-            (
-                "cuDeviceGetP2PAttribute",
-                self.cuDeviceGetP2PAttribute.is_some(),
-            ),
+            ("cuDeviceGetP2PAttribute", self.cuDeviceGetP2PAttribute.is_some()),
             ("cuDeviceGetPCIBusId", self.cuDeviceGetPCIBusId.is_some()),
-            (
-                "cuDeviceGetProperties",
-                self.cuDeviceGetProperties.is_some(),
-            ),
+            ("cuDeviceGetProperties", self.cuDeviceGetProperties.is_some()),
             (
                 "cuDeviceGetTexture1DLinearMaxWidth",
                 self.cuDeviceGetTexture1DLinearMaxWidth.is_some(),
             ),
             ("cuDeviceGetUuid_v2", self.cuDeviceGetUuid_v2.is_some()),
             ("cuDeviceGraphMemTrim", self.cuDeviceGraphMemTrim.is_some()),
-            (
-                "cuDevicePrimaryCtxGetState",
-                self.cuDevicePrimaryCtxGetState.is_some(),
-            ),
+            ("cuDevicePrimaryCtxGetState", self.cuDevicePrimaryCtxGetState.is_some()),
             (
                 "cuDevicePrimaryCtxRelease_v2",
                 self.cuDevicePrimaryCtxRelease_v2.is_some(),
             ),
-            (
-                "cuDevicePrimaryCtxReset_v2",
-                self.cuDevicePrimaryCtxReset_v2.is_some(),
-            ),
-            (
-                "cuDevicePrimaryCtxRetain",
-                self.cuDevicePrimaryCtxRetain.is_some(),
-            ),
+            ("cuDevicePrimaryCtxReset_v2", self.cuDevicePrimaryCtxReset_v2.is_some()),
+            ("cuDevicePrimaryCtxRetain", self.cuDevicePrimaryCtxRetain.is_some()),
             (
                 "cuDevicePrimaryCtxSetFlags_v2",
                 self.cuDevicePrimaryCtxSetFlags_v2.is_some(),
@@ -6969,16 +7708,10 @@ impl DriverApi {
             ("cuDriverGetVersion", self.cuDriverGetVersion.is_some()),
             ("cuEventCreate", self.cuEventCreate.is_some()),
             ("cuEventDestroy_v2", self.cuEventDestroy_v2.is_some()),
-            (
-                "cuEventElapsedTime_v2",
-                self.cuEventElapsedTime_v2.is_some(),
-            ),
+            ("cuEventElapsedTime_v2", self.cuEventElapsedTime_v2.is_some()),
             ("cuEventQuery", self.cuEventQuery.is_some()),
             ("cuEventRecord", self.cuEventRecord.is_some()),
-            (
-                "cuEventRecordWithFlags",
-                self.cuEventRecordWithFlags.is_some(),
-            ),
+            ("cuEventRecordWithFlags", self.cuEventRecordWithFlags.is_some()),
             ("cuEventSynchronize", self.cuEventSynchronize.is_some()),
             (
                 "cuExternalMemoryGetMappedBuffer",
@@ -6988,10 +7721,7 @@ impl DriverApi {
                 "cuExternalMemoryGetMappedMipmappedArray",
                 self.cuExternalMemoryGetMappedMipmappedArray.is_some(),
             ),
-            (
-                "cuFlushGPUDirectRDMAWrites",
-                self.cuFlushGPUDirectRDMAWrites.is_some(),
-            ),
+            ("cuFlushGPUDirectRDMAWrites", self.cuFlushGPUDirectRDMAWrites.is_some()),
             ("cuFuncGetAttribute", self.cuFuncGetAttribute.is_some()),
             ("cuFuncGetModule", self.cuFuncGetModule.is_some()),
             ("cuFuncGetName", self.cuFuncGetName.is_some()),
@@ -7001,36 +7731,18 @@ impl DriverApi {
             ("cuFuncSetAttribute", self.cuFuncSetAttribute.is_some()),
             ("cuFuncSetBlockShape", self.cuFuncSetBlockShape.is_some()),
             ("cuFuncSetCacheConfig", self.cuFuncSetCacheConfig.is_some()),
-            (
-                "cuFuncSetSharedMemConfig",
-                self.cuFuncSetSharedMemConfig.is_some(),
-            ),
+            ("cuFuncSetSharedMemConfig", self.cuFuncSetSharedMemConfig.is_some()),
             ("cuFuncSetSharedSize", self.cuFuncSetSharedSize.is_some()),
             ("cuGetErrorName", self.cuGetErrorName.is_some()),
             ("cuGetErrorString", self.cuGetErrorString.is_some()),
             ("cuGetExportTable", self.cuGetExportTable.is_some()),
             ("cuGetProcAddress_v2", self.cuGetProcAddress_v2.is_some()),
-            (
-                "cuGraphAddBatchMemOpNode",
-                self.cuGraphAddBatchMemOpNode.is_some(),
-            ),
-            (
-                "cuGraphAddChildGraphNode",
-                self.cuGraphAddChildGraphNode.is_some(),
-            ),
-            (
-                "cuGraphAddDependencies_v2",
-                self.cuGraphAddDependencies_v2.is_some(),
-            ),
+            ("cuGraphAddBatchMemOpNode", self.cuGraphAddBatchMemOpNode.is_some()),
+            ("cuGraphAddChildGraphNode", self.cuGraphAddChildGraphNode.is_some()),
+            ("cuGraphAddDependencies_v2", self.cuGraphAddDependencies_v2.is_some()),
             ("cuGraphAddEmptyNode", self.cuGraphAddEmptyNode.is_some()),
-            (
-                "cuGraphAddEventRecordNode",
-                self.cuGraphAddEventRecordNode.is_some(),
-            ),
-            (
-                "cuGraphAddEventWaitNode",
-                self.cuGraphAddEventWaitNode.is_some(),
-            ),
+            ("cuGraphAddEventRecordNode", self.cuGraphAddEventRecordNode.is_some()),
+            ("cuGraphAddEventWaitNode", self.cuGraphAddEventWaitNode.is_some()),
             (
                 "cuGraphAddExternalSemaphoresSignalNode",
                 self.cuGraphAddExternalSemaphoresSignalNode.is_some(),
@@ -7040,18 +7752,9 @@ impl DriverApi {
                 self.cuGraphAddExternalSemaphoresWaitNode.is_some(),
             ),
             ("cuGraphAddHostNode", self.cuGraphAddHostNode.is_some()),
-            (
-                "cuGraphAddKernelNode_v2",
-                self.cuGraphAddKernelNode_v2.is_some(),
-            ),
-            (
-                "cuGraphAddMemAllocNode",
-                self.cuGraphAddMemAllocNode.is_some(),
-            ),
-            (
-                "cuGraphAddMemFreeNode",
-                self.cuGraphAddMemFreeNode.is_some(),
-            ),
+            ("cuGraphAddKernelNode_v2", self.cuGraphAddKernelNode_v2.is_some()),
+            ("cuGraphAddMemAllocNode", self.cuGraphAddMemAllocNode.is_some()),
+            ("cuGraphAddMemFreeNode", self.cuGraphAddMemFreeNode.is_some()),
             ("cuGraphAddMemcpyNode", self.cuGraphAddMemcpyNode.is_some()),
             ("cuGraphAddMemsetNode", self.cuGraphAddMemsetNode.is_some()),
             ("cuGraphAddNode_v2", self.cuGraphAddNode_v2.is_some()),
@@ -7111,13 +7814,11 @@ impl DriverApi {
             ),
             (
                 "cuGraphExecExternalSemaphoresSignalNodeSetParams",
-                self.cuGraphExecExternalSemaphoresSignalNodeSetParams
-                    .is_some(),
+                self.cuGraphExecExternalSemaphoresSignalNodeSetParams.is_some(),
             ),
             (
                 "cuGraphExecExternalSemaphoresWaitNodeSetParams",
-                self.cuGraphExecExternalSemaphoresWaitNodeSetParams
-                    .is_some(),
+                self.cuGraphExecExternalSemaphoresWaitNodeSetParams.is_some(),
             ),
             ("cuGraphExecGetFlags", self.cuGraphExecGetFlags.is_some()),
             (
@@ -7136,10 +7837,7 @@ impl DriverApi {
                 "cuGraphExecMemsetNodeSetParams",
                 self.cuGraphExecMemsetNodeSetParams.is_some(),
             ),
-            (
-                "cuGraphExecNodeSetParams",
-                self.cuGraphExecNodeSetParams.is_some(),
-            ),
+            ("cuGraphExecNodeSetParams", self.cuGraphExecNodeSetParams.is_some()),
             ("cuGraphExecUpdate_v2", self.cuGraphExecUpdate_v2.is_some()),
             (
                 "cuGraphExternalSemaphoresSignalNodeGetParams",
@@ -7160,18 +7858,9 @@ impl DriverApi {
             ("cuGraphGetEdges_v2", self.cuGraphGetEdges_v2.is_some()),
             ("cuGraphGetNodes", self.cuGraphGetNodes.is_some()),
             ("cuGraphGetRootNodes", self.cuGraphGetRootNodes.is_some()),
-            (
-                "cuGraphHostNodeGetParams",
-                self.cuGraphHostNodeGetParams.is_some(),
-            ),
-            (
-                "cuGraphHostNodeSetParams",
-                self.cuGraphHostNodeSetParams.is_some(),
-            ),
-            (
-                "cuGraphInstantiateWithFlags",
-                self.cuGraphInstantiateWithFlags.is_some(),
-            ),
+            ("cuGraphHostNodeGetParams", self.cuGraphHostNodeGetParams.is_some()),
+            ("cuGraphHostNodeSetParams", self.cuGraphHostNodeSetParams.is_some()),
+            ("cuGraphInstantiateWithFlags", self.cuGraphInstantiateWithFlags.is_some()),
             (
                 "cuGraphInstantiateWithParams",
                 self.cuGraphInstantiateWithParams.is_some(),
@@ -7201,30 +7890,12 @@ impl DriverApi {
                 "cuGraphMemAllocNodeGetParams",
                 self.cuGraphMemAllocNodeGetParams.is_some(),
             ),
-            (
-                "cuGraphMemFreeNodeGetParams",
-                self.cuGraphMemFreeNodeGetParams.is_some(),
-            ),
-            (
-                "cuGraphMemcpyNodeGetParams",
-                self.cuGraphMemcpyNodeGetParams.is_some(),
-            ),
-            (
-                "cuGraphMemcpyNodeSetParams",
-                self.cuGraphMemcpyNodeSetParams.is_some(),
-            ),
-            (
-                "cuGraphMemsetNodeGetParams",
-                self.cuGraphMemsetNodeGetParams.is_some(),
-            ),
-            (
-                "cuGraphMemsetNodeSetParams",
-                self.cuGraphMemsetNodeSetParams.is_some(),
-            ),
-            (
-                "cuGraphNodeFindInClone",
-                self.cuGraphNodeFindInClone.is_some(),
-            ),
+            ("cuGraphMemFreeNodeGetParams", self.cuGraphMemFreeNodeGetParams.is_some()),
+            ("cuGraphMemcpyNodeGetParams", self.cuGraphMemcpyNodeGetParams.is_some()),
+            ("cuGraphMemcpyNodeSetParams", self.cuGraphMemcpyNodeSetParams.is_some()),
+            ("cuGraphMemsetNodeGetParams", self.cuGraphMemsetNodeGetParams.is_some()),
+            ("cuGraphMemsetNodeSetParams", self.cuGraphMemsetNodeSetParams.is_some()),
+            ("cuGraphNodeFindInClone", self.cuGraphNodeFindInClone.is_some()),
             (
                 "cuGraphNodeGetDependencies_v2",
                 self.cuGraphNodeGetDependencies_v2.is_some(),
@@ -7233,33 +7904,18 @@ impl DriverApi {
                 "cuGraphNodeGetDependentNodes_v2",
                 self.cuGraphNodeGetDependentNodes_v2.is_some(),
             ),
-            (
-                "cuGraphNodeGetEnabled",
-                self.cuGraphNodeGetEnabled.is_some(),
-            ),
+            ("cuGraphNodeGetEnabled", self.cuGraphNodeGetEnabled.is_some()),
             ("cuGraphNodeGetType", self.cuGraphNodeGetType.is_some()),
-            (
-                "cuGraphNodeSetEnabled",
-                self.cuGraphNodeSetEnabled.is_some(),
-            ),
+            ("cuGraphNodeSetEnabled", self.cuGraphNodeSetEnabled.is_some()),
             ("cuGraphNodeSetParams", self.cuGraphNodeSetParams.is_some()),
-            (
-                "cuGraphReleaseUserObject",
-                self.cuGraphReleaseUserObject.is_some(),
-            ),
+            ("cuGraphReleaseUserObject", self.cuGraphReleaseUserObject.is_some()),
             (
                 "cuGraphRemoveDependencies_v2",
                 self.cuGraphRemoveDependencies_v2.is_some(),
             ),
-            (
-                "cuGraphRetainUserObject",
-                self.cuGraphRetainUserObject.is_some(),
-            ),
+            ("cuGraphRetainUserObject", self.cuGraphRetainUserObject.is_some()),
             ("cuGraphUpload", self.cuGraphUpload.is_some()),
-            (
-                "cuGraphicsMapResources",
-                self.cuGraphicsMapResources.is_some(),
-            ),
+            ("cuGraphicsMapResources", self.cuGraphicsMapResources.is_some()),
             (
                 "cuGraphicsResourceGetMappedMipmappedArray",
                 self.cuGraphicsResourceGetMappedMipmappedArray.is_some(),
@@ -7276,62 +7932,35 @@ impl DriverApi {
                 "cuGraphicsSubResourceGetMappedArray",
                 self.cuGraphicsSubResourceGetMappedArray.is_some(),
             ),
-            (
-                "cuGraphicsUnmapResources",
-                self.cuGraphicsUnmapResources.is_some(),
-            ),
+            ("cuGraphicsUnmapResources", self.cuGraphicsUnmapResources.is_some()),
             (
                 "cuGraphicsUnregisterResource",
                 self.cuGraphicsUnregisterResource.is_some(),
             ),
             ("cuGreenCtxCreate", self.cuGreenCtxCreate.is_some()),
             ("cuGreenCtxDestroy", self.cuGreenCtxDestroy.is_some()),
-            (
-                "cuGreenCtxGetDevResource",
-                self.cuGreenCtxGetDevResource.is_some(),
-            ),
+            ("cuGreenCtxGetDevResource", self.cuGreenCtxGetDevResource.is_some()),
             ("cuGreenCtxGetId", self.cuGreenCtxGetId.is_some()),
-            (
-                "cuGreenCtxRecordEvent",
-                self.cuGreenCtxRecordEvent.is_some(),
-            ),
-            (
-                "cuGreenCtxStreamCreate",
-                self.cuGreenCtxStreamCreate.is_some(),
-            ),
+            ("cuGreenCtxRecordEvent", self.cuGreenCtxRecordEvent.is_some()),
+            ("cuGreenCtxStreamCreate", self.cuGreenCtxStreamCreate.is_some()),
             ("cuGreenCtxWaitEvent", self.cuGreenCtxWaitEvent.is_some()),
-            (
-                "cuImportExternalMemory",
-                self.cuImportExternalMemory.is_some(),
-            ),
-            (
-                "cuImportExternalSemaphore",
-                self.cuImportExternalSemaphore.is_some(),
-            ),
+            ("cuImportExternalMemory", self.cuImportExternalMemory.is_some()),
+            ("cuImportExternalSemaphore", self.cuImportExternalSemaphore.is_some()),
             ("cuInit", self.cuInit.is_some()),
             ("cuIpcCloseMemHandle", self.cuIpcCloseMemHandle.is_some()),
             ("cuIpcGetEventHandle", self.cuIpcGetEventHandle.is_some()),
             ("cuIpcGetMemHandle", self.cuIpcGetMemHandle.is_some()),
             ("cuIpcOpenEventHandle", self.cuIpcOpenEventHandle.is_some()),
-            (
-                "cuIpcOpenMemHandle_v2",
-                self.cuIpcOpenMemHandle_v2.is_some(),
-            ),
+            ("cuIpcOpenMemHandle_v2", self.cuIpcOpenMemHandle_v2.is_some()),
             ("cuKernelGetAttribute", self.cuKernelGetAttribute.is_some()),
             ("cuKernelGetFunction", self.cuKernelGetFunction.is_some()),
             ("cuKernelGetLibrary", self.cuKernelGetLibrary.is_some()),
             ("cuKernelGetName", self.cuKernelGetName.is_some()),
             ("cuKernelGetParamInfo", self.cuKernelGetParamInfo.is_some()),
             ("cuKernelSetAttribute", self.cuKernelSetAttribute.is_some()),
-            (
-                "cuKernelSetCacheConfig",
-                self.cuKernelSetCacheConfig.is_some(),
-            ),
+            ("cuKernelSetCacheConfig", self.cuKernelSetCacheConfig.is_some()),
             ("cuLaunch", self.cuLaunch.is_some()),
-            (
-                "cuLaunchCooperativeKernel",
-                self.cuLaunchCooperativeKernel.is_some(),
-            ),
+            ("cuLaunchCooperativeKernel", self.cuLaunchCooperativeKernel.is_some()),
             (
                 "cuLaunchCooperativeKernelMultiDevice",
                 self.cuLaunchCooperativeKernelMultiDevice.is_some(),
@@ -7341,27 +7970,15 @@ impl DriverApi {
             ("cuLaunchHostFunc", self.cuLaunchHostFunc.is_some()),
             ("cuLaunchKernel", self.cuLaunchKernel.is_some()),
             ("cuLaunchKernelEx", self.cuLaunchKernelEx.is_some()),
-            (
-                "cuLibraryEnumerateKernels",
-                self.cuLibraryEnumerateKernels.is_some(),
-            ),
+            ("cuLibraryEnumerateKernels", self.cuLibraryEnumerateKernels.is_some()),
             ("cuLibraryGetGlobal", self.cuLibraryGetGlobal.is_some()),
             ("cuLibraryGetKernel", self.cuLibraryGetKernel.is_some()),
-            (
-                "cuLibraryGetKernelCount",
-                self.cuLibraryGetKernelCount.is_some(),
-            ),
+            ("cuLibraryGetKernelCount", self.cuLibraryGetKernelCount.is_some()),
             ("cuLibraryGetManaged", self.cuLibraryGetManaged.is_some()),
             ("cuLibraryGetModule", self.cuLibraryGetModule.is_some()),
-            (
-                "cuLibraryGetUnifiedFunction",
-                self.cuLibraryGetUnifiedFunction.is_some(),
-            ),
+            ("cuLibraryGetUnifiedFunction", self.cuLibraryGetUnifiedFunction.is_some()),
             ("cuLibraryLoadData", self.cuLibraryLoadData.is_some()),
-            (
-                "cuLibraryLoadFromFile",
-                self.cuLibraryLoadFromFile.is_some(),
-            ),
+            ("cuLibraryLoadFromFile", self.cuLibraryLoadFromFile.is_some()),
             ("cuLibraryUnload", self.cuLibraryUnload.is_some()),
             ("cuLinkAddData_v2", self.cuLinkAddData_v2.is_some()),
             ("cuLinkAddFile_v2", self.cuLinkAddFile_v2.is_some()),
@@ -7371,39 +7988,24 @@ impl DriverApi {
             ("cuLogsCurrent", self.cuLogsCurrent.is_some()),
             ("cuLogsDumpToFile", self.cuLogsDumpToFile.is_some()),
             ("cuLogsDumpToMemory", self.cuLogsDumpToMemory.is_some()),
-            (
-                "cuLogsRegisterCallback",
-                self.cuLogsRegisterCallback.is_some(),
-            ),
-            (
-                "cuLogsUnregisterCallback",
-                self.cuLogsUnregisterCallback.is_some(),
-            ),
+            ("cuLogsRegisterCallback", self.cuLogsRegisterCallback.is_some()),
+            ("cuLogsUnregisterCallback", self.cuLogsUnregisterCallback.is_some()),
             ("cuMemAddressFree", self.cuMemAddressFree.is_some()),
             ("cuMemAddressReserve", self.cuMemAddressReserve.is_some()),
             ("cuMemAdvise_v2", self.cuMemAdvise_v2.is_some()),
             ("cuMemAllocAsync", self.cuMemAllocAsync.is_some()),
-            (
-                "cuMemAllocFromPoolAsync",
-                self.cuMemAllocFromPoolAsync.is_some(),
-            ),
+            ("cuMemAllocFromPoolAsync", self.cuMemAllocFromPoolAsync.is_some()),
             ("cuMemAllocHost_v2", self.cuMemAllocHost_v2.is_some()),
             ("cuMemAllocManaged", self.cuMemAllocManaged.is_some()),
             ("cuMemAllocPitch_v2", self.cuMemAllocPitch_v2.is_some()),
             ("cuMemAlloc_v2", self.cuMemAlloc_v2.is_some()),
-            (
-                "cuMemBatchDecompressAsync",
-                self.cuMemBatchDecompressAsync.is_some(),
-            ),
+            ("cuMemBatchDecompressAsync", self.cuMemBatchDecompressAsync.is_some()),
             ("cuMemCreate", self.cuMemCreate.is_some()),
             (
                 "cuMemDiscardAndPrefetchBatchAsync",
                 self.cuMemDiscardAndPrefetchBatchAsync.is_some(),
             ),
-            (
-                "cuMemDiscardBatchAsync",
-                self.cuMemDiscardBatchAsync.is_some(),
-            ),
+            ("cuMemDiscardBatchAsync", self.cuMemDiscardBatchAsync.is_some()),
             (
                 "cuMemExportToShareableHandle",
                 self.cuMemExportToShareableHandle.is_some(),
@@ -7412,10 +8014,7 @@ impl DriverApi {
             ("cuMemFreeHost", self.cuMemFreeHost.is_some()),
             ("cuMemFree_v2", self.cuMemFree_v2.is_some()),
             ("cuMemGetAccess", self.cuMemGetAccess.is_some()),
-            (
-                "cuMemGetAddressRange_v2",
-                self.cuMemGetAddressRange_v2.is_some(),
-            ),
+            ("cuMemGetAddressRange_v2", self.cuMemGetAddressRange_v2.is_some()),
             (
                 "cuMemGetAllocationGranularity",
                 self.cuMemGetAllocationGranularity.is_some(),
@@ -7424,10 +8023,7 @@ impl DriverApi {
                 "cuMemGetAllocationPropertiesFromHandle",
                 self.cuMemGetAllocationPropertiesFromHandle.is_some(),
             ),
-            (
-                "cuMemGetDefaultMemPool",
-                self.cuMemGetDefaultMemPool.is_some(),
-            ),
+            ("cuMemGetDefaultMemPool", self.cuMemGetDefaultMemPool.is_some()),
             (
                 "cuMemGetHandleForAddressRange",
                 self.cuMemGetHandleForAddressRange.is_some(),
@@ -7450,69 +8046,36 @@ impl DriverApi {
             ("cuMemMapArrayAsync", self.cuMemMapArrayAsync.is_some()),
             ("cuMemPoolCreate", self.cuMemPoolCreate.is_some()),
             ("cuMemPoolDestroy", self.cuMemPoolDestroy.is_some()),
-            (
-                "cuMemPoolExportPointer",
-                self.cuMemPoolExportPointer.is_some(),
-            ),
+            ("cuMemPoolExportPointer", self.cuMemPoolExportPointer.is_some()),
             (
                 "cuMemPoolExportToShareableHandle",
                 self.cuMemPoolExportToShareableHandle.is_some(),
             ),
             ("cuMemPoolGetAccess", self.cuMemPoolGetAccess.is_some()),
-            (
-                "cuMemPoolGetAttribute",
-                self.cuMemPoolGetAttribute.is_some(),
-            ),
+            ("cuMemPoolGetAttribute", self.cuMemPoolGetAttribute.is_some()),
             (
                 "cuMemPoolImportFromShareableHandle",
                 self.cuMemPoolImportFromShareableHandle.is_some(),
             ),
-            (
-                "cuMemPoolImportPointer",
-                self.cuMemPoolImportPointer.is_some(),
-            ),
+            ("cuMemPoolImportPointer", self.cuMemPoolImportPointer.is_some()),
             ("cuMemPoolSetAccess", self.cuMemPoolSetAccess.is_some()),
-            (
-                "cuMemPoolSetAttribute",
-                self.cuMemPoolSetAttribute.is_some(),
-            ),
+            ("cuMemPoolSetAttribute", self.cuMemPoolSetAttribute.is_some()),
             ("cuMemPoolTrimTo", self.cuMemPoolTrimTo.is_some()),
-            (
-                "cuMemPrefetchAsync_v2",
-                self.cuMemPrefetchAsync_v2.is_some(),
-            ),
-            (
-                "cuMemPrefetchBatchAsync",
-                self.cuMemPrefetchBatchAsync.is_some(),
-            ),
-            (
-                "cuMemRangeGetAttribute",
-                self.cuMemRangeGetAttribute.is_some(),
-            ),
-            (
-                "cuMemRangeGetAttributes",
-                self.cuMemRangeGetAttributes.is_some(),
-            ),
+            ("cuMemPrefetchAsync_v2", self.cuMemPrefetchAsync_v2.is_some()),
+            ("cuMemPrefetchBatchAsync", self.cuMemPrefetchBatchAsync.is_some()),
+            ("cuMemRangeGetAttribute", self.cuMemRangeGetAttribute.is_some()),
+            ("cuMemRangeGetAttributes", self.cuMemRangeGetAttributes.is_some()),
             ("cuMemRelease", self.cuMemRelease.is_some()),
-            (
-                "cuMemRetainAllocationHandle",
-                self.cuMemRetainAllocationHandle.is_some(),
-            ),
+            ("cuMemRetainAllocationHandle", self.cuMemRetainAllocationHandle.is_some()),
             ("cuMemSetAccess", self.cuMemSetAccess.is_some()),
             ("cuMemSetMemPool", self.cuMemSetMemPool.is_some()),
             ("cuMemUnmap", self.cuMemUnmap.is_some()),
             ("cuMemcpy", self.cuMemcpy.is_some()),
             ("cuMemcpy2DAsync_v2", self.cuMemcpy2DAsync_v2.is_some()),
-            (
-                "cuMemcpy2DUnaligned_v2",
-                self.cuMemcpy2DUnaligned_v2.is_some(),
-            ),
+            ("cuMemcpy2DUnaligned_v2", self.cuMemcpy2DUnaligned_v2.is_some()),
             ("cuMemcpy2D_v2", self.cuMemcpy2D_v2.is_some()),
             ("cuMemcpy3DAsync_v2", self.cuMemcpy3DAsync_v2.is_some()),
-            (
-                "cuMemcpy3DBatchAsync_v2",
-                self.cuMemcpy3DBatchAsync_v2.is_some(),
-            ),
+            ("cuMemcpy3DBatchAsync_v2", self.cuMemcpy3DBatchAsync_v2.is_some()),
             ("cuMemcpy3DPeer", self.cuMemcpy3DPeer.is_some()),
             ("cuMemcpy3DPeerAsync", self.cuMemcpy3DPeerAsync.is_some()),
             ("cuMemcpy3D_v2", self.cuMemcpy3D_v2.is_some()),
@@ -7521,10 +8084,7 @@ impl DriverApi {
             ("cuMemcpyAtoD_v2", self.cuMemcpyAtoD_v2.is_some()),
             ("cuMemcpyAtoHAsync_v2", self.cuMemcpyAtoHAsync_v2.is_some()),
             ("cuMemcpyAtoH_v2", self.cuMemcpyAtoH_v2.is_some()),
-            (
-                "cuMemcpyBatchAsync_v2",
-                self.cuMemcpyBatchAsync_v2.is_some(),
-            ),
+            ("cuMemcpyBatchAsync_v2", self.cuMemcpyBatchAsync_v2.is_some()),
             ("cuMemcpyDtoA_v2", self.cuMemcpyDtoA_v2.is_some()),
             ("cuMemcpyDtoDAsync_v2", self.cuMemcpyDtoDAsync_v2.is_some()),
             ("cuMemcpyDtoD_v2", self.cuMemcpyDtoD_v2.is_some()),
@@ -7548,18 +8108,9 @@ impl DriverApi {
             ("cuMemsetD32_v2", self.cuMemsetD32_v2.is_some()),
             ("cuMemsetD8Async", self.cuMemsetD8Async.is_some()),
             ("cuMemsetD8_v2", self.cuMemsetD8_v2.is_some()),
-            (
-                "cuMipmappedArrayCreate",
-                self.cuMipmappedArrayCreate.is_some(),
-            ),
-            (
-                "cuMipmappedArrayDestroy",
-                self.cuMipmappedArrayDestroy.is_some(),
-            ),
-            (
-                "cuMipmappedArrayGetLevel",
-                self.cuMipmappedArrayGetLevel.is_some(),
-            ),
+            ("cuMipmappedArrayCreate", self.cuMipmappedArrayCreate.is_some()),
+            ("cuMipmappedArrayDestroy", self.cuMipmappedArrayDestroy.is_some()),
+            ("cuMipmappedArrayGetLevel", self.cuMipmappedArrayGetLevel.is_some()),
             (
                 "cuMipmappedArrayGetMemoryRequirements",
                 self.cuMipmappedArrayGetMemoryRequirements.is_some(),
@@ -7568,38 +8119,23 @@ impl DriverApi {
                 "cuMipmappedArrayGetSparseProperties",
                 self.cuMipmappedArrayGetSparseProperties.is_some(),
             ),
-            (
-                "cuModuleEnumerateFunctions",
-                self.cuModuleEnumerateFunctions.is_some(),
-            ),
+            ("cuModuleEnumerateFunctions", self.cuModuleEnumerateFunctions.is_some()),
             ("cuModuleGetFunction", self.cuModuleGetFunction.is_some()),
-            (
-                "cuModuleGetFunctionCount",
-                self.cuModuleGetFunctionCount.is_some(),
-            ),
+            ("cuModuleGetFunctionCount", self.cuModuleGetFunctionCount.is_some()),
             ("cuModuleGetGlobal_v2", self.cuModuleGetGlobal_v2.is_some()),
-            (
-                "cuModuleGetLoadingMode",
-                self.cuModuleGetLoadingMode.is_some(),
-            ),
+            ("cuModuleGetLoadingMode", self.cuModuleGetLoadingMode.is_some()),
             ("cuModuleGetSurfRef", self.cuModuleGetSurfRef.is_some()),
             ("cuModuleGetTexRef", self.cuModuleGetTexRef.is_some()),
             ("cuModuleLoad", self.cuModuleLoad.is_some()),
             ("cuModuleLoadData", self.cuModuleLoadData.is_some()),
             ("cuModuleLoadDataEx", self.cuModuleLoadDataEx.is_some()),
-            (
-                "cuModuleLoadFatBinary",
-                self.cuModuleLoadFatBinary.is_some(),
-            ),
+            ("cuModuleLoadFatBinary", self.cuModuleLoadFatBinary.is_some()),
             ("cuModuleUnload", self.cuModuleUnload.is_some()),
             ("cuMulticastAddDevice", self.cuMulticastAddDevice.is_some()),
             ("cuMulticastBindAddr", self.cuMulticastBindAddr.is_some()),
             ("cuMulticastBindMem", self.cuMulticastBindMem.is_some()),
             ("cuMulticastCreate", self.cuMulticastCreate.is_some()),
-            (
-                "cuMulticastGetGranularity",
-                self.cuMulticastGetGranularity.is_some(),
-            ),
+            ("cuMulticastGetGranularity", self.cuMulticastGetGranularity.is_some()),
             ("cuMulticastUnbind", self.cuMulticastUnbind.is_some()),
             (
                 "cuOccupancyAvailableDynamicSMemPerBlock",
@@ -7611,8 +8147,7 @@ impl DriverApi {
             ),
             (
                 "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-                self.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags
-                    .is_some(),
+                self.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags.is_some(),
             ),
             (
                 "cuOccupancyMaxActiveClusters",
@@ -7635,55 +8170,25 @@ impl DriverApi {
             ("cuParamSetf", self.cuParamSetf.is_some()),
             ("cuParamSeti", self.cuParamSeti.is_some()),
             ("cuParamSetv", self.cuParamSetv.is_some()),
-            (
-                "cuPointerGetAttribute",
-                self.cuPointerGetAttribute.is_some(),
-            ),
-            (
-                "cuPointerGetAttributes",
-                self.cuPointerGetAttributes.is_some(),
-            ),
-            (
-                "cuPointerSetAttribute",
-                self.cuPointerSetAttribute.is_some(),
-            ),
+            ("cuPointerGetAttribute", self.cuPointerGetAttribute.is_some()),
+            ("cuPointerGetAttributes", self.cuPointerGetAttributes.is_some()),
+            ("cuPointerSetAttribute", self.cuPointerSetAttribute.is_some()),
             (
                 "cuSignalExternalSemaphoresAsync",
                 self.cuSignalExternalSemaphoresAsync.is_some(),
             ),
             ("cuStreamAddCallback", self.cuStreamAddCallback.is_some()),
-            (
-                "cuStreamAttachMemAsync",
-                self.cuStreamAttachMemAsync.is_some(),
-            ),
-            (
-                "cuStreamBatchMemOp_v2",
-                self.cuStreamBatchMemOp_v2.is_some(),
-            ),
-            (
-                "cuStreamBeginCaptureToGraph",
-                self.cuStreamBeginCaptureToGraph.is_some(),
-            ),
-            (
-                "cuStreamBeginCapture_v2",
-                self.cuStreamBeginCapture_v2.is_some(),
-            ),
-            (
-                "cuStreamCopyAttributes",
-                self.cuStreamCopyAttributes.is_some(),
-            ),
+            ("cuStreamAttachMemAsync", self.cuStreamAttachMemAsync.is_some()),
+            ("cuStreamBatchMemOp_v2", self.cuStreamBatchMemOp_v2.is_some()),
+            ("cuStreamBeginCaptureToGraph", self.cuStreamBeginCaptureToGraph.is_some()),
+            ("cuStreamBeginCapture_v2", self.cuStreamBeginCapture_v2.is_some()),
+            ("cuStreamCopyAttributes", self.cuStreamCopyAttributes.is_some()),
             ("cuStreamCreate", self.cuStreamCreate.is_some()),
-            (
-                "cuStreamCreateWithPriority",
-                self.cuStreamCreateWithPriority.is_some(),
-            ),
+            ("cuStreamCreateWithPriority", self.cuStreamCreateWithPriority.is_some()),
             ("cuStreamDestroy_v2", self.cuStreamDestroy_v2.is_some()),
             ("cuStreamEndCapture", self.cuStreamEndCapture.is_some()),
             ("cuStreamGetAttribute", self.cuStreamGetAttribute.is_some()),
-            (
-                "cuStreamGetCaptureInfo_v3",
-                self.cuStreamGetCaptureInfo_v3.is_some(),
-            ),
+            ("cuStreamGetCaptureInfo_v3", self.cuStreamGetCaptureInfo_v3.is_some()),
             ("cuStreamGetCtx", self.cuStreamGetCtx.is_some()),
             ("cuStreamGetCtx_v2", self.cuStreamGetCtx_v2.is_some()),
             ("cuStreamGetDevice", self.cuStreamGetDevice.is_some()),
@@ -7700,144 +8205,54 @@ impl DriverApi {
                 self.cuStreamUpdateCaptureDependencies_v2.is_some(),
             ),
             ("cuStreamWaitEvent", self.cuStreamWaitEvent.is_some()),
-            (
-                "cuStreamWaitValue32_v2",
-                self.cuStreamWaitValue32_v2.is_some(),
-            ),
-            (
-                "cuStreamWaitValue64_v2",
-                self.cuStreamWaitValue64_v2.is_some(),
-            ),
-            (
-                "cuStreamWriteValue32_v2",
-                self.cuStreamWriteValue32_v2.is_some(),
-            ),
-            (
-                "cuStreamWriteValue64_v2",
-                self.cuStreamWriteValue64_v2.is_some(),
-            ),
+            ("cuStreamWaitValue32_v2", self.cuStreamWaitValue32_v2.is_some()),
+            ("cuStreamWaitValue64_v2", self.cuStreamWaitValue64_v2.is_some()),
+            ("cuStreamWriteValue32_v2", self.cuStreamWriteValue32_v2.is_some()),
+            ("cuStreamWriteValue64_v2", self.cuStreamWriteValue64_v2.is_some()),
             ("cuSurfObjectCreate", self.cuSurfObjectCreate.is_some()),
             ("cuSurfObjectDestroy", self.cuSurfObjectDestroy.is_some()),
-            (
-                "cuSurfObjectGetResourceDesc",
-                self.cuSurfObjectGetResourceDesc.is_some(),
-            ),
+            ("cuSurfObjectGetResourceDesc", self.cuSurfObjectGetResourceDesc.is_some()),
             ("cuSurfRefGetArray", self.cuSurfRefGetArray.is_some()),
             ("cuSurfRefSetArray", self.cuSurfRefSetArray.is_some()),
-            (
-                "cuTensorMapEncodeIm2col",
-                self.cuTensorMapEncodeIm2col.is_some(),
-            ),
-            (
-                "cuTensorMapEncodeIm2colWide",
-                self.cuTensorMapEncodeIm2colWide.is_some(),
-            ),
-            (
-                "cuTensorMapEncodeTiled",
-                self.cuTensorMapEncodeTiled.is_some(),
-            ),
-            (
-                "cuTensorMapReplaceAddress",
-                self.cuTensorMapReplaceAddress.is_some(),
-            ),
+            ("cuTensorMapEncodeIm2col", self.cuTensorMapEncodeIm2col.is_some()),
+            ("cuTensorMapEncodeIm2colWide", self.cuTensorMapEncodeIm2colWide.is_some()),
+            ("cuTensorMapEncodeTiled", self.cuTensorMapEncodeTiled.is_some()),
+            ("cuTensorMapReplaceAddress", self.cuTensorMapReplaceAddress.is_some()),
             ("cuTexObjectCreate", self.cuTexObjectCreate.is_some()),
             ("cuTexObjectDestroy", self.cuTexObjectDestroy.is_some()),
-            (
-                "cuTexObjectGetResourceDesc",
-                self.cuTexObjectGetResourceDesc.is_some(),
-            ),
+            ("cuTexObjectGetResourceDesc", self.cuTexObjectGetResourceDesc.is_some()),
             (
                 "cuTexObjectGetResourceViewDesc",
                 self.cuTexObjectGetResourceViewDesc.is_some(),
             ),
-            (
-                "cuTexObjectGetTextureDesc",
-                self.cuTexObjectGetTextureDesc.is_some(),
-            ),
+            ("cuTexObjectGetTextureDesc", self.cuTexObjectGetTextureDesc.is_some()),
             ("cuTexRefCreate", self.cuTexRefCreate.is_some()),
             ("cuTexRefDestroy", self.cuTexRefDestroy.is_some()),
-            (
-                "cuTexRefGetAddressMode",
-                self.cuTexRefGetAddressMode.is_some(),
-            ),
-            (
-                "cuTexRefGetAddress_v2",
-                self.cuTexRefGetAddress_v2.is_some(),
-            ),
+            ("cuTexRefGetAddressMode", self.cuTexRefGetAddressMode.is_some()),
+            ("cuTexRefGetAddress_v2", self.cuTexRefGetAddress_v2.is_some()),
             ("cuTexRefGetArray", self.cuTexRefGetArray.is_some()),
-            (
-                "cuTexRefGetBorderColor",
-                self.cuTexRefGetBorderColor.is_some(),
-            ),
-            (
-                "cuTexRefGetFilterMode",
-                self.cuTexRefGetFilterMode.is_some(),
-            ),
+            ("cuTexRefGetBorderColor", self.cuTexRefGetBorderColor.is_some()),
+            ("cuTexRefGetFilterMode", self.cuTexRefGetFilterMode.is_some()),
             ("cuTexRefGetFlags", self.cuTexRefGetFlags.is_some()),
             ("cuTexRefGetFormat", self.cuTexRefGetFormat.is_some()),
-            (
-                "cuTexRefGetMaxAnisotropy",
-                self.cuTexRefGetMaxAnisotropy.is_some(),
-            ),
-            (
-                "cuTexRefGetMipmapFilterMode",
-                self.cuTexRefGetMipmapFilterMode.is_some(),
-            ),
-            (
-                "cuTexRefGetMipmapLevelBias",
-                self.cuTexRefGetMipmapLevelBias.is_some(),
-            ),
-            (
-                "cuTexRefGetMipmapLevelClamp",
-                self.cuTexRefGetMipmapLevelClamp.is_some(),
-            ),
-            (
-                "cuTexRefGetMipmappedArray",
-                self.cuTexRefGetMipmappedArray.is_some(),
-            ),
-            (
-                "cuTexRefSetAddress2D_v3",
-                self.cuTexRefSetAddress2D_v3.is_some(),
-            ),
-            (
-                "cuTexRefSetAddressMode",
-                self.cuTexRefSetAddressMode.is_some(),
-            ),
-            (
-                "cuTexRefSetAddress_v2",
-                self.cuTexRefSetAddress_v2.is_some(),
-            ),
+            ("cuTexRefGetMaxAnisotropy", self.cuTexRefGetMaxAnisotropy.is_some()),
+            ("cuTexRefGetMipmapFilterMode", self.cuTexRefGetMipmapFilterMode.is_some()),
+            ("cuTexRefGetMipmapLevelBias", self.cuTexRefGetMipmapLevelBias.is_some()),
+            ("cuTexRefGetMipmapLevelClamp", self.cuTexRefGetMipmapLevelClamp.is_some()),
+            ("cuTexRefGetMipmappedArray", self.cuTexRefGetMipmappedArray.is_some()),
+            ("cuTexRefSetAddress2D_v3", self.cuTexRefSetAddress2D_v3.is_some()),
+            ("cuTexRefSetAddressMode", self.cuTexRefSetAddressMode.is_some()),
+            ("cuTexRefSetAddress_v2", self.cuTexRefSetAddress_v2.is_some()),
             ("cuTexRefSetArray", self.cuTexRefSetArray.is_some()),
-            (
-                "cuTexRefSetBorderColor",
-                self.cuTexRefSetBorderColor.is_some(),
-            ),
-            (
-                "cuTexRefSetFilterMode",
-                self.cuTexRefSetFilterMode.is_some(),
-            ),
+            ("cuTexRefSetBorderColor", self.cuTexRefSetBorderColor.is_some()),
+            ("cuTexRefSetFilterMode", self.cuTexRefSetFilterMode.is_some()),
             ("cuTexRefSetFlags", self.cuTexRefSetFlags.is_some()),
             ("cuTexRefSetFormat", self.cuTexRefSetFormat.is_some()),
-            (
-                "cuTexRefSetMaxAnisotropy",
-                self.cuTexRefSetMaxAnisotropy.is_some(),
-            ),
-            (
-                "cuTexRefSetMipmapFilterMode",
-                self.cuTexRefSetMipmapFilterMode.is_some(),
-            ),
-            (
-                "cuTexRefSetMipmapLevelBias",
-                self.cuTexRefSetMipmapLevelBias.is_some(),
-            ),
-            (
-                "cuTexRefSetMipmapLevelClamp",
-                self.cuTexRefSetMipmapLevelClamp.is_some(),
-            ),
-            (
-                "cuTexRefSetMipmappedArray",
-                self.cuTexRefSetMipmappedArray.is_some(),
-            ),
+            ("cuTexRefSetMaxAnisotropy", self.cuTexRefSetMaxAnisotropy.is_some()),
+            ("cuTexRefSetMipmapFilterMode", self.cuTexRefSetMipmapFilterMode.is_some()),
+            ("cuTexRefSetMipmapLevelBias", self.cuTexRefSetMipmapLevelBias.is_some()),
+            ("cuTexRefSetMipmapLevelClamp", self.cuTexRefSetMipmapLevelClamp.is_some()),
+            ("cuTexRefSetMipmappedArray", self.cuTexRefSetMipmappedArray.is_some()),
             (
                 "cuThreadExchangeStreamCaptureMode",
                 self.cuThreadExchangeStreamCaptureMode.is_some(),
@@ -7853,8 +8268,8 @@ impl DriverApi {
     }
     /** Calls `cuArray3DCreate_v2` (the header's `cuArray3DCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArray3DCreate(
         &self,
@@ -7863,17 +8278,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArray3DCreate_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pHandle, pAllocateArray), "cuArray3DCreate_v2")
+                crate::error::check(
+                    driver_fn__(pHandle, pAllocateArray),
+                    "cuArray3DCreate_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArray3DCreate_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArray3DCreate_v2",
+                })
+            }
         }
     }
     /** Calls `cuArray3DGetDescriptor_v2` (the header's `cuArray3DGetDescriptor`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArray3DGetDescriptor(
         &self,
@@ -7881,19 +8301,23 @@ impl DriverApi {
         hArray: CUarray,
     ) -> Result<(), crate::error::Error> {
         match self.cuArray3DGetDescriptor_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pArrayDescriptor, hArray),
-                "cuArray3DGetDescriptor_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArray3DGetDescriptor_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pArrayDescriptor, hArray),
+                    "cuArray3DGetDescriptor_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArray3DGetDescriptor_v2",
+                })
+            }
         }
     }
     /** Calls `cuArrayCreate_v2` (the header's `cuArrayCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArrayCreate(
         &self,
@@ -7902,30 +8326,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayCreate_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pHandle, pAllocateArray), "cuArrayCreate_v2")
+                crate::error::check(
+                    driver_fn__(pHandle, pAllocateArray),
+                    "cuArrayCreate_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayCreate_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayCreate_v2",
+                })
+            }
         }
     }
     /** Calls `cuArrayDestroy` (the header's `cuArrayDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuArrayDestroy(&self, hArray: CUarray) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuArrayDestroy(
+        &self,
+        hArray: CUarray,
+    ) -> Result<(), crate::error::Error> {
         match self.cuArrayDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hArray), "cuArrayDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hArray), "cuArrayDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayDestroy",
+                })
+            }
         }
     }
     /** Calls `cuArrayGetDescriptor_v2` (the header's `cuArrayGetDescriptor`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArrayGetDescriptor(
         &self,
@@ -7933,19 +8369,23 @@ impl DriverApi {
         hArray: CUarray,
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetDescriptor_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pArrayDescriptor, hArray),
-                "cuArrayGetDescriptor_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayGetDescriptor_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pArrayDescriptor, hArray),
+                    "cuArrayGetDescriptor_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayGetDescriptor_v2",
+                })
+            }
         }
     }
     /** Calls `cuArrayGetMemoryRequirements` (the header's `cuArrayGetMemoryRequirements`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArrayGetMemoryRequirements(
         &self,
@@ -7954,19 +8394,23 @@ impl DriverApi {
         device: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetMemoryRequirements {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(memoryRequirements, array, device),
-                "cuArrayGetMemoryRequirements",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayGetMemoryRequirements",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(memoryRequirements, array, device),
+                    "cuArrayGetMemoryRequirements",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayGetMemoryRequirements",
+                })
+            }
         }
     }
     /** Calls `cuArrayGetPlane` (the header's `cuArrayGetPlane`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArrayGetPlane(
         &self,
@@ -7975,19 +8419,23 @@ impl DriverApi {
         planeIdx: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetPlane {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pPlaneArray, hArray, planeIdx),
-                "cuArrayGetPlane",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayGetPlane",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pPlaneArray, hArray, planeIdx),
+                    "cuArrayGetPlane",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayGetPlane",
+                })
+            }
         }
     }
     /** Calls `cuArrayGetSparseProperties` (the header's `cuArrayGetSparseProperties`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuArrayGetSparseProperties(
         &self,
@@ -7995,19 +8443,23 @@ impl DriverApi {
         array: CUarray,
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetSparseProperties {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(sparseProperties, array),
-                "cuArrayGetSparseProperties",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuArrayGetSparseProperties",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(sparseProperties, array),
+                    "cuArrayGetSparseProperties",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuArrayGetSparseProperties",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessCheckpoint` (the header's `cuCheckpointProcessCheckpoint`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessCheckpoint(
         &self,
@@ -8016,17 +8468,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessCheckpoint {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessCheckpoint")
+                crate::error::check(
+                    driver_fn__(pid, args),
+                    "cuCheckpointProcessCheckpoint",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessCheckpoint",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessCheckpoint",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessGetRestoreThreadId` (the header's `cuCheckpointProcessGetRestoreThreadId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessGetRestoreThreadId(
         &self,
@@ -8034,19 +8491,23 @@ impl DriverApi {
         tid: *mut ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessGetRestoreThreadId {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pid, tid),
-                "cuCheckpointProcessGetRestoreThreadId",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessGetRestoreThreadId",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pid, tid),
+                    "cuCheckpointProcessGetRestoreThreadId",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessGetRestoreThreadId",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessGetState` (the header's `cuCheckpointProcessGetState`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessGetState(
         &self,
@@ -8055,17 +8516,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessGetState {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pid, state), "cuCheckpointProcessGetState")
+                crate::error::check(
+                    driver_fn__(pid, state),
+                    "cuCheckpointProcessGetState",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessGetState",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessGetState",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessLock` (the header's `cuCheckpointProcessLock`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessLock(
         &self,
@@ -8076,15 +8542,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessLock")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessLock",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessLock",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessRestore` (the header's `cuCheckpointProcessRestore`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessRestore(
         &self,
@@ -8095,15 +8563,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessRestore")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessRestore",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessRestore",
+                })
+            }
         }
     }
     /** Calls `cuCheckpointProcessUnlock` (the header's `cuCheckpointProcessUnlock`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCheckpointProcessUnlock(
         &self,
@@ -8114,15 +8584,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessUnlock")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCheckpointProcessUnlock",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCheckpointProcessUnlock",
+                })
+            }
         }
     }
     /** Calls `cuCoredumpGetAttribute` (the header's `cuCoredumpGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCoredumpGetAttribute(
         &self,
@@ -8132,17 +8604,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpGetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(attrib, value, size), "cuCoredumpGetAttribute")
+                crate::error::check(
+                    driver_fn__(attrib, value, size),
+                    "cuCoredumpGetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCoredumpGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCoredumpGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuCoredumpGetAttributeGlobal` (the header's `cuCoredumpGetAttributeGlobal`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCoredumpGetAttributeGlobal(
         &self,
@@ -8151,19 +8628,23 @@ impl DriverApi {
         size: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpGetAttributeGlobal {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(attrib, value, size),
-                "cuCoredumpGetAttributeGlobal",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCoredumpGetAttributeGlobal",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(attrib, value, size),
+                    "cuCoredumpGetAttributeGlobal",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCoredumpGetAttributeGlobal",
+                })
+            }
         }
     }
     /** Calls `cuCoredumpSetAttribute` (the header's `cuCoredumpSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCoredumpSetAttribute(
         &self,
@@ -8173,17 +8654,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpSetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(attrib, value, size), "cuCoredumpSetAttribute")
+                crate::error::check(
+                    driver_fn__(attrib, value, size),
+                    "cuCoredumpSetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCoredumpSetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCoredumpSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuCoredumpSetAttributeGlobal` (the header's `cuCoredumpSetAttributeGlobal`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCoredumpSetAttributeGlobal(
         &self,
@@ -8192,19 +8678,23 @@ impl DriverApi {
         size: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpSetAttributeGlobal {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(attrib, value, size),
-                "cuCoredumpSetAttributeGlobal",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCoredumpSetAttributeGlobal",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(attrib, value, size),
+                    "cuCoredumpSetAttributeGlobal",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCoredumpSetAttributeGlobal",
+                })
+            }
         }
     }
     /** Calls `cuCtxAttach` (the header's `cuCtxAttach`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxAttach(
         &self,
@@ -8212,16 +8702,20 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxAttach {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pctx, flags), "cuCtxAttach"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxAttach",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pctx, flags), "cuCtxAttach")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxAttach",
+                })
+            }
         }
     }
     /** Calls `cuCtxCreate_v4` (the header's `cuCtxCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxCreate(
         &self,
@@ -8231,45 +8725,56 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxCreate_v4 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pctx, ctxCreateParams, flags, dev),
-                "cuCtxCreate_v4",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxCreate_v4",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pctx, ctxCreateParams, flags, dev),
+                    "cuCtxCreate_v4",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxCreate_v4",
+                })
+            }
         }
     }
     /** Calls `cuCtxDestroy_v2` (the header's `cuCtxDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxDestroy(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxDestroy(
+        &self,
+        ctx: CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxDestroy_v2 {
             Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxDestroy_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxDestroy_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxDestroy_v2",
+                })
+            }
         }
     }
     /** Calls `cuCtxDetach` (the header's `cuCtxDetach`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxDetach(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
         match self.cuCtxDetach {
             Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxDetach"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxDetach",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxDetach",
+                })
+            }
         }
     }
     /** Calls `cuCtxDisablePeerAccess` (the header's `cuCtxDisablePeerAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxDisablePeerAccess(
         &self,
@@ -8279,15 +8784,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(peerContext), "cuCtxDisablePeerAccess")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxDisablePeerAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxDisablePeerAccess",
+                })
+            }
         }
     }
     /** Calls `cuCtxEnablePeerAccess` (the header's `cuCtxEnablePeerAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxEnablePeerAccess(
         &self,
@@ -8296,17 +8803,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxEnablePeerAccess {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(peerContext, Flags), "cuCtxEnablePeerAccess")
+                crate::error::check(
+                    driver_fn__(peerContext, Flags),
+                    "cuCtxEnablePeerAccess",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxEnablePeerAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxEnablePeerAccess",
+                })
+            }
         }
     }
     /** Calls `cuCtxFromGreenCtx` (the header's `cuCtxFromGreenCtx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxFromGreenCtx(
         &self,
@@ -8317,15 +8829,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pContext, hCtx), "cuCtxFromGreenCtx")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxFromGreenCtx",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxFromGreenCtx",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetApiVersion` (the header's `cuCtxGetApiVersion`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetApiVersion(
         &self,
@@ -8336,44 +8850,57 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(ctx, version), "cuCtxGetApiVersion")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetApiVersion",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetApiVersion",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetCacheConfig` (the header's `cuCtxGetCacheConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetCacheConfig(
         &self,
         pconfig: *mut CUfunc_cache,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetCacheConfig {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pconfig), "cuCtxGetCacheConfig"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetCacheConfig",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pconfig), "cuCtxGetCacheConfig")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetCacheConfig",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetCurrent` (the header's `cuCtxGetCurrent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxGetCurrent(&self, pctx: *mut CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxGetCurrent(
+        &self,
+        pctx: *mut CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetCurrent {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pctx), "cuCtxGetCurrent"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetCurrent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pctx), "cuCtxGetCurrent")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetCurrent",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetDevResource` (the header's `cuCtxGetDevResource`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetDevResource(
         &self,
@@ -8383,30 +8910,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevResource {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hCtx, resource, type_), "cuCtxGetDevResource")
+                crate::error::check(
+                    driver_fn__(hCtx, resource, type_),
+                    "cuCtxGetDevResource",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetDevResource",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetDevResource",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetDevice` (the header's `cuCtxGetDevice`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxGetDevice(&self, device: *mut CUdevice) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxGetDevice(
+        &self,
+        device: *mut CUdevice,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevice {
-            Some(driver_fn__) => crate::error::check(driver_fn__(device), "cuCtxGetDevice"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetDevice",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(device), "cuCtxGetDevice")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetDevice",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetDevice_v2` (the header's `cuCtxGetDevice`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetDevice_v2(
         &self,
@@ -8414,16 +8953,20 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevice_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(device, ctx), "cuCtxGetDevice_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetDevice_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(device, ctx), "cuCtxGetDevice_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetDevice_v2",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetExecAffinity` (the header's `cuCtxGetExecAffinity`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetExecAffinity(
         &self,
@@ -8432,17 +8975,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetExecAffinity {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pExecAffinity, type_), "cuCtxGetExecAffinity")
+                crate::error::check(
+                    driver_fn__(pExecAffinity, type_),
+                    "cuCtxGetExecAffinity",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetExecAffinity",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetExecAffinity",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetFlags` (the header's `cuCtxGetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetFlags(
         &self,
@@ -8450,15 +8998,17 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetFlags {
             Some(driver_fn__) => crate::error::check(driver_fn__(flags), "cuCtxGetFlags"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetFlags",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetId` (the header's `cuCtxGetId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetId(
         &self,
@@ -8466,16 +9016,20 @@ impl DriverApi {
         ctxId: *mut ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetId {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx, ctxId), "cuCtxGetId"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetId",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(ctx, ctxId), "cuCtxGetId")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetId",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetLimit` (the header's `cuCtxGetLimit`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetLimit(
         &self,
@@ -8483,16 +9037,20 @@ impl DriverApi {
         limit: CUlimit,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetLimit {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pvalue, limit), "cuCtxGetLimit"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetLimit",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pvalue, limit), "cuCtxGetLimit")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetLimit",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetSharedMemConfig` (the header's `cuCtxGetSharedMemConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetSharedMemConfig(
         &self,
@@ -8502,15 +9060,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pConfig), "cuCtxGetSharedMemConfig")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetSharedMemConfig",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetSharedMemConfig",
+                })
+            }
         }
     }
     /** Calls `cuCtxGetStreamPriorityRange` (the header's `cuCtxGetStreamPriorityRange`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxGetStreamPriorityRange(
         &self,
@@ -8518,45 +9078,63 @@ impl DriverApi {
         greatestPriority: *mut ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetStreamPriorityRange {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(leastPriority, greatestPriority),
-                "cuCtxGetStreamPriorityRange",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxGetStreamPriorityRange",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(leastPriority, greatestPriority),
+                    "cuCtxGetStreamPriorityRange",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxGetStreamPriorityRange",
+                })
+            }
         }
     }
     /** Calls `cuCtxPopCurrent_v2` (the header's `cuCtxPopCurrent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxPopCurrent(&self, pctx: *mut CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxPopCurrent(
+        &self,
+        pctx: *mut CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxPopCurrent_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pctx), "cuCtxPopCurrent_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxPopCurrent_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pctx), "cuCtxPopCurrent_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxPopCurrent_v2",
+                })
+            }
         }
     }
     /** Calls `cuCtxPushCurrent_v2` (the header's `cuCtxPushCurrent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxPushCurrent(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxPushCurrent(
+        &self,
+        ctx: CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxPushCurrent_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxPushCurrent_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxPushCurrent_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(ctx), "cuCtxPushCurrent_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxPushCurrent_v2",
+                })
+            }
         }
     }
     /** Calls `cuCtxRecordEvent` (the header's `cuCtxRecordEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxRecordEvent(
         &self,
@@ -8564,58 +9142,75 @@ impl DriverApi {
         hEvent: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxRecordEvent {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxRecordEvent"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxRecordEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxRecordEvent")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxRecordEvent",
+                })
+            }
         }
     }
     /** Calls `cuCtxResetPersistingL2Cache` (the header's `cuCtxResetPersistingL2Cache`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxResetPersistingL2Cache(&self) -> Result<(), crate::error::Error> {
         match self.cuCtxResetPersistingL2Cache {
-            Some(driver_fn__) => crate::error::check(driver_fn__(), "cuCtxResetPersistingL2Cache"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxResetPersistingL2Cache",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(), "cuCtxResetPersistingL2Cache")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxResetPersistingL2Cache",
+                })
+            }
         }
     }
     /** Calls `cuCtxSetCacheConfig` (the header's `cuCtxSetCacheConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxSetCacheConfig(
         &self,
         config: CUfunc_cache,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetCacheConfig {
-            Some(driver_fn__) => crate::error::check(driver_fn__(config), "cuCtxSetCacheConfig"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSetCacheConfig",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(config), "cuCtxSetCacheConfig")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSetCacheConfig",
+                })
+            }
         }
     }
     /** Calls `cuCtxSetCurrent` (the header's `cuCtxSetCurrent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxSetCurrent(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxSetCurrent(
+        &self,
+        ctx: CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetCurrent {
             Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxSetCurrent"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSetCurrent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSetCurrent",
+                })
+            }
         }
     }
     /** Calls `cuCtxSetFlags` (the header's `cuCtxSetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxSetFlags(
         &self,
@@ -8623,15 +9218,17 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetFlags {
             Some(driver_fn__) => crate::error::check(driver_fn__(flags), "cuCtxSetFlags"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSetFlags",
+                })
+            }
         }
     }
     /** Calls `cuCtxSetLimit` (the header's `cuCtxSetLimit`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxSetLimit(
         &self,
@@ -8639,16 +9236,20 @@ impl DriverApi {
         value: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetLimit {
-            Some(driver_fn__) => crate::error::check(driver_fn__(limit, value), "cuCtxSetLimit"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSetLimit",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(limit, value), "cuCtxSetLimit")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSetLimit",
+                })
+            }
         }
     }
     /** Calls `cuCtxSetSharedMemConfig` (the header's `cuCtxSetSharedMemConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxSetSharedMemConfig(
         &self,
@@ -8658,41 +9259,52 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(config), "cuCtxSetSharedMemConfig")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSetSharedMemConfig",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSetSharedMemConfig",
+                })
+            }
         }
     }
     /** Calls `cuCtxSynchronize` (the header's `cuCtxSynchronize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxSynchronize(&self) -> Result<(), crate::error::Error> {
         match self.cuCtxSynchronize {
             Some(driver_fn__) => crate::error::check(driver_fn__(), "cuCtxSynchronize"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSynchronize",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSynchronize",
+                })
+            }
         }
     }
     /** Calls `cuCtxSynchronize_v2` (the header's `cuCtxSynchronize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuCtxSynchronize_v2(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuCtxSynchronize_v2(
+        &self,
+        ctx: CUcontext,
+    ) -> Result<(), crate::error::Error> {
         match self.cuCtxSynchronize_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxSynchronize_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxSynchronize_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(ctx), "cuCtxSynchronize_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxSynchronize_v2",
+                })
+            }
         }
     }
     /** Calls `cuCtxWaitEvent` (the header's `cuCtxWaitEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuCtxWaitEvent(
         &self,
@@ -8700,16 +9312,20 @@ impl DriverApi {
         hEvent: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxWaitEvent {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxWaitEvent"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuCtxWaitEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxWaitEvent")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuCtxWaitEvent",
+                })
+            }
         }
     }
     /** Calls `cuDestroyExternalMemory` (the header's `cuDestroyExternalMemory`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDestroyExternalMemory(
         &self,
@@ -8719,15 +9335,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(extMem), "cuDestroyExternalMemory")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDestroyExternalMemory",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDestroyExternalMemory",
+                })
+            }
         }
     }
     /** Calls `cuDestroyExternalSemaphore` (the header's `cuDestroyExternalSemaphore`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDestroyExternalSemaphore(
         &self,
@@ -8737,15 +9355,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(extSem), "cuDestroyExternalSemaphore")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDestroyExternalSemaphore",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDestroyExternalSemaphore",
+                })
+            }
         }
     }
     /** Calls `cuDevResourceGenerateDesc` (the header's `cuDevResourceGenerateDesc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevResourceGenerateDesc(
         &self,
@@ -8754,19 +9374,23 @@ impl DriverApi {
         nbResources: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuDevResourceGenerateDesc {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phDesc, resources, nbResources),
-                "cuDevResourceGenerateDesc",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevResourceGenerateDesc",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phDesc, resources, nbResources),
+                    "cuDevResourceGenerateDesc",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevResourceGenerateDesc",
+                })
+            }
         }
     }
     /** Calls `cuDevSmResourceSplitByCount` (the header's `cuDevSmResourceSplitByCount`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevSmResourceSplitByCount(
         &self,
@@ -8778,19 +9402,23 @@ impl DriverApi {
         minCount: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuDevSmResourceSplitByCount {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(result, nbGroups, input, remaining, useFlags, minCount),
-                "cuDevSmResourceSplitByCount",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevSmResourceSplitByCount",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(result, nbGroups, input, remaining, useFlags, minCount),
+                    "cuDevSmResourceSplitByCount",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevSmResourceSplitByCount",
+                })
+            }
         }
     }
     /** Calls `cuDeviceCanAccessPeer` (the header's `cuDeviceCanAccessPeer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceCanAccessPeer(
         &self,
@@ -8799,19 +9427,23 @@ impl DriverApi {
         peerDev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceCanAccessPeer {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(canAccessPeer, dev, peerDev),
-                "cuDeviceCanAccessPeer",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceCanAccessPeer",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(canAccessPeer, dev, peerDev),
+                    "cuDeviceCanAccessPeer",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceCanAccessPeer",
+                })
+            }
         }
     }
     /** Calls `cuDeviceComputeCapability` (the header's `cuDeviceComputeCapability`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceComputeCapability(
         &self,
@@ -8821,17 +9453,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceComputeCapability {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(major, minor, dev), "cuDeviceComputeCapability")
+                crate::error::check(
+                    driver_fn__(major, minor, dev),
+                    "cuDeviceComputeCapability",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceComputeCapability",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceComputeCapability",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGet` (the header's `cuDeviceGet`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGet(
         &self,
@@ -8839,16 +9476,20 @@ impl DriverApi {
         ordinal: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGet {
-            Some(driver_fn__) => crate::error::check(driver_fn__(device, ordinal), "cuDeviceGet"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGet",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(device, ordinal), "cuDeviceGet")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGet",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetAttribute` (the header's `cuDeviceGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetAttribute(
         &self,
@@ -8860,15 +9501,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pi, attrib, dev), "cuDeviceGetAttribute")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetByPCIBusId` (the header's `cuDeviceGetByPCIBusId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetByPCIBusId(
         &self,
@@ -8879,31 +9522,37 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dev, pciBusId), "cuDeviceGetByPCIBusId")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetByPCIBusId",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetByPCIBusId",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetCount` (the header's `cuDeviceGetCount`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetCount(
         &self,
         count: *mut ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetCount {
-            Some(driver_fn__) => crate::error::check(driver_fn__(count), "cuDeviceGetCount"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetCount",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(count), "cuDeviceGetCount")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetCount",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetDefaultMemPool` (the header's `cuDeviceGetDefaultMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetDefaultMemPool(
         &self,
@@ -8912,17 +9561,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetDefaultMemPool {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pool_out, dev), "cuDeviceGetDefaultMemPool")
+                crate::error::check(
+                    driver_fn__(pool_out, dev),
+                    "cuDeviceGetDefaultMemPool",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetDefaultMemPool",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetDefaultMemPool",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetDevResource` (the header's `cuDeviceGetDevResource`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetDevResource(
         &self,
@@ -8931,19 +9585,23 @@ impl DriverApi {
         type_: CUdevResourceType,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetDevResource {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(device, resource, type_),
-                "cuDeviceGetDevResource",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetDevResource",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(device, resource, type_),
+                    "cuDeviceGetDevResource",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetDevResource",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetExecAffinitySupport` (the header's `cuDeviceGetExecAffinitySupport`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetExecAffinitySupport(
         &self,
@@ -8952,19 +9610,23 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetExecAffinitySupport {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pi, type_, dev),
-                "cuDeviceGetExecAffinitySupport",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetExecAffinitySupport",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pi, type_, dev),
+                    "cuDeviceGetExecAffinitySupport",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetExecAffinitySupport",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetGraphMemAttribute` (the header's `cuDeviceGetGraphMemAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetGraphMemAttribute(
         &self,
@@ -8973,19 +9635,23 @@ impl DriverApi {
         value: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetGraphMemAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(device, attr, value),
-                "cuDeviceGetGraphMemAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetGraphMemAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(device, attr, value),
+                    "cuDeviceGetGraphMemAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetGraphMemAttribute",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetHostAtomicCapabilities` (the header's `cuDeviceGetHostAtomicCapabilities`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetHostAtomicCapabilities(
         &self,
@@ -8995,19 +9661,23 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetHostAtomicCapabilities {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(capabilities, operations, count, dev),
-                "cuDeviceGetHostAtomicCapabilities",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetHostAtomicCapabilities",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(capabilities, operations, count, dev),
+                    "cuDeviceGetHostAtomicCapabilities",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetHostAtomicCapabilities",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetLuid` (the header's `cuDeviceGetLuid`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetLuid(
         &self,
@@ -9017,17 +9687,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetLuid {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(luid, deviceNodeMask, dev), "cuDeviceGetLuid")
+                crate::error::check(
+                    driver_fn__(luid, deviceNodeMask, dev),
+                    "cuDeviceGetLuid",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetLuid",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetLuid",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetMemPool` (the header's `cuDeviceGetMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetMemPool(
         &self,
@@ -9035,16 +9710,20 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetMemPool {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pool, dev), "cuDeviceGetMemPool"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetMemPool",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pool, dev), "cuDeviceGetMemPool")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetMemPool",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetName` (the header's `cuDeviceGetName`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetName(
         &self,
@@ -9056,15 +9735,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(name, len, dev), "cuDeviceGetName")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetName",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetName",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetNvSciSyncAttributes` (the header's `cuDeviceGetNvSciSyncAttributes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetNvSciSyncAttributes(
         &self,
@@ -9073,19 +9754,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetNvSciSyncAttributes {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(nvSciSyncAttrList, dev, flags),
-                "cuDeviceGetNvSciSyncAttributes",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetNvSciSyncAttributes",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(nvSciSyncAttrList, dev, flags),
+                    "cuDeviceGetNvSciSyncAttributes",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetNvSciSyncAttributes",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetP2PAtomicCapabilities` (the header's `cuDeviceGetP2PAtomicCapabilities`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetP2PAtomicCapabilities(
         &self,
@@ -9096,19 +9781,23 @@ impl DriverApi {
         dstDevice: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetP2PAtomicCapabilities {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(capabilities, operations, count, srcDevice, dstDevice),
-                "cuDeviceGetP2PAtomicCapabilities",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetP2PAtomicCapabilities",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(capabilities, operations, count, srcDevice, dstDevice),
+                    "cuDeviceGetP2PAtomicCapabilities",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetP2PAtomicCapabilities",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetP2PAttribute` (the header's `cuDeviceGetP2PAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetP2PAttribute(
         &self,
@@ -9118,19 +9807,23 @@ impl DriverApi {
         dstDevice: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetP2PAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(value, attrib, srcDevice, dstDevice),
-                "cuDeviceGetP2PAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetP2PAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(value, attrib, srcDevice, dstDevice),
+                    "cuDeviceGetP2PAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetP2PAttribute",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetPCIBusId` (the header's `cuDeviceGetPCIBusId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetPCIBusId(
         &self,
@@ -9140,17 +9833,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetPCIBusId {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pciBusId, len, dev), "cuDeviceGetPCIBusId")
+                crate::error::check(
+                    driver_fn__(pciBusId, len, dev),
+                    "cuDeviceGetPCIBusId",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetPCIBusId",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetPCIBusId",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetProperties` (the header's `cuDeviceGetProperties`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetProperties(
         &self,
@@ -9161,15 +9859,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(prop, dev), "cuDeviceGetProperties")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetProperties",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetProperties",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetTexture1DLinearMaxWidth` (the header's `cuDeviceGetTexture1DLinearMaxWidth`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetTexture1DLinearMaxWidth(
         &self,
@@ -9179,19 +9879,23 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetTexture1DLinearMaxWidth {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(maxWidthInElements, format, numChannels, dev),
-                "cuDeviceGetTexture1DLinearMaxWidth",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetTexture1DLinearMaxWidth",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(maxWidthInElements, format, numChannels, dev),
+                    "cuDeviceGetTexture1DLinearMaxWidth",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetTexture1DLinearMaxWidth",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGetUuid_v2` (the header's `cuDeviceGetUuid`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceGetUuid(
         &self,
@@ -9199,29 +9903,40 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetUuid_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(uuid, dev), "cuDeviceGetUuid_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGetUuid_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(uuid, dev), "cuDeviceGetUuid_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGetUuid_v2",
+                })
+            }
         }
     }
     /** Calls `cuDeviceGraphMemTrim` (the header's `cuDeviceGraphMemTrim`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuDeviceGraphMemTrim(&self, device: CUdevice) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuDeviceGraphMemTrim(
+        &self,
+        device: CUdevice,
+    ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGraphMemTrim {
-            Some(driver_fn__) => crate::error::check(driver_fn__(device), "cuDeviceGraphMemTrim"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceGraphMemTrim",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(device), "cuDeviceGraphMemTrim")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceGraphMemTrim",
+                })
+            }
         }
     }
     /** Calls `cuDevicePrimaryCtxGetState` (the header's `cuDevicePrimaryCtxGetState`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevicePrimaryCtxGetState(
         &self,
@@ -9230,19 +9945,23 @@ impl DriverApi {
         active: *mut ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxGetState {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dev, flags, active),
-                "cuDevicePrimaryCtxGetState",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevicePrimaryCtxGetState",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dev, flags, active),
+                    "cuDevicePrimaryCtxGetState",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevicePrimaryCtxGetState",
+                })
+            }
         }
     }
     /** Calls `cuDevicePrimaryCtxRelease_v2` (the header's `cuDevicePrimaryCtxRelease`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevicePrimaryCtxRelease(
         &self,
@@ -9252,30 +9971,37 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxRelease_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevicePrimaryCtxRelease_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevicePrimaryCtxRelease_v2",
+                })
+            }
         }
     }
     /** Calls `cuDevicePrimaryCtxReset_v2` (the header's `cuDevicePrimaryCtxReset`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuDevicePrimaryCtxReset(&self, dev: CUdevice) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuDevicePrimaryCtxReset(
+        &self,
+        dev: CUdevice,
+    ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxReset_v2 {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxReset_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevicePrimaryCtxReset_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevicePrimaryCtxReset_v2",
+                })
+            }
         }
     }
     /** Calls `cuDevicePrimaryCtxRetain` (the header's `cuDevicePrimaryCtxRetain`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevicePrimaryCtxRetain(
         &self,
@@ -9286,15 +10012,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pctx, dev), "cuDevicePrimaryCtxRetain")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevicePrimaryCtxRetain",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevicePrimaryCtxRetain",
+                })
+            }
         }
     }
     /** Calls `cuDevicePrimaryCtxSetFlags_v2` (the header's `cuDevicePrimaryCtxSetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDevicePrimaryCtxSetFlags(
         &self,
@@ -9303,17 +10031,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxSetFlags_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dev, flags), "cuDevicePrimaryCtxSetFlags_v2")
+                crate::error::check(
+                    driver_fn__(dev, flags),
+                    "cuDevicePrimaryCtxSetFlags_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDevicePrimaryCtxSetFlags_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDevicePrimaryCtxSetFlags_v2",
+                })
+            }
         }
     }
     /** Calls `cuDeviceRegisterAsyncNotification` (the header's `cuDeviceRegisterAsyncNotification`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceRegisterAsyncNotification(
         &self,
@@ -9323,19 +10056,23 @@ impl DriverApi {
         callback: *mut CUasyncCallbackHandle,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceRegisterAsyncNotification {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(device, callbackFunc, userData, callback),
-                "cuDeviceRegisterAsyncNotification",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceRegisterAsyncNotification",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(device, callbackFunc, userData, callback),
+                    "cuDeviceRegisterAsyncNotification",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceRegisterAsyncNotification",
+                })
+            }
         }
     }
     /** Calls `cuDeviceSetGraphMemAttribute` (the header's `cuDeviceSetGraphMemAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceSetGraphMemAttribute(
         &self,
@@ -9344,19 +10081,23 @@ impl DriverApi {
         value: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceSetGraphMemAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(device, attr, value),
-                "cuDeviceSetGraphMemAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceSetGraphMemAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(device, attr, value),
+                    "cuDeviceSetGraphMemAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceSetGraphMemAttribute",
+                })
+            }
         }
     }
     /** Calls `cuDeviceSetMemPool` (the header's `cuDeviceSetMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceSetMemPool(
         &self,
@@ -9364,16 +10105,20 @@ impl DriverApi {
         pool: CUmemoryPool,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceSetMemPool {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dev, pool), "cuDeviceSetMemPool"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceSetMemPool",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(dev, pool), "cuDeviceSetMemPool")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceSetMemPool",
+                })
+            }
         }
     }
     /** Calls `cuDeviceTotalMem_v2` (the header's `cuDeviceTotalMem`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceTotalMem(
         &self,
@@ -9384,15 +10129,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(bytes, dev), "cuDeviceTotalMem_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceTotalMem_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceTotalMem_v2",
+                })
+            }
         }
     }
     /** Calls `cuDeviceUnregisterAsyncNotification` (the header's `cuDeviceUnregisterAsyncNotification`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDeviceUnregisterAsyncNotification(
         &self,
@@ -9400,19 +10147,23 @@ impl DriverApi {
         callback: CUasyncCallbackHandle,
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceUnregisterAsyncNotification {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(device, callback),
-                "cuDeviceUnregisterAsyncNotification",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDeviceUnregisterAsyncNotification",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(device, callback),
+                    "cuDeviceUnregisterAsyncNotification",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDeviceUnregisterAsyncNotification",
+                })
+            }
         }
     }
     /** Calls `cuDriverGetVersion` (the header's `cuDriverGetVersion`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuDriverGetVersion(
         &self,
@@ -9422,15 +10173,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(driverVersion), "cuDriverGetVersion")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuDriverGetVersion",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuDriverGetVersion",
+                })
+            }
         }
     }
     /** Calls `cuEventCreate` (the header's `cuEventCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuEventCreate(
         &self,
@@ -9438,29 +10191,40 @@ impl DriverApi {
         Flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuEventCreate {
-            Some(driver_fn__) => crate::error::check(driver_fn__(phEvent, Flags), "cuEventCreate"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(phEvent, Flags), "cuEventCreate")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventCreate",
+                })
+            }
         }
     }
     /** Calls `cuEventDestroy_v2` (the header's `cuEventDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuEventDestroy(&self, hEvent: CUevent) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuEventDestroy(
+        &self,
+        hEvent: CUevent,
+    ) -> Result<(), crate::error::Error> {
         match self.cuEventDestroy_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hEvent), "cuEventDestroy_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventDestroy_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hEvent), "cuEventDestroy_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventDestroy_v2",
+                })
+            }
         }
     }
     /** Calls `cuEventElapsedTime_v2` (the header's `cuEventElapsedTime`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuEventElapsedTime(
         &self,
@@ -9469,32 +10233,41 @@ impl DriverApi {
         hEnd: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuEventElapsedTime_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pMilliseconds, hStart, hEnd),
-                "cuEventElapsedTime_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventElapsedTime_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pMilliseconds, hStart, hEnd),
+                    "cuEventElapsedTime_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventElapsedTime_v2",
+                })
+            }
         }
     }
     /** Calls `cuEventQuery` (the header's `cuEventQuery`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuEventQuery(&self, hEvent: CUevent) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuEventQuery(
+        &self,
+        hEvent: CUevent,
+    ) -> Result<(), crate::error::Error> {
         match self.cuEventQuery {
             Some(driver_fn__) => crate::error::check(driver_fn__(hEvent), "cuEventQuery"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventQuery",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventQuery",
+                })
+            }
         }
     }
     /** Calls `cuEventRecord` (the header's `cuEventRecord`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuEventRecord(
         &self,
@@ -9502,16 +10275,20 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuEventRecord {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hEvent, hStream), "cuEventRecord"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventRecord",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hEvent, hStream), "cuEventRecord")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventRecord",
+                })
+            }
         }
     }
     /** Calls `cuEventRecordWithFlags` (the header's `cuEventRecordWithFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuEventRecordWithFlags(
         &self,
@@ -9520,32 +10297,43 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuEventRecordWithFlags {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hEvent, hStream, flags),
-                "cuEventRecordWithFlags",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventRecordWithFlags",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hEvent, hStream, flags),
+                    "cuEventRecordWithFlags",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventRecordWithFlags",
+                })
+            }
         }
     }
     /** Calls `cuEventSynchronize` (the header's `cuEventSynchronize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuEventSynchronize(&self, hEvent: CUevent) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuEventSynchronize(
+        &self,
+        hEvent: CUevent,
+    ) -> Result<(), crate::error::Error> {
         match self.cuEventSynchronize {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hEvent), "cuEventSynchronize"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuEventSynchronize",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hEvent), "cuEventSynchronize")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuEventSynchronize",
+                })
+            }
         }
     }
     /** Calls `cuExternalMemoryGetMappedBuffer` (the header's `cuExternalMemoryGetMappedBuffer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuExternalMemoryGetMappedBuffer(
         &self,
@@ -9554,19 +10342,23 @@ impl DriverApi {
         bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
     ) -> Result<(), crate::error::Error> {
         match self.cuExternalMemoryGetMappedBuffer {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(devPtr, extMem, bufferDesc),
-                "cuExternalMemoryGetMappedBuffer",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuExternalMemoryGetMappedBuffer",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(devPtr, extMem, bufferDesc),
+                    "cuExternalMemoryGetMappedBuffer",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuExternalMemoryGetMappedBuffer",
+                })
+            }
         }
     }
     /** Calls `cuExternalMemoryGetMappedMipmappedArray` (the header's `cuExternalMemoryGetMappedMipmappedArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuExternalMemoryGetMappedMipmappedArray(
         &self,
@@ -9575,19 +10367,23 @@ impl DriverApi {
         mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC,
     ) -> Result<(), crate::error::Error> {
         match self.cuExternalMemoryGetMappedMipmappedArray {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(mipmap, extMem, mipmapDesc),
-                "cuExternalMemoryGetMappedMipmappedArray",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuExternalMemoryGetMappedMipmappedArray",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(mipmap, extMem, mipmapDesc),
+                    "cuExternalMemoryGetMappedMipmappedArray",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuExternalMemoryGetMappedMipmappedArray",
+                })
+            }
         }
     }
     /** Calls `cuFlushGPUDirectRDMAWrites` (the header's `cuFlushGPUDirectRDMAWrites`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFlushGPUDirectRDMAWrites(
         &self,
@@ -9596,17 +10392,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFlushGPUDirectRDMAWrites {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(target, scope), "cuFlushGPUDirectRDMAWrites")
+                crate::error::check(
+                    driver_fn__(target, scope),
+                    "cuFlushGPUDirectRDMAWrites",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFlushGPUDirectRDMAWrites",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFlushGPUDirectRDMAWrites",
+                })
+            }
         }
     }
     /** Calls `cuFuncGetAttribute` (the header's `cuFuncGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncGetAttribute(
         &self,
@@ -9618,15 +10419,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pi, attrib, hfunc), "cuFuncGetAttribute")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuFuncGetModule` (the header's `cuFuncGetModule`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncGetModule(
         &self,
@@ -9634,16 +10437,20 @@ impl DriverApi {
         hfunc: CUfunction,
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetModule {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hmod, hfunc), "cuFuncGetModule"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncGetModule",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hmod, hfunc), "cuFuncGetModule")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncGetModule",
+                })
+            }
         }
     }
     /** Calls `cuFuncGetName` (the header's `cuFuncGetName`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncGetName(
         &self,
@@ -9651,16 +10458,20 @@ impl DriverApi {
         hfunc: CUfunction,
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetName {
-            Some(driver_fn__) => crate::error::check(driver_fn__(name, hfunc), "cuFuncGetName"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncGetName",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(name, hfunc), "cuFuncGetName")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncGetName",
+                })
+            }
         }
     }
     /** Calls `cuFuncGetParamInfo` (the header's `cuFuncGetParamInfo`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncGetParamInfo(
         &self,
@@ -9670,19 +10481,23 @@ impl DriverApi {
         paramSize: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetParamInfo {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(func, paramIndex, paramOffset, paramSize),
-                "cuFuncGetParamInfo",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncGetParamInfo",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(func, paramIndex, paramOffset, paramSize),
+                    "cuFuncGetParamInfo",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncGetParamInfo",
+                })
+            }
         }
     }
     /** Calls `cuFuncIsLoaded` (the header's `cuFuncIsLoaded`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncIsLoaded(
         &self,
@@ -9693,28 +10508,35 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(state, function), "cuFuncIsLoaded")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncIsLoaded",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncIsLoaded",
+                })
+            }
         }
     }
     /** Calls `cuFuncLoad` (the header's `cuFuncLoad`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuFuncLoad(&self, function: CUfunction) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuFuncLoad(
+        &self,
+        function: CUfunction,
+    ) -> Result<(), crate::error::Error> {
         match self.cuFuncLoad {
             Some(driver_fn__) => crate::error::check(driver_fn__(function), "cuFuncLoad"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncLoad",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncLoad",
+                })
+            }
         }
     }
     /** Calls `cuFuncSetAttribute` (the header's `cuFuncSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncSetAttribute(
         &self,
@@ -9724,17 +10546,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hfunc, attrib, value), "cuFuncSetAttribute")
+                crate::error::check(
+                    driver_fn__(hfunc, attrib, value),
+                    "cuFuncSetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncSetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuFuncSetBlockShape` (the header's `cuFuncSetBlockShape`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncSetBlockShape(
         &self,
@@ -9747,15 +10574,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, x, y, z), "cuFuncSetBlockShape")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncSetBlockShape",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncSetBlockShape",
+                })
+            }
         }
     }
     /** Calls `cuFuncSetCacheConfig` (the header's `cuFuncSetCacheConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncSetCacheConfig(
         &self,
@@ -9766,15 +10595,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, config), "cuFuncSetCacheConfig")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncSetCacheConfig",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncSetCacheConfig",
+                })
+            }
         }
     }
     /** Calls `cuFuncSetSharedMemConfig` (the header's `cuFuncSetSharedMemConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncSetSharedMemConfig(
         &self,
@@ -9783,17 +10614,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetSharedMemConfig {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hfunc, config), "cuFuncSetSharedMemConfig")
+                crate::error::check(
+                    driver_fn__(hfunc, config),
+                    "cuFuncSetSharedMemConfig",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncSetSharedMemConfig",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncSetSharedMemConfig",
+                })
+            }
         }
     }
     /** Calls `cuFuncSetSharedSize` (the header's `cuFuncSetSharedSize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuFuncSetSharedSize(
         &self,
@@ -9804,15 +10640,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, bytes), "cuFuncSetSharedSize")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuFuncSetSharedSize",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuFuncSetSharedSize",
+                })
+            }
         }
     }
     /** Calls `cuGetErrorName` (the header's `cuGetErrorName`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGetErrorName(
         &self,
@@ -9820,16 +10658,20 @@ impl DriverApi {
         pStr: *mut *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuGetErrorName {
-            Some(driver_fn__) => crate::error::check(driver_fn__(error, pStr), "cuGetErrorName"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGetErrorName",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(error, pStr), "cuGetErrorName")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGetErrorName",
+                })
+            }
         }
     }
     /** Calls `cuGetErrorString` (the header's `cuGetErrorString`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGetErrorString(
         &self,
@@ -9837,16 +10679,20 @@ impl DriverApi {
         pStr: *mut *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuGetErrorString {
-            Some(driver_fn__) => crate::error::check(driver_fn__(error, pStr), "cuGetErrorString"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGetErrorString",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(error, pStr), "cuGetErrorString")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGetErrorString",
+                })
+            }
         }
     }
     /** Calls `cuGetExportTable` (the header's `cuGetExportTable`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGetExportTable(
         &self,
@@ -9854,19 +10700,23 @@ impl DriverApi {
         pExportTableId: *const CUuuid,
     ) -> Result<(), crate::error::Error> {
         match self.cuGetExportTable {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(ppExportTable, pExportTableId),
-                "cuGetExportTable",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGetExportTable",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(ppExportTable, pExportTableId),
+                    "cuGetExportTable",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGetExportTable",
+                })
+            }
         }
     }
     /** Calls `cuGetProcAddress_v2` (the header's `cuGetProcAddress`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGetProcAddress(
         &self,
@@ -9877,19 +10727,23 @@ impl DriverApi {
         symbolStatus: *mut CUdriverProcAddressQueryResult,
     ) -> Result<(), crate::error::Error> {
         match self.cuGetProcAddress_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(symbol, pfn, cudaVersion, flags, symbolStatus),
-                "cuGetProcAddress_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGetProcAddress_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(symbol, pfn, cudaVersion, flags, symbolStatus),
+                    "cuGetProcAddress_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGetProcAddress_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddBatchMemOpNode` (the header's `cuGraphAddBatchMemOpNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddBatchMemOpNode(
         &self,
@@ -9900,25 +10754,29 @@ impl DriverApi {
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddBatchMemOpNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddBatchMemOpNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddBatchMemOpNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddBatchMemOpNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddBatchMemOpNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddChildGraphNode` (the header's `cuGraphAddChildGraphNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddChildGraphNode(
         &self,
@@ -9929,25 +10787,29 @@ impl DriverApi {
         childGraph: CUgraph,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddChildGraphNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    childGraph,
-                ),
-                "cuGraphAddChildGraphNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddChildGraphNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        childGraph,
+                    ),
+                    "cuGraphAddChildGraphNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddChildGraphNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddDependencies_v2` (the header's `cuGraphAddDependencies`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddDependencies(
         &self,
@@ -9958,19 +10820,23 @@ impl DriverApi {
         numDependencies: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddDependencies_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraph, from, to, edgeData, numDependencies),
-                "cuGraphAddDependencies_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddDependencies_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                    "cuGraphAddDependencies_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddDependencies_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddEmptyNode` (the header's `cuGraphAddEmptyNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddEmptyNode(
         &self,
@@ -9980,19 +10846,23 @@ impl DriverApi {
         numDependencies: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEmptyNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphNode, hGraph, dependencies, numDependencies),
-                "cuGraphAddEmptyNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddEmptyNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phGraphNode, hGraph, dependencies, numDependencies),
+                    "cuGraphAddEmptyNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddEmptyNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddEventRecordNode` (the header's `cuGraphAddEventRecordNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddEventRecordNode(
         &self,
@@ -10003,19 +10873,29 @@ impl DriverApi {
         event: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEventRecordNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphNode, hGraph, dependencies, numDependencies, event),
-                "cuGraphAddEventRecordNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddEventRecordNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        event,
+                    ),
+                    "cuGraphAddEventRecordNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddEventRecordNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddEventWaitNode` (the header's `cuGraphAddEventWaitNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddEventWaitNode(
         &self,
@@ -10026,19 +10906,29 @@ impl DriverApi {
         event: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEventWaitNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphNode, hGraph, dependencies, numDependencies, event),
-                "cuGraphAddEventWaitNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddEventWaitNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        event,
+                    ),
+                    "cuGraphAddEventWaitNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddEventWaitNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddExternalSemaphoresSignalNode` (the header's `cuGraphAddExternalSemaphoresSignalNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddExternalSemaphoresSignalNode(
         &self,
@@ -10049,25 +10939,29 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddExternalSemaphoresSignalNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddExternalSemaphoresSignalNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddExternalSemaphoresSignalNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddExternalSemaphoresSignalNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddExternalSemaphoresSignalNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddExternalSemaphoresWaitNode` (the header's `cuGraphAddExternalSemaphoresWaitNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddExternalSemaphoresWaitNode(
         &self,
@@ -10078,25 +10972,29 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddExternalSemaphoresWaitNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddExternalSemaphoresWaitNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddExternalSemaphoresWaitNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddExternalSemaphoresWaitNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddExternalSemaphoresWaitNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddHostNode` (the header's `cuGraphAddHostNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddHostNode(
         &self,
@@ -10107,25 +11005,29 @@ impl DriverApi {
         nodeParams: *const CUDA_HOST_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddHostNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddHostNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddHostNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddHostNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddHostNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddKernelNode_v2` (the header's `cuGraphAddKernelNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddKernelNode(
         &self,
@@ -10136,25 +11038,29 @@ impl DriverApi {
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddKernelNode_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddKernelNode_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddKernelNode_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddKernelNode_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddKernelNode_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddMemAllocNode` (the header's `cuGraphAddMemAllocNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddMemAllocNode(
         &self,
@@ -10165,25 +11071,29 @@ impl DriverApi {
         nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemAllocNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddMemAllocNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddMemAllocNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddMemAllocNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddMemAllocNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddMemFreeNode` (the header's `cuGraphAddMemFreeNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddMemFreeNode(
         &self,
@@ -10194,19 +11104,29 @@ impl DriverApi {
         dptr: CUdeviceptr,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemFreeNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphNode, hGraph, dependencies, numDependencies, dptr),
-                "cuGraphAddMemFreeNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddMemFreeNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        dptr,
+                    ),
+                    "cuGraphAddMemFreeNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddMemFreeNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddMemcpyNode` (the header's `cuGraphAddMemcpyNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddMemcpyNode(
         &self,
@@ -10218,26 +11138,30 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemcpyNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    copyParams,
-                    ctx,
-                ),
-                "cuGraphAddMemcpyNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddMemcpyNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        copyParams,
+                        ctx,
+                    ),
+                    "cuGraphAddMemcpyNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddMemcpyNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddMemsetNode` (the header's `cuGraphAddMemsetNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddMemsetNode(
         &self,
@@ -10249,26 +11173,30 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemsetNode {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    numDependencies,
-                    memsetParams,
-                    ctx,
-                ),
-                "cuGraphAddMemsetNode",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddMemsetNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        numDependencies,
+                        memsetParams,
+                        ctx,
+                    ),
+                    "cuGraphAddMemsetNode",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddMemsetNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphAddNode_v2` (the header's `cuGraphAddNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphAddNode(
         &self,
@@ -10280,26 +11208,30 @@ impl DriverApi {
         nodeParams: *mut CUgraphNodeParams,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddNode_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    phGraphNode,
-                    hGraph,
-                    dependencies,
-                    dependencyData,
-                    numDependencies,
-                    nodeParams,
-                ),
-                "cuGraphAddNode_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphAddNode_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        phGraphNode,
+                        hGraph,
+                        dependencies,
+                        dependencyData,
+                        numDependencies,
+                        nodeParams,
+                    ),
+                    "cuGraphAddNode_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphAddNode_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphBatchMemOpNodeGetParams` (the header's `cuGraphBatchMemOpNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphBatchMemOpNodeGetParams(
         &self,
@@ -10307,19 +11239,23 @@ impl DriverApi {
         nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphBatchMemOpNodeGetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams_out),
-                "cuGraphBatchMemOpNodeGetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphBatchMemOpNodeGetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams_out),
+                    "cuGraphBatchMemOpNodeGetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphBatchMemOpNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphBatchMemOpNodeSetParams` (the header's `cuGraphBatchMemOpNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphBatchMemOpNodeSetParams(
         &self,
@@ -10327,19 +11263,23 @@ impl DriverApi {
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphBatchMemOpNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams),
-                "cuGraphBatchMemOpNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphBatchMemOpNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphBatchMemOpNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphBatchMemOpNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphChildGraphNodeGetGraph` (the header's `cuGraphChildGraphNodeGetGraph`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphChildGraphNodeGetGraph(
         &self,
@@ -10348,17 +11288,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphChildGraphNodeGetGraph {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, phGraph), "cuGraphChildGraphNodeGetGraph")
+                crate::error::check(
+                    driver_fn__(hNode, phGraph),
+                    "cuGraphChildGraphNodeGetGraph",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphChildGraphNodeGetGraph",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphChildGraphNodeGetGraph",
+                })
+            }
         }
     }
     /** Calls `cuGraphClone` (the header's `cuGraphClone`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphClone(
         &self,
@@ -10367,17 +11312,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphClone {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(phGraphClone, originalGraph), "cuGraphClone")
+                crate::error::check(
+                    driver_fn__(phGraphClone, originalGraph),
+                    "cuGraphClone",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphClone",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphClone",
+                })
+            }
         }
     }
     /** Calls `cuGraphConditionalHandleCreate` (the header's `cuGraphConditionalHandleCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphConditionalHandleCreate(
         &self,
@@ -10388,19 +11338,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphConditionalHandleCreate {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pHandle_out, hGraph, ctx, defaultLaunchValue, flags),
-                "cuGraphConditionalHandleCreate",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphConditionalHandleCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pHandle_out, hGraph, ctx, defaultLaunchValue, flags),
+                    "cuGraphConditionalHandleCreate",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphConditionalHandleCreate",
+                })
+            }
         }
     }
     /** Calls `cuGraphCreate` (the header's `cuGraphCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphCreate(
         &self,
@@ -10408,16 +11362,20 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphCreate {
-            Some(driver_fn__) => crate::error::check(driver_fn__(phGraph, flags), "cuGraphCreate"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(phGraph, flags), "cuGraphCreate")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphCreate",
+                })
+            }
         }
     }
     /** Calls `cuGraphDebugDotPrint` (the header's `cuGraphDebugDotPrint`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphDebugDotPrint(
         &self,
@@ -10427,43 +11385,62 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphDebugDotPrint {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hGraph, path, flags), "cuGraphDebugDotPrint")
+                crate::error::check(
+                    driver_fn__(hGraph, path, flags),
+                    "cuGraphDebugDotPrint",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphDebugDotPrint",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphDebugDotPrint",
+                })
+            }
         }
     }
     /** Calls `cuGraphDestroy` (the header's `cuGraphDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuGraphDestroy(&self, hGraph: CUgraph) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuGraphDestroy(
+        &self,
+        hGraph: CUgraph,
+    ) -> Result<(), crate::error::Error> {
         match self.cuGraphDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hGraph), "cuGraphDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hGraph), "cuGraphDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphDestroy",
+                })
+            }
         }
     }
     /** Calls `cuGraphDestroyNode` (the header's `cuGraphDestroyNode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuGraphDestroyNode(&self, hNode: CUgraphNode) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuGraphDestroyNode(
+        &self,
+        hNode: CUgraphNode,
+    ) -> Result<(), crate::error::Error> {
         match self.cuGraphDestroyNode {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hNode), "cuGraphDestroyNode"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphDestroyNode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hNode), "cuGraphDestroyNode")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphDestroyNode",
+                })
+            }
         }
     }
     /** Calls `cuGraphEventRecordNodeGetEvent` (the header's `cuGraphEventRecordNodeGetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphEventRecordNodeGetEvent(
         &self,
@@ -10471,19 +11448,23 @@ impl DriverApi {
         event_out: *mut CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventRecordNodeGetEvent {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, event_out),
-                "cuGraphEventRecordNodeGetEvent",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphEventRecordNodeGetEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, event_out),
+                    "cuGraphEventRecordNodeGetEvent",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphEventRecordNodeGetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphEventRecordNodeSetEvent` (the header's `cuGraphEventRecordNodeSetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphEventRecordNodeSetEvent(
         &self,
@@ -10492,17 +11473,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventRecordNodeSetEvent {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, event), "cuGraphEventRecordNodeSetEvent")
+                crate::error::check(
+                    driver_fn__(hNode, event),
+                    "cuGraphEventRecordNodeSetEvent",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphEventRecordNodeSetEvent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphEventRecordNodeSetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphEventWaitNodeGetEvent` (the header's `cuGraphEventWaitNodeGetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphEventWaitNodeGetEvent(
         &self,
@@ -10510,19 +11496,23 @@ impl DriverApi {
         event_out: *mut CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventWaitNodeGetEvent {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, event_out),
-                "cuGraphEventWaitNodeGetEvent",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphEventWaitNodeGetEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, event_out),
+                    "cuGraphEventWaitNodeGetEvent",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphEventWaitNodeGetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphEventWaitNodeSetEvent` (the header's `cuGraphEventWaitNodeSetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphEventWaitNodeSetEvent(
         &self,
@@ -10531,17 +11521,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventWaitNodeSetEvent {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, event), "cuGraphEventWaitNodeSetEvent")
+                crate::error::check(
+                    driver_fn__(hNode, event),
+                    "cuGraphEventWaitNodeSetEvent",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphEventWaitNodeSetEvent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphEventWaitNodeSetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecBatchMemOpNodeSetParams` (the header's `cuGraphExecBatchMemOpNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecBatchMemOpNodeSetParams(
         &self,
@@ -10550,19 +11545,23 @@ impl DriverApi {
         nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecBatchMemOpNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecBatchMemOpNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecBatchMemOpNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecBatchMemOpNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecBatchMemOpNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecChildGraphNodeSetParams` (the header's `cuGraphExecChildGraphNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecChildGraphNodeSetParams(
         &self,
@@ -10571,35 +11570,43 @@ impl DriverApi {
         childGraph: CUgraph,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecChildGraphNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, childGraph),
-                "cuGraphExecChildGraphNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecChildGraphNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, childGraph),
+                    "cuGraphExecChildGraphNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecChildGraphNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecDestroy` (the header's `cuGraphExecDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecDestroy(
         &self,
         hGraphExec: CUgraphExec,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hGraphExec), "cuGraphExecDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hGraphExec), "cuGraphExecDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecDestroy",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecEventRecordNodeSetEvent` (the header's `cuGraphExecEventRecordNodeSetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecEventRecordNodeSetEvent(
         &self,
@@ -10608,19 +11615,23 @@ impl DriverApi {
         event: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecEventRecordNodeSetEvent {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, event),
-                "cuGraphExecEventRecordNodeSetEvent",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecEventRecordNodeSetEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, event),
+                    "cuGraphExecEventRecordNodeSetEvent",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecEventRecordNodeSetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecEventWaitNodeSetEvent` (the header's `cuGraphExecEventWaitNodeSetEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecEventWaitNodeSetEvent(
         &self,
@@ -10629,19 +11640,23 @@ impl DriverApi {
         event: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecEventWaitNodeSetEvent {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, event),
-                "cuGraphExecEventWaitNodeSetEvent",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecEventWaitNodeSetEvent",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, event),
+                    "cuGraphExecEventWaitNodeSetEvent",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecEventWaitNodeSetEvent",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecExternalSemaphoresSignalNodeSetParams` (the header's `cuGraphExecExternalSemaphoresSignalNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecExternalSemaphoresSignalNodeSetParams(
         &self,
@@ -10650,19 +11665,23 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecExternalSemaphoresSignalNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecExternalSemaphoresSignalNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecExternalSemaphoresSignalNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecExternalSemaphoresWaitNodeSetParams` (the header's `cuGraphExecExternalSemaphoresWaitNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecExternalSemaphoresWaitNodeSetParams(
         &self,
@@ -10671,19 +11690,23 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecExternalSemaphoresWaitNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecExternalSemaphoresWaitNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecExternalSemaphoresWaitNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecGetFlags` (the header's `cuGraphExecGetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecGetFlags(
         &self,
@@ -10692,17 +11715,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecGetFlags {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hGraphExec, flags), "cuGraphExecGetFlags")
+                crate::error::check(
+                    driver_fn__(hGraphExec, flags),
+                    "cuGraphExecGetFlags",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecGetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecGetFlags",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecHostNodeSetParams` (the header's `cuGraphExecHostNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecHostNodeSetParams(
         &self,
@@ -10711,19 +11739,23 @@ impl DriverApi {
         nodeParams: *const CUDA_HOST_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecHostNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecHostNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecHostNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecHostNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecHostNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecKernelNodeSetParams_v2` (the header's `cuGraphExecKernelNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecKernelNodeSetParams(
         &self,
@@ -10732,19 +11764,23 @@ impl DriverApi {
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecKernelNodeSetParams_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecKernelNodeSetParams_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecKernelNodeSetParams_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecKernelNodeSetParams_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecKernelNodeSetParams_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecMemcpyNodeSetParams` (the header's `cuGraphExecMemcpyNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecMemcpyNodeSetParams(
         &self,
@@ -10754,19 +11790,23 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecMemcpyNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, copyParams, ctx),
-                "cuGraphExecMemcpyNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecMemcpyNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, copyParams, ctx),
+                    "cuGraphExecMemcpyNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecMemcpyNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecMemsetNodeSetParams` (the header's `cuGraphExecMemsetNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecMemsetNodeSetParams(
         &self,
@@ -10776,19 +11816,23 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecMemsetNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, memsetParams, ctx),
-                "cuGraphExecMemsetNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecMemsetNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, memsetParams, ctx),
+                    "cuGraphExecMemsetNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecMemsetNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecNodeSetParams` (the header's `cuGraphExecNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecNodeSetParams(
         &self,
@@ -10797,19 +11841,23 @@ impl DriverApi {
         nodeParams: *mut CUgraphNodeParams,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, nodeParams),
-                "cuGraphExecNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, nodeParams),
+                    "cuGraphExecNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExecUpdate_v2` (the header's `cuGraphExecUpdate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExecUpdate(
         &self,
@@ -10818,19 +11866,23 @@ impl DriverApi {
         resultInfo: *mut CUgraphExecUpdateResultInfo,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecUpdate_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hGraph, resultInfo),
-                "cuGraphExecUpdate_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExecUpdate_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hGraph, resultInfo),
+                    "cuGraphExecUpdate_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExecUpdate_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphExternalSemaphoresSignalNodeGetParams` (the header's `cuGraphExternalSemaphoresSignalNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExternalSemaphoresSignalNodeGetParams(
         &self,
@@ -10838,19 +11890,23 @@ impl DriverApi {
         params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresSignalNodeGetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, params_out),
-                "cuGraphExternalSemaphoresSignalNodeGetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExternalSemaphoresSignalNodeGetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, params_out),
+                    "cuGraphExternalSemaphoresSignalNodeGetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExternalSemaphoresSignalNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExternalSemaphoresSignalNodeSetParams` (the header's `cuGraphExternalSemaphoresSignalNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExternalSemaphoresSignalNodeSetParams(
         &self,
@@ -10858,19 +11914,23 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresSignalNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams),
-                "cuGraphExternalSemaphoresSignalNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExternalSemaphoresSignalNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphExternalSemaphoresSignalNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExternalSemaphoresSignalNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExternalSemaphoresWaitNodeGetParams` (the header's `cuGraphExternalSemaphoresWaitNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExternalSemaphoresWaitNodeGetParams(
         &self,
@@ -10878,19 +11938,23 @@ impl DriverApi {
         params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresWaitNodeGetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, params_out),
-                "cuGraphExternalSemaphoresWaitNodeGetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExternalSemaphoresWaitNodeGetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, params_out),
+                    "cuGraphExternalSemaphoresWaitNodeGetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExternalSemaphoresWaitNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphExternalSemaphoresWaitNodeSetParams` (the header's `cuGraphExternalSemaphoresWaitNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphExternalSemaphoresWaitNodeSetParams(
         &self,
@@ -10898,19 +11962,23 @@ impl DriverApi {
         nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresWaitNodeSetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams),
-                "cuGraphExternalSemaphoresWaitNodeSetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphExternalSemaphoresWaitNodeSetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphExternalSemaphoresWaitNodeSetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphExternalSemaphoresWaitNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphGetEdges_v2` (the header's `cuGraphGetEdges`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphGetEdges(
         &self,
@@ -10921,19 +11989,23 @@ impl DriverApi {
         numEdges: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetEdges_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraph, from, to, edgeData, numEdges),
-                "cuGraphGetEdges_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphGetEdges_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraph, from, to, edgeData, numEdges),
+                    "cuGraphGetEdges_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphGetEdges_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphGetNodes` (the header's `cuGraphGetNodes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphGetNodes(
         &self,
@@ -10943,17 +12015,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetNodes {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hGraph, nodes, numNodes), "cuGraphGetNodes")
+                crate::error::check(
+                    driver_fn__(hGraph, nodes, numNodes),
+                    "cuGraphGetNodes",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphGetNodes",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphGetNodes",
+                })
+            }
         }
     }
     /** Calls `cuGraphGetRootNodes` (the header's `cuGraphGetRootNodes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphGetRootNodes(
         &self,
@@ -10962,19 +12039,23 @@ impl DriverApi {
         numRootNodes: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetRootNodes {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraph, rootNodes, numRootNodes),
-                "cuGraphGetRootNodes",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphGetRootNodes",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraph, rootNodes, numRootNodes),
+                    "cuGraphGetRootNodes",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphGetRootNodes",
+                })
+            }
         }
     }
     /** Calls `cuGraphHostNodeGetParams` (the header's `cuGraphHostNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphHostNodeGetParams(
         &self,
@@ -10983,17 +12064,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphHostNodeGetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphHostNodeGetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphHostNodeGetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphHostNodeGetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphHostNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphHostNodeSetParams` (the header's `cuGraphHostNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphHostNodeSetParams(
         &self,
@@ -11002,17 +12088,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphHostNodeSetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphHostNodeSetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphHostNodeSetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphHostNodeSetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphHostNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphInstantiateWithFlags` (the header's `cuGraphInstantiateWithFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphInstantiateWithFlags(
         &self,
@@ -11021,19 +12112,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphInstantiateWithFlags {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphExec, hGraph, flags),
-                "cuGraphInstantiateWithFlags",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphInstantiateWithFlags",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phGraphExec, hGraph, flags),
+                    "cuGraphInstantiateWithFlags",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphInstantiateWithFlags",
+                })
+            }
         }
     }
     /** Calls `cuGraphInstantiateWithParams` (the header's `cuGraphInstantiateWithParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphInstantiateWithParams(
         &self,
@@ -11042,19 +12137,23 @@ impl DriverApi {
         instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphInstantiateWithParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phGraphExec, hGraph, instantiateParams),
-                "cuGraphInstantiateWithParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphInstantiateWithParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phGraphExec, hGraph, instantiateParams),
+                    "cuGraphInstantiateWithParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphInstantiateWithParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphKernelNodeCopyAttributes` (the header's `cuGraphKernelNodeCopyAttributes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphKernelNodeCopyAttributes(
         &self,
@@ -11063,17 +12162,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeCopyAttributes {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dst, src), "cuGraphKernelNodeCopyAttributes")
+                crate::error::check(
+                    driver_fn__(dst, src),
+                    "cuGraphKernelNodeCopyAttributes",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphKernelNodeCopyAttributes",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphKernelNodeCopyAttributes",
+                })
+            }
         }
     }
     /** Calls `cuGraphKernelNodeGetAttribute` (the header's `cuGraphKernelNodeGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphKernelNodeGetAttribute(
         &self,
@@ -11082,19 +12186,23 @@ impl DriverApi {
         value_out: *mut CUkernelNodeAttrValue,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeGetAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, attr, value_out),
-                "cuGraphKernelNodeGetAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphKernelNodeGetAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, attr, value_out),
+                    "cuGraphKernelNodeGetAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphKernelNodeGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuGraphKernelNodeGetParams_v2` (the header's `cuGraphKernelNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphKernelNodeGetParams(
         &self,
@@ -11102,19 +12210,23 @@ impl DriverApi {
         nodeParams: *mut CUDA_KERNEL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeGetParams_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams),
-                "cuGraphKernelNodeGetParams_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphKernelNodeGetParams_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphKernelNodeGetParams_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphKernelNodeGetParams_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphKernelNodeSetAttribute` (the header's `cuGraphKernelNodeSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphKernelNodeSetAttribute(
         &self,
@@ -11123,19 +12235,23 @@ impl DriverApi {
         value: *const CUkernelNodeAttrValue,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeSetAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, attr, value),
-                "cuGraphKernelNodeSetAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphKernelNodeSetAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, attr, value),
+                    "cuGraphKernelNodeSetAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphKernelNodeSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuGraphKernelNodeSetParams_v2` (the header's `cuGraphKernelNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphKernelNodeSetParams(
         &self,
@@ -11143,19 +12259,23 @@ impl DriverApi {
         nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeSetParams_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, nodeParams),
-                "cuGraphKernelNodeSetParams_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphKernelNodeSetParams_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphKernelNodeSetParams_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphKernelNodeSetParams_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphLaunch` (the header's `cuGraphLaunch`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphLaunch(
         &self,
@@ -11166,15 +12286,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphLaunch")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphLaunch",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphLaunch",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemAllocNodeGetParams` (the header's `cuGraphMemAllocNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemAllocNodeGetParams(
         &self,
@@ -11182,19 +12304,23 @@ impl DriverApi {
         params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemAllocNodeGetParams {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, params_out),
-                "cuGraphMemAllocNodeGetParams",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemAllocNodeGetParams",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, params_out),
+                    "cuGraphMemAllocNodeGetParams",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemAllocNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemFreeNodeGetParams` (the header's `cuGraphMemFreeNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemFreeNodeGetParams(
         &self,
@@ -11203,17 +12329,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemFreeNodeGetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, dptr_out), "cuGraphMemFreeNodeGetParams")
+                crate::error::check(
+                    driver_fn__(hNode, dptr_out),
+                    "cuGraphMemFreeNodeGetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemFreeNodeGetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemFreeNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemcpyNodeGetParams` (the header's `cuGraphMemcpyNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemcpyNodeGetParams(
         &self,
@@ -11222,17 +12353,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemcpyNodeGetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphMemcpyNodeGetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphMemcpyNodeGetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemcpyNodeGetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemcpyNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemcpyNodeSetParams` (the header's `cuGraphMemcpyNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemcpyNodeSetParams(
         &self,
@@ -11241,17 +12377,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemcpyNodeSetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphMemcpyNodeSetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphMemcpyNodeSetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemcpyNodeSetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemcpyNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemsetNodeGetParams` (the header's `cuGraphMemsetNodeGetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemsetNodeGetParams(
         &self,
@@ -11260,17 +12401,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemsetNodeGetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphMemsetNodeGetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphMemsetNodeGetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemsetNodeGetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemsetNodeGetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphMemsetNodeSetParams` (the header's `cuGraphMemsetNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphMemsetNodeSetParams(
         &self,
@@ -11279,17 +12425,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemsetNodeSetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphMemsetNodeSetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphMemsetNodeSetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphMemsetNodeSetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphMemsetNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeFindInClone` (the header's `cuGraphNodeFindInClone`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeFindInClone(
         &self,
@@ -11298,19 +12449,23 @@ impl DriverApi {
         hClonedGraph: CUgraph,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeFindInClone {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phNode, hOriginalNode, hClonedGraph),
-                "cuGraphNodeFindInClone",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeFindInClone",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phNode, hOriginalNode, hClonedGraph),
+                    "cuGraphNodeFindInClone",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeFindInClone",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeGetDependencies_v2` (the header's `cuGraphNodeGetDependencies`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeGetDependencies(
         &self,
@@ -11320,19 +12475,23 @@ impl DriverApi {
         numDependencies: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetDependencies_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, dependencies, edgeData, numDependencies),
-                "cuGraphNodeGetDependencies_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeGetDependencies_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, dependencies, edgeData, numDependencies),
+                    "cuGraphNodeGetDependencies_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeGetDependencies_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeGetDependentNodes_v2` (the header's `cuGraphNodeGetDependentNodes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeGetDependentNodes(
         &self,
@@ -11342,19 +12501,23 @@ impl DriverApi {
         numDependentNodes: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetDependentNodes_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hNode, dependentNodes, edgeData, numDependentNodes),
-                "cuGraphNodeGetDependentNodes_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeGetDependentNodes_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hNode, dependentNodes, edgeData, numDependentNodes),
+                    "cuGraphNodeGetDependentNodes_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeGetDependentNodes_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeGetEnabled` (the header's `cuGraphNodeGetEnabled`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeGetEnabled(
         &self,
@@ -11363,19 +12526,23 @@ impl DriverApi {
         isEnabled: *mut ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetEnabled {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, isEnabled),
-                "cuGraphNodeGetEnabled",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeGetEnabled",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, isEnabled),
+                    "cuGraphNodeGetEnabled",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeGetEnabled",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeGetType` (the header's `cuGraphNodeGetType`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeGetType(
         &self,
@@ -11386,15 +12553,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hNode, type_), "cuGraphNodeGetType")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeGetType",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeGetType",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeSetEnabled` (the header's `cuGraphNodeSetEnabled`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeSetEnabled(
         &self,
@@ -11403,19 +12572,23 @@ impl DriverApi {
         isEnabled: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeSetEnabled {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraphExec, hNode, isEnabled),
-                "cuGraphNodeSetEnabled",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeSetEnabled",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraphExec, hNode, isEnabled),
+                    "cuGraphNodeSetEnabled",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeSetEnabled",
+                })
+            }
         }
     }
     /** Calls `cuGraphNodeSetParams` (the header's `cuGraphNodeSetParams`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphNodeSetParams(
         &self,
@@ -11424,17 +12597,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeSetParams {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hNode, nodeParams), "cuGraphNodeSetParams")
+                crate::error::check(
+                    driver_fn__(hNode, nodeParams),
+                    "cuGraphNodeSetParams",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphNodeSetParams",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphNodeSetParams",
+                })
+            }
         }
     }
     /** Calls `cuGraphReleaseUserObject` (the header's `cuGraphReleaseUserObject`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphReleaseUserObject(
         &self,
@@ -11443,19 +12621,23 @@ impl DriverApi {
         count: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphReleaseUserObject {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(graph, object, count),
-                "cuGraphReleaseUserObject",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphReleaseUserObject",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(graph, object, count),
+                    "cuGraphReleaseUserObject",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphReleaseUserObject",
+                })
+            }
         }
     }
     /** Calls `cuGraphRemoveDependencies_v2` (the header's `cuGraphRemoveDependencies`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphRemoveDependencies(
         &self,
@@ -11466,19 +12648,23 @@ impl DriverApi {
         numDependencies: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphRemoveDependencies_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hGraph, from, to, edgeData, numDependencies),
-                "cuGraphRemoveDependencies_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphRemoveDependencies_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                    "cuGraphRemoveDependencies_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphRemoveDependencies_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphRetainUserObject` (the header's `cuGraphRetainUserObject`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphRetainUserObject(
         &self,
@@ -11488,19 +12674,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphRetainUserObject {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(graph, object, count, flags),
-                "cuGraphRetainUserObject",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphRetainUserObject",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(graph, object, count, flags),
+                    "cuGraphRetainUserObject",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphRetainUserObject",
+                })
+            }
         }
     }
     /** Calls `cuGraphUpload` (the header's `cuGraphUpload`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphUpload(
         &self,
@@ -11511,15 +12701,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphUpload")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphUpload",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphUpload",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsMapResources` (the header's `cuGraphicsMapResources`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsMapResources(
         &self,
@@ -11528,19 +12720,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsMapResources {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(count, resources, hStream),
-                "cuGraphicsMapResources",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsMapResources",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(count, resources, hStream),
+                    "cuGraphicsMapResources",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsMapResources",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsResourceGetMappedMipmappedArray` (the header's `cuGraphicsResourceGetMappedMipmappedArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsResourceGetMappedMipmappedArray(
         &self,
@@ -11548,19 +12744,23 @@ impl DriverApi {
         resource: CUgraphicsResource,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceGetMappedMipmappedArray {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pMipmappedArray, resource),
-                "cuGraphicsResourceGetMappedMipmappedArray",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsResourceGetMappedMipmappedArray",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pMipmappedArray, resource),
+                    "cuGraphicsResourceGetMappedMipmappedArray",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsResourceGetMappedMipmappedArray",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsResourceGetMappedPointer_v2` (the header's `cuGraphicsResourceGetMappedPointer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsResourceGetMappedPointer(
         &self,
@@ -11569,19 +12769,23 @@ impl DriverApi {
         resource: CUgraphicsResource,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceGetMappedPointer_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pDevPtr, pSize, resource),
-                "cuGraphicsResourceGetMappedPointer_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsResourceGetMappedPointer_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pDevPtr, pSize, resource),
+                    "cuGraphicsResourceGetMappedPointer_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsResourceGetMappedPointer_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsResourceSetMapFlags_v2` (the header's `cuGraphicsResourceSetMapFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsResourceSetMapFlags(
         &self,
@@ -11589,19 +12793,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceSetMapFlags_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(resource, flags),
-                "cuGraphicsResourceSetMapFlags_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsResourceSetMapFlags_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(resource, flags),
+                    "cuGraphicsResourceSetMapFlags_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsResourceSetMapFlags_v2",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsSubResourceGetMappedArray` (the header's `cuGraphicsSubResourceGetMappedArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsSubResourceGetMappedArray(
         &self,
@@ -11611,19 +12819,23 @@ impl DriverApi {
         mipLevel: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsSubResourceGetMappedArray {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pArray, resource, arrayIndex, mipLevel),
-                "cuGraphicsSubResourceGetMappedArray",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsSubResourceGetMappedArray",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pArray, resource, arrayIndex, mipLevel),
+                    "cuGraphicsSubResourceGetMappedArray",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsSubResourceGetMappedArray",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsUnmapResources` (the header's `cuGraphicsUnmapResources`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsUnmapResources(
         &self,
@@ -11632,19 +12844,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsUnmapResources {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(count, resources, hStream),
-                "cuGraphicsUnmapResources",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsUnmapResources",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(count, resources, hStream),
+                    "cuGraphicsUnmapResources",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsUnmapResources",
+                })
+            }
         }
     }
     /** Calls `cuGraphicsUnregisterResource` (the header's `cuGraphicsUnregisterResource`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGraphicsUnregisterResource(
         &self,
@@ -11652,17 +12868,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsUnregisterResource {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(resource), "cuGraphicsUnregisterResource")
+                crate::error::check(
+                    driver_fn__(resource),
+                    "cuGraphicsUnregisterResource",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGraphicsUnregisterResource",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGraphicsUnregisterResource",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxCreate` (the header's `cuGreenCtxCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxCreate(
         &self,
@@ -11673,30 +12894,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxCreate {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(phCtx, desc, dev, flags), "cuGreenCtxCreate")
+                crate::error::check(
+                    driver_fn__(phCtx, desc, dev, flags),
+                    "cuGreenCtxCreate",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxCreate",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxDestroy` (the header's `cuGreenCtxDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuGreenCtxDestroy(&self, hCtx: CUgreenCtx) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuGreenCtxDestroy(
+        &self,
+        hCtx: CUgreenCtx,
+    ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hCtx), "cuGreenCtxDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hCtx), "cuGreenCtxDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxDestroy",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxGetDevResource` (the header's `cuGreenCtxGetDevResource`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxGetDevResource(
         &self,
@@ -11705,19 +12938,23 @@ impl DriverApi {
         type_: CUdevResourceType,
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxGetDevResource {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hCtx, resource, type_),
-                "cuGreenCtxGetDevResource",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxGetDevResource",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hCtx, resource, type_),
+                    "cuGreenCtxGetDevResource",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxGetDevResource",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxGetId` (the header's `cuGreenCtxGetId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxGetId(
         &self,
@@ -11728,15 +12965,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(greenCtx, greenCtxId), "cuGreenCtxGetId")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxGetId",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxGetId",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxRecordEvent` (the header's `cuGreenCtxRecordEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxRecordEvent(
         &self,
@@ -11747,15 +12986,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxRecordEvent")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxRecordEvent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxRecordEvent",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxStreamCreate` (the header's `cuGreenCtxStreamCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxStreamCreate(
         &self,
@@ -11765,19 +13006,23 @@ impl DriverApi {
         priority: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxStreamCreate {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phStream, greenCtx, flags, priority),
-                "cuGreenCtxStreamCreate",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxStreamCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phStream, greenCtx, flags, priority),
+                    "cuGreenCtxStreamCreate",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxStreamCreate",
+                })
+            }
         }
     }
     /** Calls `cuGreenCtxWaitEvent` (the header's `cuGreenCtxWaitEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuGreenCtxWaitEvent(
         &self,
@@ -11788,15 +13033,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxWaitEvent")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuGreenCtxWaitEvent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuGreenCtxWaitEvent",
+                })
+            }
         }
     }
     /** Calls `cuImportExternalMemory` (the header's `cuImportExternalMemory`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuImportExternalMemory(
         &self,
@@ -11804,19 +13051,23 @@ impl DriverApi {
         memHandleDesc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC,
     ) -> Result<(), crate::error::Error> {
         match self.cuImportExternalMemory {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(extMem_out, memHandleDesc),
-                "cuImportExternalMemory",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuImportExternalMemory",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(extMem_out, memHandleDesc),
+                    "cuImportExternalMemory",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuImportExternalMemory",
+                })
+            }
         }
     }
     /** Calls `cuImportExternalSemaphore` (the header's `cuImportExternalSemaphore`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuImportExternalSemaphore(
         &self,
@@ -11824,43 +13075,61 @@ impl DriverApi {
         semHandleDesc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC,
     ) -> Result<(), crate::error::Error> {
         match self.cuImportExternalSemaphore {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(extSem_out, semHandleDesc),
-                "cuImportExternalSemaphore",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuImportExternalSemaphore",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(extSem_out, semHandleDesc),
+                    "cuImportExternalSemaphore",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuImportExternalSemaphore",
+                })
+            }
         }
     }
     /** Calls `cuInit` (the header's `cuInit`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuInit(&self, Flags: ::std::os::raw::c_uint) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuInit(
+        &self,
+        Flags: ::std::os::raw::c_uint,
+    ) -> Result<(), crate::error::Error> {
         match self.cuInit {
             Some(driver_fn__) => crate::error::check(driver_fn__(Flags), "cuInit"),
-            None => Err(crate::error::Error::MissingSymbol { symbol: "cuInit" }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuInit",
+                })
+            }
         }
     }
     /** Calls `cuIpcCloseMemHandle` (the header's `cuIpcCloseMemHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuIpcCloseMemHandle(&self, dptr: CUdeviceptr) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuIpcCloseMemHandle(
+        &self,
+        dptr: CUdeviceptr,
+    ) -> Result<(), crate::error::Error> {
         match self.cuIpcCloseMemHandle {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dptr), "cuIpcCloseMemHandle"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuIpcCloseMemHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(dptr), "cuIpcCloseMemHandle")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuIpcCloseMemHandle",
+                })
+            }
         }
     }
     /** Calls `cuIpcGetEventHandle` (the header's `cuIpcGetEventHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuIpcGetEventHandle(
         &self,
@@ -11871,15 +13140,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pHandle, event), "cuIpcGetEventHandle")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuIpcGetEventHandle",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuIpcGetEventHandle",
+                })
+            }
         }
     }
     /** Calls `cuIpcGetMemHandle` (the header's `cuIpcGetMemHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuIpcGetMemHandle(
         &self,
@@ -11890,15 +13161,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pHandle, dptr), "cuIpcGetMemHandle")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuIpcGetMemHandle",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuIpcGetMemHandle",
+                })
+            }
         }
     }
     /** Calls `cuIpcOpenEventHandle` (the header's `cuIpcOpenEventHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuIpcOpenEventHandle(
         &self,
@@ -11909,15 +13182,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(phEvent, handle), "cuIpcOpenEventHandle")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuIpcOpenEventHandle",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuIpcOpenEventHandle",
+                })
+            }
         }
     }
     /** Calls `cuIpcOpenMemHandle_v2` (the header's `cuIpcOpenMemHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuIpcOpenMemHandle(
         &self,
@@ -11927,17 +13202,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcOpenMemHandle_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pdptr, handle, Flags), "cuIpcOpenMemHandle_v2")
+                crate::error::check(
+                    driver_fn__(pdptr, handle, Flags),
+                    "cuIpcOpenMemHandle_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuIpcOpenMemHandle_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuIpcOpenMemHandle_v2",
+                })
+            }
         }
     }
     /** Calls `cuKernelGetAttribute` (the header's `cuKernelGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelGetAttribute(
         &self,
@@ -11948,17 +13228,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pi, attrib, kernel, dev), "cuKernelGetAttribute")
+                crate::error::check(
+                    driver_fn__(pi, attrib, kernel, dev),
+                    "cuKernelGetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuKernelGetFunction` (the header's `cuKernelGetFunction`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelGetFunction(
         &self,
@@ -11969,15 +13254,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pFunc, kernel), "cuKernelGetFunction")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelGetFunction",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelGetFunction",
+                })
+            }
         }
     }
     /** Calls `cuKernelGetLibrary` (the header's `cuKernelGetLibrary`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelGetLibrary(
         &self,
@@ -11988,15 +13275,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pLib, kernel), "cuKernelGetLibrary")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelGetLibrary",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelGetLibrary",
+                })
+            }
         }
     }
     /** Calls `cuKernelGetName` (the header's `cuKernelGetName`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelGetName(
         &self,
@@ -12004,16 +13293,20 @@ impl DriverApi {
         hfunc: CUkernel,
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetName {
-            Some(driver_fn__) => crate::error::check(driver_fn__(name, hfunc), "cuKernelGetName"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelGetName",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(name, hfunc), "cuKernelGetName")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelGetName",
+                })
+            }
         }
     }
     /** Calls `cuKernelGetParamInfo` (the header's `cuKernelGetParamInfo`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelGetParamInfo(
         &self,
@@ -12023,19 +13316,23 @@ impl DriverApi {
         paramSize: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetParamInfo {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(kernel, paramIndex, paramOffset, paramSize),
-                "cuKernelGetParamInfo",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelGetParamInfo",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(kernel, paramIndex, paramOffset, paramSize),
+                    "cuKernelGetParamInfo",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelGetParamInfo",
+                })
+            }
         }
     }
     /** Calls `cuKernelSetAttribute` (the header's `cuKernelSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelSetAttribute(
         &self,
@@ -12045,19 +13342,23 @@ impl DriverApi {
         dev: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelSetAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(attrib, val, kernel, dev),
-                "cuKernelSetAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelSetAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(attrib, val, kernel, dev),
+                    "cuKernelSetAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuKernelSetCacheConfig` (the header's `cuKernelSetCacheConfig`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuKernelSetCacheConfig(
         &self,
@@ -12067,28 +13368,37 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelSetCacheConfig {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(kernel, config, dev), "cuKernelSetCacheConfig")
+                crate::error::check(
+                    driver_fn__(kernel, config, dev),
+                    "cuKernelSetCacheConfig",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuKernelSetCacheConfig",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuKernelSetCacheConfig",
+                })
+            }
         }
     }
     /** Calls `cuLaunch` (the header's `cuLaunch`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunch(&self, f: CUfunction) -> Result<(), crate::error::Error> {
         match self.cuLaunch {
             Some(driver_fn__) => crate::error::check(driver_fn__(f), "cuLaunch"),
-            None => Err(crate::error::Error::MissingSymbol { symbol: "cuLaunch" }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunch",
+                })
+            }
         }
     }
     /** Calls `cuLaunchCooperativeKernel` (the header's `cuLaunchCooperativeKernel`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchCooperativeKernel(
         &self,
@@ -12104,30 +13414,34 @@ impl DriverApi {
         kernelParams: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchCooperativeKernel {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    f,
-                    gridDimX,
-                    gridDimY,
-                    gridDimZ,
-                    blockDimX,
-                    blockDimY,
-                    blockDimZ,
-                    sharedMemBytes,
-                    hStream,
-                    kernelParams,
-                ),
-                "cuLaunchCooperativeKernel",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchCooperativeKernel",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        f,
+                        gridDimX,
+                        gridDimY,
+                        gridDimZ,
+                        blockDimX,
+                        blockDimY,
+                        blockDimZ,
+                        sharedMemBytes,
+                        hStream,
+                        kernelParams,
+                    ),
+                    "cuLaunchCooperativeKernel",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchCooperativeKernel",
+                })
+            }
         }
     }
     /** Calls `cuLaunchCooperativeKernelMultiDevice` (the header's `cuLaunchCooperativeKernelMultiDevice`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
         &self,
@@ -12136,19 +13450,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchCooperativeKernelMultiDevice {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(launchParamsList, numDevices, flags),
-                "cuLaunchCooperativeKernelMultiDevice",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchCooperativeKernelMultiDevice",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(launchParamsList, numDevices, flags),
+                    "cuLaunchCooperativeKernelMultiDevice",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchCooperativeKernelMultiDevice",
+                })
+            }
         }
     }
     /** Calls `cuLaunchGrid` (the header's `cuLaunchGrid`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchGrid(
         &self,
@@ -12158,17 +13476,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchGrid {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(f, grid_width, grid_height), "cuLaunchGrid")
+                crate::error::check(
+                    driver_fn__(f, grid_width, grid_height),
+                    "cuLaunchGrid",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchGrid",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchGrid",
+                })
+            }
         }
     }
     /** Calls `cuLaunchGridAsync` (the header's `cuLaunchGridAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchGridAsync(
         &self,
@@ -12178,19 +13501,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchGridAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(f, grid_width, grid_height, hStream),
-                "cuLaunchGridAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchGridAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(f, grid_width, grid_height, hStream),
+                    "cuLaunchGridAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchGridAsync",
+                })
+            }
         }
     }
     /** Calls `cuLaunchHostFunc` (the header's `cuLaunchHostFunc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchHostFunc(
         &self,
@@ -12200,17 +13527,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchHostFunc {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, fn_, userData), "cuLaunchHostFunc")
+                crate::error::check(
+                    driver_fn__(hStream, fn_, userData),
+                    "cuLaunchHostFunc",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchHostFunc",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchHostFunc",
+                })
+            }
         }
     }
     /** Calls `cuLaunchKernel` (the header's `cuLaunchKernel`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchKernel(
         &self,
@@ -12227,31 +13559,35 @@ impl DriverApi {
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchKernel {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    f,
-                    gridDimX,
-                    gridDimY,
-                    gridDimZ,
-                    blockDimX,
-                    blockDimY,
-                    blockDimZ,
-                    sharedMemBytes,
-                    hStream,
-                    kernelParams,
-                    extra,
-                ),
-                "cuLaunchKernel",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchKernel",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        f,
+                        gridDimX,
+                        gridDimY,
+                        gridDimZ,
+                        blockDimX,
+                        blockDimY,
+                        blockDimZ,
+                        sharedMemBytes,
+                        hStream,
+                        kernelParams,
+                        extra,
+                    ),
+                    "cuLaunchKernel",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchKernel",
+                })
+            }
         }
     }
     /** Calls `cuLaunchKernelEx` (the header's `cuLaunchKernelEx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLaunchKernelEx(
         &self,
@@ -12261,19 +13597,23 @@ impl DriverApi {
         extra: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchKernelEx {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(config, f, kernelParams, extra),
-                "cuLaunchKernelEx",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLaunchKernelEx",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(config, f, kernelParams, extra),
+                    "cuLaunchKernelEx",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLaunchKernelEx",
+                })
+            }
         }
     }
     /** Calls `cuLibraryEnumerateKernels` (the header's `cuLibraryEnumerateKernels`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryEnumerateKernels(
         &self,
@@ -12282,19 +13622,23 @@ impl DriverApi {
         lib: CUlibrary,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryEnumerateKernels {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(kernels, numKernels, lib),
-                "cuLibraryEnumerateKernels",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryEnumerateKernels",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(kernels, numKernels, lib),
+                    "cuLibraryEnumerateKernels",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryEnumerateKernels",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetGlobal` (the header's `cuLibraryGetGlobal`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetGlobal(
         &self,
@@ -12304,19 +13648,23 @@ impl DriverApi {
         name: *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetGlobal {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dptr, bytes, library, name),
-                "cuLibraryGetGlobal",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetGlobal",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dptr, bytes, library, name),
+                    "cuLibraryGetGlobal",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetGlobal",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetKernel` (the header's `cuLibraryGetKernel`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetKernel(
         &self,
@@ -12326,17 +13674,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetKernel {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pKernel, library, name), "cuLibraryGetKernel")
+                crate::error::check(
+                    driver_fn__(pKernel, library, name),
+                    "cuLibraryGetKernel",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetKernel",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetKernel",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetKernelCount` (the header's `cuLibraryGetKernelCount`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetKernelCount(
         &self,
@@ -12347,15 +13700,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(count, lib), "cuLibraryGetKernelCount")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetKernelCount",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetKernelCount",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetManaged` (the header's `cuLibraryGetManaged`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetManaged(
         &self,
@@ -12365,19 +13720,23 @@ impl DriverApi {
         name: *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetManaged {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dptr, bytes, library, name),
-                "cuLibraryGetManaged",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetManaged",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dptr, bytes, library, name),
+                    "cuLibraryGetManaged",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetManaged",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetModule` (the header's `cuLibraryGetModule`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetModule(
         &self,
@@ -12388,15 +13747,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pMod, library), "cuLibraryGetModule")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetModule",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetModule",
+                })
+            }
         }
     }
     /** Calls `cuLibraryGetUnifiedFunction` (the header's `cuLibraryGetUnifiedFunction`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryGetUnifiedFunction(
         &self,
@@ -12405,19 +13766,23 @@ impl DriverApi {
         symbol: *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetUnifiedFunction {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(fptr, library, symbol),
-                "cuLibraryGetUnifiedFunction",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryGetUnifiedFunction",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(fptr, library, symbol),
+                    "cuLibraryGetUnifiedFunction",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryGetUnifiedFunction",
+                })
+            }
         }
     }
     /** Calls `cuLibraryLoadData` (the header's `cuLibraryLoadData`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryLoadData(
         &self,
@@ -12431,28 +13796,32 @@ impl DriverApi {
         numLibraryOptions: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryLoadData {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    library,
-                    code,
-                    jitOptions,
-                    jitOptionsValues,
-                    numJitOptions,
-                    libraryOptions,
-                    libraryOptionValues,
-                    numLibraryOptions,
-                ),
-                "cuLibraryLoadData",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryLoadData",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        library,
+                        code,
+                        jitOptions,
+                        jitOptionsValues,
+                        numJitOptions,
+                        libraryOptions,
+                        libraryOptionValues,
+                        numLibraryOptions,
+                    ),
+                    "cuLibraryLoadData",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryLoadData",
+                })
+            }
         }
     }
     /** Calls `cuLibraryLoadFromFile` (the header's `cuLibraryLoadFromFile`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLibraryLoadFromFile(
         &self,
@@ -12466,41 +13835,52 @@ impl DriverApi {
         numLibraryOptions: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryLoadFromFile {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    library,
-                    fileName,
-                    jitOptions,
-                    jitOptionsValues,
-                    numJitOptions,
-                    libraryOptions,
-                    libraryOptionValues,
-                    numLibraryOptions,
-                ),
-                "cuLibraryLoadFromFile",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryLoadFromFile",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        library,
+                        fileName,
+                        jitOptions,
+                        jitOptionsValues,
+                        numJitOptions,
+                        libraryOptions,
+                        libraryOptionValues,
+                        numLibraryOptions,
+                    ),
+                    "cuLibraryLoadFromFile",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryLoadFromFile",
+                })
+            }
         }
     }
     /** Calls `cuLibraryUnload` (the header's `cuLibraryUnload`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuLibraryUnload(&self, library: CUlibrary) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuLibraryUnload(
+        &self,
+        library: CUlibrary,
+    ) -> Result<(), crate::error::Error> {
         match self.cuLibraryUnload {
-            Some(driver_fn__) => crate::error::check(driver_fn__(library), "cuLibraryUnload"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLibraryUnload",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(library), "cuLibraryUnload")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLibraryUnload",
+                })
+            }
         }
     }
     /** Calls `cuLinkAddData_v2` (the header's `cuLinkAddData`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLinkAddData(
         &self,
@@ -12514,28 +13894,32 @@ impl DriverApi {
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkAddData_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    state,
-                    type_,
-                    data,
-                    size,
-                    name,
-                    numOptions,
-                    options,
-                    optionValues,
-                ),
-                "cuLinkAddData_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLinkAddData_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        state,
+                        type_,
+                        data,
+                        size,
+                        name,
+                        numOptions,
+                        options,
+                        optionValues,
+                    ),
+                    "cuLinkAddData_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLinkAddData_v2",
+                })
+            }
         }
     }
     /** Calls `cuLinkAddFile_v2` (the header's `cuLinkAddFile`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLinkAddFile(
         &self,
@@ -12547,19 +13931,23 @@ impl DriverApi {
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkAddFile_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(state, type_, path, numOptions, options, optionValues),
-                "cuLinkAddFile_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLinkAddFile_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(state, type_, path, numOptions, options, optionValues),
+                    "cuLinkAddFile_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLinkAddFile_v2",
+                })
+            }
         }
     }
     /** Calls `cuLinkComplete` (the header's `cuLinkComplete`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLinkComplete(
         &self,
@@ -12569,17 +13957,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkComplete {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(state, cubinOut, sizeOut), "cuLinkComplete")
+                crate::error::check(
+                    driver_fn__(state, cubinOut, sizeOut),
+                    "cuLinkComplete",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLinkComplete",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLinkComplete",
+                })
+            }
         }
     }
     /** Calls `cuLinkCreate_v2` (the header's `cuLinkCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLinkCreate(
         &self,
@@ -12589,32 +13982,41 @@ impl DriverApi {
         stateOut: *mut CUlinkState,
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkCreate_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numOptions, options, optionValues, stateOut),
-                "cuLinkCreate_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLinkCreate_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numOptions, options, optionValues, stateOut),
+                    "cuLinkCreate_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLinkCreate_v2",
+                })
+            }
         }
     }
     /** Calls `cuLinkDestroy` (the header's `cuLinkDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuLinkDestroy(&self, state: CUlinkState) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuLinkDestroy(
+        &self,
+        state: CUlinkState,
+    ) -> Result<(), crate::error::Error> {
         match self.cuLinkDestroy {
             Some(driver_fn__) => crate::error::check(driver_fn__(state), "cuLinkDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLinkDestroy",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLinkDestroy",
+                })
+            }
         }
     }
     /** Calls `cuLogsCurrent` (the header's `cuLogsCurrent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLogsCurrent(
         &self,
@@ -12625,15 +14027,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(iterator_out, flags), "cuLogsCurrent")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLogsCurrent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLogsCurrent",
+                })
+            }
         }
     }
     /** Calls `cuLogsDumpToFile` (the header's `cuLogsDumpToFile`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLogsDumpToFile(
         &self,
@@ -12643,17 +14047,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsDumpToFile {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(iterator, pathToFile, flags), "cuLogsDumpToFile")
+                crate::error::check(
+                    driver_fn__(iterator, pathToFile, flags),
+                    "cuLogsDumpToFile",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLogsDumpToFile",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLogsDumpToFile",
+                })
+            }
         }
     }
     /** Calls `cuLogsDumpToMemory` (the header's `cuLogsDumpToMemory`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLogsDumpToMemory(
         &self,
@@ -12663,19 +14072,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsDumpToMemory {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(iterator, buffer, size, flags),
-                "cuLogsDumpToMemory",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLogsDumpToMemory",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(iterator, buffer, size, flags),
+                    "cuLogsDumpToMemory",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLogsDumpToMemory",
+                })
+            }
         }
     }
     /** Calls `cuLogsRegisterCallback` (the header's `cuLogsRegisterCallback`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLogsRegisterCallback(
         &self,
@@ -12684,19 +14097,23 @@ impl DriverApi {
         callback_out: *mut CUlogsCallbackHandle,
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsRegisterCallback {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(callbackFunc, userData, callback_out),
-                "cuLogsRegisterCallback",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLogsRegisterCallback",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(callbackFunc, userData, callback_out),
+                    "cuLogsRegisterCallback",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLogsRegisterCallback",
+                })
+            }
         }
     }
     /** Calls `cuLogsUnregisterCallback` (the header's `cuLogsUnregisterCallback`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuLogsUnregisterCallback(
         &self,
@@ -12706,15 +14123,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(callback), "cuLogsUnregisterCallback")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuLogsUnregisterCallback",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuLogsUnregisterCallback",
+                })
+            }
         }
     }
     /** Calls `cuMemAddressFree` (the header's `cuMemAddressFree`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAddressFree(
         &self,
@@ -12722,16 +14141,20 @@ impl DriverApi {
         size: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAddressFree {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ptr, size), "cuMemAddressFree"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAddressFree",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(ptr, size), "cuMemAddressFree")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAddressFree",
+                })
+            }
         }
     }
     /** Calls `cuMemAddressReserve` (the header's `cuMemAddressReserve`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAddressReserve(
         &self,
@@ -12742,19 +14165,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAddressReserve {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(ptr, size, alignment, addr, flags),
-                "cuMemAddressReserve",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAddressReserve",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(ptr, size, alignment, addr, flags),
+                    "cuMemAddressReserve",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAddressReserve",
+                })
+            }
         }
     }
     /** Calls `cuMemAdvise_v2` (the header's `cuMemAdvise`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAdvise(
         &self,
@@ -12764,19 +14191,23 @@ impl DriverApi {
         location: CUmemLocation,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAdvise_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(devPtr, count, advice, location),
-                "cuMemAdvise_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAdvise_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(devPtr, count, advice, location),
+                    "cuMemAdvise_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAdvise_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemAllocAsync` (the header's `cuMemAllocAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAllocAsync(
         &self,
@@ -12786,17 +14217,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocAsync {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dptr, bytesize, hStream), "cuMemAllocAsync")
+                crate::error::check(
+                    driver_fn__(dptr, bytesize, hStream),
+                    "cuMemAllocAsync",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAllocAsync",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAllocAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemAllocFromPoolAsync` (the header's `cuMemAllocFromPoolAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAllocFromPoolAsync(
         &self,
@@ -12806,19 +14242,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocFromPoolAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dptr, bytesize, pool, hStream),
-                "cuMemAllocFromPoolAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAllocFromPoolAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dptr, bytesize, pool, hStream),
+                    "cuMemAllocFromPoolAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAllocFromPoolAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemAllocHost_v2` (the header's `cuMemAllocHost`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAllocHost(
         &self,
@@ -12829,15 +14269,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pp, bytesize), "cuMemAllocHost_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAllocHost_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAllocHost_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemAllocManaged` (the header's `cuMemAllocManaged`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAllocManaged(
         &self,
@@ -12847,17 +14289,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocManaged {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dptr, bytesize, flags), "cuMemAllocManaged")
+                crate::error::check(
+                    driver_fn__(dptr, bytesize, flags),
+                    "cuMemAllocManaged",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAllocManaged",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAllocManaged",
+                })
+            }
         }
     }
     /** Calls `cuMemAllocPitch_v2` (the header's `cuMemAllocPitch`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAllocPitch(
         &self,
@@ -12868,19 +14315,23 @@ impl DriverApi {
         ElementSizeBytes: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocPitch_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
-                "cuMemAllocPitch_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAllocPitch_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
+                    "cuMemAllocPitch_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAllocPitch_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemAlloc_v2` (the header's `cuMemAlloc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemAlloc(
         &self,
@@ -12888,16 +14339,20 @@ impl DriverApi {
         bytesize: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAlloc_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dptr, bytesize), "cuMemAlloc_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemAlloc_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(dptr, bytesize), "cuMemAlloc_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemAlloc_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemBatchDecompressAsync` (the header's `cuMemBatchDecompressAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemBatchDecompressAsync(
         &self,
@@ -12908,19 +14363,23 @@ impl DriverApi {
         stream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemBatchDecompressAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(paramsArray, count, flags, errorIndex, stream),
-                "cuMemBatchDecompressAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemBatchDecompressAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(paramsArray, count, flags, errorIndex, stream),
+                    "cuMemBatchDecompressAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemBatchDecompressAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemCreate` (the header's `cuMemCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemCreate(
         &self,
@@ -12931,17 +14390,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemCreate {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(handle, size, prop, flags), "cuMemCreate")
+                crate::error::check(
+                    driver_fn__(handle, size, prop, flags),
+                    "cuMemCreate",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemCreate",
+                })
+            }
         }
     }
     /** Calls `cuMemDiscardAndPrefetchBatchAsync` (the header's `cuMemDiscardAndPrefetchBatchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemDiscardAndPrefetchBatchAsync(
         &self,
@@ -12955,28 +14419,32 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemDiscardAndPrefetchBatchAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    dptrs,
-                    sizes,
-                    count,
-                    prefetchLocs,
-                    prefetchLocIdxs,
-                    numPrefetchLocs,
-                    flags,
-                    hStream,
-                ),
-                "cuMemDiscardAndPrefetchBatchAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemDiscardAndPrefetchBatchAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        dptrs,
+                        sizes,
+                        count,
+                        prefetchLocs,
+                        prefetchLocIdxs,
+                        numPrefetchLocs,
+                        flags,
+                        hStream,
+                    ),
+                    "cuMemDiscardAndPrefetchBatchAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemDiscardAndPrefetchBatchAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemDiscardBatchAsync` (the header's `cuMemDiscardBatchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemDiscardBatchAsync(
         &self,
@@ -12987,19 +14455,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemDiscardBatchAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dptrs, sizes, count, flags, hStream),
-                "cuMemDiscardBatchAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemDiscardBatchAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dptrs, sizes, count, flags, hStream),
+                    "cuMemDiscardBatchAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemDiscardBatchAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemExportToShareableHandle` (the header's `cuMemExportToShareableHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemExportToShareableHandle(
         &self,
@@ -13009,19 +14481,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemExportToShareableHandle {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(shareableHandle, handle, handleType, flags),
-                "cuMemExportToShareableHandle",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemExportToShareableHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(shareableHandle, handle, handleType, flags),
+                    "cuMemExportToShareableHandle",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemExportToShareableHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemFreeAsync` (the header's `cuMemFreeAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemFreeAsync(
         &self,
@@ -13029,16 +14505,20 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemFreeAsync {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dptr, hStream), "cuMemFreeAsync"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemFreeAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(dptr, hStream), "cuMemFreeAsync")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemFreeAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemFreeHost` (the header's `cuMemFreeHost`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemFreeHost(
         &self,
@@ -13046,28 +14526,35 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemFreeHost {
             Some(driver_fn__) => crate::error::check(driver_fn__(p), "cuMemFreeHost"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemFreeHost",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemFreeHost",
+                })
+            }
         }
     }
     /** Calls `cuMemFree_v2` (the header's `cuMemFree`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuMemFree(&self, dptr: CUdeviceptr) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuMemFree(
+        &self,
+        dptr: CUdeviceptr,
+    ) -> Result<(), crate::error::Error> {
         match self.cuMemFree_v2 {
             Some(driver_fn__) => crate::error::check(driver_fn__(dptr), "cuMemFree_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemFree_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemFree_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemGetAccess` (the header's `cuMemGetAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetAccess(
         &self,
@@ -13079,15 +14566,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(flags, location, ptr), "cuMemGetAccess")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetAccess",
+                })
+            }
         }
     }
     /** Calls `cuMemGetAddressRange_v2` (the header's `cuMemGetAddressRange`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetAddressRange(
         &self,
@@ -13097,17 +14586,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAddressRange_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pbase, psize, dptr), "cuMemGetAddressRange_v2")
+                crate::error::check(
+                    driver_fn__(pbase, psize, dptr),
+                    "cuMemGetAddressRange_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetAddressRange_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetAddressRange_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemGetAllocationGranularity` (the header's `cuMemGetAllocationGranularity`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetAllocationGranularity(
         &self,
@@ -13116,19 +14610,23 @@ impl DriverApi {
         option: CUmemAllocationGranularity_flags,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAllocationGranularity {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(granularity, prop, option),
-                "cuMemGetAllocationGranularity",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetAllocationGranularity",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(granularity, prop, option),
+                    "cuMemGetAllocationGranularity",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetAllocationGranularity",
+                })
+            }
         }
     }
     /** Calls `cuMemGetAllocationPropertiesFromHandle` (the header's `cuMemGetAllocationPropertiesFromHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetAllocationPropertiesFromHandle(
         &self,
@@ -13136,19 +14634,23 @@ impl DriverApi {
         handle: CUmemGenericAllocationHandle,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAllocationPropertiesFromHandle {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(prop, handle),
-                "cuMemGetAllocationPropertiesFromHandle",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetAllocationPropertiesFromHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(prop, handle),
+                    "cuMemGetAllocationPropertiesFromHandle",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetAllocationPropertiesFromHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemGetDefaultMemPool` (the header's `cuMemGetDefaultMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetDefaultMemPool(
         &self,
@@ -13157,19 +14659,23 @@ impl DriverApi {
         type_: CUmemAllocationType,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetDefaultMemPool {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pool_out, location, type_),
-                "cuMemGetDefaultMemPool",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetDefaultMemPool",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pool_out, location, type_),
+                    "cuMemGetDefaultMemPool",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetDefaultMemPool",
+                })
+            }
         }
     }
     /** Calls `cuMemGetHandleForAddressRange` (the header's `cuMemGetHandleForAddressRange`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetHandleForAddressRange(
         &self,
@@ -13180,19 +14686,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetHandleForAddressRange {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(handle, dptr, size, handleType, flags),
-                "cuMemGetHandleForAddressRange",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetHandleForAddressRange",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(handle, dptr, size, handleType, flags),
+                    "cuMemGetHandleForAddressRange",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetHandleForAddressRange",
+                })
+            }
         }
     }
     /** Calls `cuMemGetInfo_v2` (the header's `cuMemGetInfo`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetInfo(
         &self,
@@ -13200,16 +14710,20 @@ impl DriverApi {
         total: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetInfo_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(free, total), "cuMemGetInfo_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetInfo_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(free, total), "cuMemGetInfo_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetInfo_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemGetMemPool` (the header's `cuMemGetMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemGetMemPool(
         &self,
@@ -13219,17 +14733,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetMemPool {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pool, location, type_), "cuMemGetMemPool")
+                crate::error::check(
+                    driver_fn__(pool, location, type_),
+                    "cuMemGetMemPool",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemGetMemPool",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemGetMemPool",
+                })
+            }
         }
     }
     /** Calls `cuMemHostAlloc` (the header's `cuMemHostAlloc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemHostAlloc(
         &self,
@@ -13241,15 +14760,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pp, bytesize, Flags), "cuMemHostAlloc")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemHostAlloc",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemHostAlloc",
+                })
+            }
         }
     }
     /** Calls `cuMemHostGetDevicePointer_v2` (the header's `cuMemHostGetDevicePointer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemHostGetDevicePointer(
         &self,
@@ -13259,17 +14780,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostGetDevicePointer_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pdptr, p, Flags), "cuMemHostGetDevicePointer_v2")
+                crate::error::check(
+                    driver_fn__(pdptr, p, Flags),
+                    "cuMemHostGetDevicePointer_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemHostGetDevicePointer_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemHostGetDevicePointer_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemHostGetFlags` (the header's `cuMemHostGetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemHostGetFlags(
         &self,
@@ -13277,16 +14803,20 @@ impl DriverApi {
         p: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostGetFlags {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pFlags, p), "cuMemHostGetFlags"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemHostGetFlags",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pFlags, p), "cuMemHostGetFlags")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemHostGetFlags",
+                })
+            }
         }
     }
     /** Calls `cuMemHostRegister_v2` (the header's `cuMemHostRegister`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemHostRegister(
         &self,
@@ -13296,33 +14826,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostRegister_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(p, bytesize, Flags), "cuMemHostRegister_v2")
+                crate::error::check(
+                    driver_fn__(p, bytesize, Flags),
+                    "cuMemHostRegister_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemHostRegister_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemHostRegister_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemHostUnregister` (the header's `cuMemHostUnregister`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemHostUnregister(
         &self,
         p: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostUnregister {
-            Some(driver_fn__) => crate::error::check(driver_fn__(p), "cuMemHostUnregister"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemHostUnregister",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(p), "cuMemHostUnregister")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemHostUnregister",
+                })
+            }
         }
     }
     /** Calls `cuMemImportFromShareableHandle` (the header's `cuMemImportFromShareableHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemImportFromShareableHandle(
         &self,
@@ -13331,19 +14870,23 @@ impl DriverApi {
         shHandleType: CUmemAllocationHandleType,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemImportFromShareableHandle {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(handle, osHandle, shHandleType),
-                "cuMemImportFromShareableHandle",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemImportFromShareableHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(handle, osHandle, shHandleType),
+                    "cuMemImportFromShareableHandle",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemImportFromShareableHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemMap` (the header's `cuMemMap`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemMap(
         &self,
@@ -13355,15 +14898,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemMap {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(ptr, size, offset, handle, flags), "cuMemMap")
+                crate::error::check(
+                    driver_fn__(ptr, size, offset, handle, flags),
+                    "cuMemMap",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol { symbol: "cuMemMap" }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemMap",
+                })
+            }
         }
     }
     /** Calls `cuMemMapArrayAsync` (the header's `cuMemMapArrayAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemMapArrayAsync(
         &self,
@@ -13372,19 +14922,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemMapArrayAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(mapInfoList, count, hStream),
-                "cuMemMapArrayAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemMapArrayAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(mapInfoList, count, hStream),
+                    "cuMemMapArrayAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemMapArrayAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolCreate` (the header's `cuMemPoolCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolCreate(
         &self,
@@ -13395,28 +14949,37 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pool, poolProps), "cuMemPoolCreate")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolCreate",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolDestroy` (the header's `cuMemPoolDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuMemPoolDestroy(&self, pool: CUmemoryPool) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuMemPoolDestroy(
+        &self,
+        pool: CUmemoryPool,
+    ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pool), "cuMemPoolDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pool), "cuMemPoolDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolDestroy",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolExportPointer` (the header's `cuMemPoolExportPointer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolExportPointer(
         &self,
@@ -13425,17 +14988,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolExportPointer {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(shareData_out, ptr), "cuMemPoolExportPointer")
+                crate::error::check(
+                    driver_fn__(shareData_out, ptr),
+                    "cuMemPoolExportPointer",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolExportPointer",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolExportPointer",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolExportToShareableHandle` (the header's `cuMemPoolExportToShareableHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolExportToShareableHandle(
         &self,
@@ -13445,19 +15013,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolExportToShareableHandle {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(handle_out, pool, handleType, flags),
-                "cuMemPoolExportToShareableHandle",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolExportToShareableHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(handle_out, pool, handleType, flags),
+                    "cuMemPoolExportToShareableHandle",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolExportToShareableHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolGetAccess` (the header's `cuMemPoolGetAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolGetAccess(
         &self,
@@ -13467,17 +15039,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolGetAccess {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(flags, memPool, location), "cuMemPoolGetAccess")
+                crate::error::check(
+                    driver_fn__(flags, memPool, location),
+                    "cuMemPoolGetAccess",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolGetAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolGetAccess",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolGetAttribute` (the header's `cuMemPoolGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolGetAttribute(
         &self,
@@ -13487,17 +15064,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolGetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pool, attr, value), "cuMemPoolGetAttribute")
+                crate::error::check(
+                    driver_fn__(pool, attr, value),
+                    "cuMemPoolGetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolImportFromShareableHandle` (the header's `cuMemPoolImportFromShareableHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolImportFromShareableHandle(
         &self,
@@ -13507,19 +15089,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolImportFromShareableHandle {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pool_out, handle, handleType, flags),
-                "cuMemPoolImportFromShareableHandle",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolImportFromShareableHandle",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pool_out, handle, handleType, flags),
+                    "cuMemPoolImportFromShareableHandle",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolImportFromShareableHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolImportPointer` (the header's `cuMemPoolImportPointer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolImportPointer(
         &self,
@@ -13528,19 +15114,23 @@ impl DriverApi {
         shareData: *mut CUmemPoolPtrExportData,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolImportPointer {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(ptr_out, pool, shareData),
-                "cuMemPoolImportPointer",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolImportPointer",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(ptr_out, pool, shareData),
+                    "cuMemPoolImportPointer",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolImportPointer",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolSetAccess` (the header's `cuMemPoolSetAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolSetAccess(
         &self,
@@ -13552,15 +15142,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pool, map, count), "cuMemPoolSetAccess")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolSetAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolSetAccess",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolSetAttribute` (the header's `cuMemPoolSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolSetAttribute(
         &self,
@@ -13570,17 +15162,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolSetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pool, attr, value), "cuMemPoolSetAttribute")
+                crate::error::check(
+                    driver_fn__(pool, attr, value),
+                    "cuMemPoolSetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolSetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuMemPoolTrimTo` (the header's `cuMemPoolTrimTo`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPoolTrimTo(
         &self,
@@ -13591,15 +15188,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pool, minBytesToKeep), "cuMemPoolTrimTo")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPoolTrimTo",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPoolTrimTo",
+                })
+            }
         }
     }
     /** Calls `cuMemPrefetchAsync_v2` (the header's `cuMemPrefetchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPrefetchAsync(
         &self,
@@ -13610,19 +15209,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPrefetchAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(devPtr, count, location, flags, hStream),
-                "cuMemPrefetchAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPrefetchAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(devPtr, count, location, flags, hStream),
+                    "cuMemPrefetchAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPrefetchAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemPrefetchBatchAsync` (the header's `cuMemPrefetchBatchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemPrefetchBatchAsync(
         &self,
@@ -13636,28 +15239,32 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPrefetchBatchAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    dptrs,
-                    sizes,
-                    count,
-                    prefetchLocs,
-                    prefetchLocIdxs,
-                    numPrefetchLocs,
-                    flags,
-                    hStream,
-                ),
-                "cuMemPrefetchBatchAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemPrefetchBatchAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        dptrs,
+                        sizes,
+                        count,
+                        prefetchLocs,
+                        prefetchLocIdxs,
+                        numPrefetchLocs,
+                        flags,
+                        hStream,
+                    ),
+                    "cuMemPrefetchBatchAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemPrefetchBatchAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemRangeGetAttribute` (the header's `cuMemRangeGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemRangeGetAttribute(
         &self,
@@ -13668,19 +15275,23 @@ impl DriverApi {
         count: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRangeGetAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(data, dataSize, attribute, devPtr, count),
-                "cuMemRangeGetAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemRangeGetAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(data, dataSize, attribute, devPtr, count),
+                    "cuMemRangeGetAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemRangeGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuMemRangeGetAttributes` (the header's `cuMemRangeGetAttributes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemRangeGetAttributes(
         &self,
@@ -13692,19 +15303,30 @@ impl DriverApi {
         count: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRangeGetAttributes {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(data, dataSizes, attributes, numAttributes, devPtr, count),
-                "cuMemRangeGetAttributes",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemRangeGetAttributes",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        data,
+                        dataSizes,
+                        attributes,
+                        numAttributes,
+                        devPtr,
+                        count,
+                    ),
+                    "cuMemRangeGetAttributes",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemRangeGetAttributes",
+                })
+            }
         }
     }
     /** Calls `cuMemRelease` (the header's `cuMemRelease`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemRelease(
         &self,
@@ -13712,15 +15334,17 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRelease {
             Some(driver_fn__) => crate::error::check(driver_fn__(handle), "cuMemRelease"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemRelease",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemRelease",
+                })
+            }
         }
     }
     /** Calls `cuMemRetainAllocationHandle` (the header's `cuMemRetainAllocationHandle`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemRetainAllocationHandle(
         &self,
@@ -13729,17 +15353,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRetainAllocationHandle {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(handle, addr), "cuMemRetainAllocationHandle")
+                crate::error::check(
+                    driver_fn__(handle, addr),
+                    "cuMemRetainAllocationHandle",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemRetainAllocationHandle",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemRetainAllocationHandle",
+                })
+            }
         }
     }
     /** Calls `cuMemSetAccess` (the header's `cuMemSetAccess`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemSetAccess(
         &self,
@@ -13750,17 +15379,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemSetAccess {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(ptr, size, desc, count), "cuMemSetAccess")
+                crate::error::check(
+                    driver_fn__(ptr, size, desc, count),
+                    "cuMemSetAccess",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemSetAccess",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemSetAccess",
+                })
+            }
         }
     }
     /** Calls `cuMemSetMemPool` (the header's `cuMemSetMemPool`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemSetMemPool(
         &self,
@@ -13770,17 +15404,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemSetMemPool {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(location, type_, pool), "cuMemSetMemPool")
+                crate::error::check(
+                    driver_fn__(location, type_, pool),
+                    "cuMemSetMemPool",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemSetMemPool",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemSetMemPool",
+                })
+            }
         }
     }
     /** Calls `cuMemUnmap` (the header's `cuMemUnmap`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemUnmap(
         &self,
@@ -13788,16 +15427,20 @@ impl DriverApi {
         size: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemUnmap {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ptr, size), "cuMemUnmap"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemUnmap",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(ptr, size), "cuMemUnmap")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemUnmap",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy` (the header's `cuMemcpy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy(
         &self,
@@ -13806,14 +15449,20 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dst, src, ByteCount), "cuMemcpy"),
-            None => Err(crate::error::Error::MissingSymbol { symbol: "cuMemcpy" }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(dst, src, ByteCount), "cuMemcpy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy2DAsync_v2` (the header's `cuMemcpy2DAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy2DAsync(
         &self,
@@ -13824,31 +15473,37 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy2DAsync_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy2DAsync_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy2DAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy2DUnaligned_v2` (the header's `cuMemcpy2DUnaligned`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy2DUnaligned(
         &self,
         pCopy: *const CUDA_MEMCPY2D,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy2DUnaligned_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy2DUnaligned_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy2DUnaligned_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pCopy), "cuMemcpy2DUnaligned_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy2DUnaligned_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy2D_v2` (the header's `cuMemcpy2D`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy2D(
         &self,
@@ -13856,15 +15511,17 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy2D_v2 {
             Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy2D_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy2D_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy2D_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy3DAsync_v2` (the header's `cuMemcpy3DAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy3DAsync(
         &self,
@@ -13875,15 +15532,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DAsync_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy3DAsync_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy3DAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy3DBatchAsync_v2` (the header's `cuMemcpy3DBatchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy3DBatchAsync(
         &self,
@@ -13893,35 +15552,43 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DBatchAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numOps, opList, flags, hStream),
-                "cuMemcpy3DBatchAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy3DBatchAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numOps, opList, flags, hStream),
+                    "cuMemcpy3DBatchAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy3DBatchAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy3DPeer` (the header's `cuMemcpy3DPeer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy3DPeer(
         &self,
         pCopy: *const CUDA_MEMCPY3D_PEER,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DPeer {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy3DPeer"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy3DPeer",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pCopy), "cuMemcpy3DPeer")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy3DPeer",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy3DPeerAsync` (the header's `cuMemcpy3DPeerAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy3DPeerAsync(
         &self,
@@ -13932,15 +15599,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DPeerAsync")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy3DPeerAsync",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy3DPeerAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemcpy3D_v2` (the header's `cuMemcpy3D`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpy3D(
         &self,
@@ -13948,15 +15617,17 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3D_v2 {
             Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy3D_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpy3D_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpy3D_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyAsync` (the header's `cuMemcpyAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyAsync(
         &self,
@@ -13967,17 +15638,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAsync {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dst, src, ByteCount, hStream), "cuMemcpyAsync")
+                crate::error::check(
+                    driver_fn__(dst, src, ByteCount, hStream),
+                    "cuMemcpyAsync",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyAsync",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyAtoA_v2` (the header's `cuMemcpyAtoA`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyAtoA(
         &self,
@@ -13988,19 +15664,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoA_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstArray, dstOffset, srcArray, srcOffset, ByteCount),
-                "cuMemcpyAtoA_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyAtoA_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstArray, dstOffset, srcArray, srcOffset, ByteCount),
+                    "cuMemcpyAtoA_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyAtoA_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyAtoD_v2` (the header's `cuMemcpyAtoD`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyAtoD(
         &self,
@@ -14010,19 +15690,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoD_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, srcArray, srcOffset, ByteCount),
-                "cuMemcpyAtoD_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyAtoD_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, srcArray, srcOffset, ByteCount),
+                    "cuMemcpyAtoD_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyAtoD_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyAtoHAsync_v2` (the header's `cuMemcpyAtoHAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyAtoHAsync(
         &self,
@@ -14033,19 +15717,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoHAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstHost, srcArray, srcOffset, ByteCount, hStream),
-                "cuMemcpyAtoHAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyAtoHAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstHost, srcArray, srcOffset, ByteCount, hStream),
+                    "cuMemcpyAtoHAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyAtoHAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyAtoH_v2` (the header's `cuMemcpyAtoH`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyAtoH(
         &self,
@@ -14055,19 +15743,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoH_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstHost, srcArray, srcOffset, ByteCount),
-                "cuMemcpyAtoH_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyAtoH_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstHost, srcArray, srcOffset, ByteCount),
+                    "cuMemcpyAtoH_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyAtoH_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyBatchAsync_v2` (the header's `cuMemcpyBatchAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyBatchAsync(
         &self,
@@ -14081,21 +15773,32 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyBatchAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream,
-                ),
-                "cuMemcpyBatchAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyBatchAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        dsts,
+                        srcs,
+                        sizes,
+                        count,
+                        attrs,
+                        attrsIdxs,
+                        numAttrs,
+                        hStream,
+                    ),
+                    "cuMemcpyBatchAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyBatchAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyDtoA_v2` (the header's `cuMemcpyDtoA`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyDtoA(
         &self,
@@ -14105,19 +15808,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoA_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstArray, dstOffset, srcDevice, ByteCount),
-                "cuMemcpyDtoA_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyDtoA_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstArray, dstOffset, srcDevice, ByteCount),
+                    "cuMemcpyDtoA_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyDtoA_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyDtoDAsync_v2` (the header's `cuMemcpyDtoDAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyDtoDAsync(
         &self,
@@ -14127,19 +15834,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoDAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, srcDevice, ByteCount, hStream),
-                "cuMemcpyDtoDAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyDtoDAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, srcDevice, ByteCount, hStream),
+                    "cuMemcpyDtoDAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyDtoDAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyDtoD_v2` (the header's `cuMemcpyDtoD`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyDtoD(
         &self,
@@ -14148,19 +15859,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoD_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, srcDevice, ByteCount),
-                "cuMemcpyDtoD_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyDtoD_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, srcDevice, ByteCount),
+                    "cuMemcpyDtoD_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyDtoD_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyDtoHAsync_v2` (the header's `cuMemcpyDtoHAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyDtoHAsync(
         &self,
@@ -14170,19 +15885,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoHAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstHost, srcDevice, ByteCount, hStream),
-                "cuMemcpyDtoHAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyDtoHAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstHost, srcDevice, ByteCount, hStream),
+                    "cuMemcpyDtoHAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyDtoHAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyDtoH_v2` (the header's `cuMemcpyDtoH`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyDtoH(
         &self,
@@ -14191,19 +15910,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoH_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstHost, srcDevice, ByteCount),
-                "cuMemcpyDtoH_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyDtoH_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstHost, srcDevice, ByteCount),
+                    "cuMemcpyDtoH_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyDtoH_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyHtoAAsync_v2` (the header's `cuMemcpyHtoAAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyHtoAAsync(
         &self,
@@ -14214,19 +15937,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoAAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstArray, dstOffset, srcHost, ByteCount, hStream),
-                "cuMemcpyHtoAAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyHtoAAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstArray, dstOffset, srcHost, ByteCount, hStream),
+                    "cuMemcpyHtoAAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyHtoAAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyHtoA_v2` (the header's `cuMemcpyHtoA`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyHtoA(
         &self,
@@ -14236,19 +15963,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoA_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstArray, dstOffset, srcHost, ByteCount),
-                "cuMemcpyHtoA_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyHtoA_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstArray, dstOffset, srcHost, ByteCount),
+                    "cuMemcpyHtoA_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyHtoA_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyHtoDAsync_v2` (the header's `cuMemcpyHtoDAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyHtoDAsync(
         &self,
@@ -14258,19 +15989,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoDAsync_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, srcHost, ByteCount, hStream),
-                "cuMemcpyHtoDAsync_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyHtoDAsync_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, srcHost, ByteCount, hStream),
+                    "cuMemcpyHtoDAsync_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyHtoDAsync_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyHtoD_v2` (the header's `cuMemcpyHtoD`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyHtoD(
         &self,
@@ -14279,19 +16014,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoD_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, srcHost, ByteCount),
-                "cuMemcpyHtoD_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyHtoD_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, srcHost, ByteCount),
+                    "cuMemcpyHtoD_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyHtoD_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyPeer` (the header's `cuMemcpyPeer`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyPeer(
         &self,
@@ -14302,19 +16041,23 @@ impl DriverApi {
         ByteCount: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyPeer {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstContext, srcDevice, srcContext, ByteCount),
-                "cuMemcpyPeer",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyPeer",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstContext, srcDevice, srcContext, ByteCount),
+                    "cuMemcpyPeer",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyPeer",
+                })
+            }
         }
     }
     /** Calls `cuMemcpyPeerAsync` (the header's `cuMemcpyPeerAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemcpyPeerAsync(
         &self,
@@ -14326,21 +16069,30 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyPeerAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream,
-                ),
-                "cuMemcpyPeerAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemcpyPeerAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        dstDevice,
+                        dstContext,
+                        srcDevice,
+                        srcContext,
+                        ByteCount,
+                        hStream,
+                    ),
+                    "cuMemcpyPeerAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemcpyPeerAsync",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD16Async` (the header's `cuMemsetD16Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD16Async(
         &self,
@@ -14351,17 +16103,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD16Async {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dstDevice, us, N, hStream), "cuMemsetD16Async")
+                crate::error::check(
+                    driver_fn__(dstDevice, us, N, hStream),
+                    "cuMemsetD16Async",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD16Async",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD16Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD16_v2` (the header's `cuMemsetD16`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD16(
         &self,
@@ -14373,15 +16130,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dstDevice, us, N), "cuMemsetD16_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD16_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD16_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D16Async` (the header's `cuMemsetD2D16Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D16Async(
         &self,
@@ -14393,19 +16152,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D16Async {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, us, Width, Height, hStream),
-                "cuMemsetD2D16Async",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D16Async",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, us, Width, Height, hStream),
+                    "cuMemsetD2D16Async",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D16Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D16_v2` (the header's `cuMemsetD2D16`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D16(
         &self,
@@ -14416,19 +16179,23 @@ impl DriverApi {
         Height: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D16_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, us, Width, Height),
-                "cuMemsetD2D16_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D16_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, us, Width, Height),
+                    "cuMemsetD2D16_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D16_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D32Async` (the header's `cuMemsetD2D32Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D32Async(
         &self,
@@ -14440,19 +16207,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D32Async {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, ui, Width, Height, hStream),
-                "cuMemsetD2D32Async",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D32Async",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, ui, Width, Height, hStream),
+                    "cuMemsetD2D32Async",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D32Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D32_v2` (the header's `cuMemsetD2D32`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D32(
         &self,
@@ -14463,19 +16234,23 @@ impl DriverApi {
         Height: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D32_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, ui, Width, Height),
-                "cuMemsetD2D32_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D32_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, ui, Width, Height),
+                    "cuMemsetD2D32_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D32_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D8Async` (the header's `cuMemsetD2D8Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D8Async(
         &self,
@@ -14487,19 +16262,23 @@ impl DriverApi {
         hStream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D8Async {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, uc, Width, Height, hStream),
-                "cuMemsetD2D8Async",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D8Async",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, uc, Width, Height, hStream),
+                    "cuMemsetD2D8Async",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D8Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD2D8_v2` (the header's `cuMemsetD2D8`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD2D8(
         &self,
@@ -14510,19 +16289,23 @@ impl DriverApi {
         Height: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D8_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dstDevice, dstPitch, uc, Width, Height),
-                "cuMemsetD2D8_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD2D8_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dstDevice, dstPitch, uc, Width, Height),
+                    "cuMemsetD2D8_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD2D8_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD32Async` (the header's `cuMemsetD32Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD32Async(
         &self,
@@ -14533,17 +16316,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD32Async {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dstDevice, ui, N, hStream), "cuMemsetD32Async")
+                crate::error::check(
+                    driver_fn__(dstDevice, ui, N, hStream),
+                    "cuMemsetD32Async",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD32Async",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD32Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD32_v2` (the header's `cuMemsetD32`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD32(
         &self,
@@ -14555,15 +16343,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dstDevice, ui, N), "cuMemsetD32_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD32_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD32_v2",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD8Async` (the header's `cuMemsetD8Async`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD8Async(
         &self,
@@ -14574,17 +16364,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD8Async {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dstDevice, uc, N, hStream), "cuMemsetD8Async")
+                crate::error::check(
+                    driver_fn__(dstDevice, uc, N, hStream),
+                    "cuMemsetD8Async",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD8Async",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD8Async",
+                })
+            }
         }
     }
     /** Calls `cuMemsetD8_v2` (the header's `cuMemsetD8`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMemsetD8(
         &self,
@@ -14596,15 +16391,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dstDevice, uc, N), "cuMemsetD8_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMemsetD8_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMemsetD8_v2",
+                })
+            }
         }
     }
     /** Calls `cuMipmappedArrayCreate` (the header's `cuMipmappedArrayCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMipmappedArrayCreate(
         &self,
@@ -14613,19 +16410,23 @@ impl DriverApi {
         numMipmapLevels: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayCreate {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pHandle, pMipmappedArrayDesc, numMipmapLevels),
-                "cuMipmappedArrayCreate",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMipmappedArrayCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pHandle, pMipmappedArrayDesc, numMipmapLevels),
+                    "cuMipmappedArrayCreate",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMipmappedArrayCreate",
+                })
+            }
         }
     }
     /** Calls `cuMipmappedArrayDestroy` (the header's `cuMipmappedArrayDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMipmappedArrayDestroy(
         &self,
@@ -14633,17 +16434,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayDestroy {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hMipmappedArray), "cuMipmappedArrayDestroy")
+                crate::error::check(
+                    driver_fn__(hMipmappedArray),
+                    "cuMipmappedArrayDestroy",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMipmappedArrayDestroy",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMipmappedArrayDestroy",
+                })
+            }
         }
     }
     /** Calls `cuMipmappedArrayGetLevel` (the header's `cuMipmappedArrayGetLevel`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMipmappedArrayGetLevel(
         &self,
@@ -14652,19 +16458,23 @@ impl DriverApi {
         level: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetLevel {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pLevelArray, hMipmappedArray, level),
-                "cuMipmappedArrayGetLevel",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMipmappedArrayGetLevel",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pLevelArray, hMipmappedArray, level),
+                    "cuMipmappedArrayGetLevel",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMipmappedArrayGetLevel",
+                })
+            }
         }
     }
     /** Calls `cuMipmappedArrayGetMemoryRequirements` (the header's `cuMipmappedArrayGetMemoryRequirements`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMipmappedArrayGetMemoryRequirements(
         &self,
@@ -14673,19 +16483,23 @@ impl DriverApi {
         device: CUdevice,
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetMemoryRequirements {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(memoryRequirements, mipmap, device),
-                "cuMipmappedArrayGetMemoryRequirements",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMipmappedArrayGetMemoryRequirements",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(memoryRequirements, mipmap, device),
+                    "cuMipmappedArrayGetMemoryRequirements",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMipmappedArrayGetMemoryRequirements",
+                })
+            }
         }
     }
     /** Calls `cuMipmappedArrayGetSparseProperties` (the header's `cuMipmappedArrayGetSparseProperties`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMipmappedArrayGetSparseProperties(
         &self,
@@ -14693,19 +16507,23 @@ impl DriverApi {
         mipmap: CUmipmappedArray,
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetSparseProperties {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(sparseProperties, mipmap),
-                "cuMipmappedArrayGetSparseProperties",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMipmappedArrayGetSparseProperties",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(sparseProperties, mipmap),
+                    "cuMipmappedArrayGetSparseProperties",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMipmappedArrayGetSparseProperties",
+                })
+            }
         }
     }
     /** Calls `cuModuleEnumerateFunctions` (the header's `cuModuleEnumerateFunctions`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleEnumerateFunctions(
         &self,
@@ -14714,19 +16532,23 @@ impl DriverApi {
         mod_: CUmodule,
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleEnumerateFunctions {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(functions, numFunctions, mod_),
-                "cuModuleEnumerateFunctions",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleEnumerateFunctions",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(functions, numFunctions, mod_),
+                    "cuModuleEnumerateFunctions",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleEnumerateFunctions",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetFunction` (the header's `cuModuleGetFunction`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetFunction(
         &self,
@@ -14736,17 +16558,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetFunction {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hfunc, hmod, name), "cuModuleGetFunction")
+                crate::error::check(
+                    driver_fn__(hfunc, hmod, name),
+                    "cuModuleGetFunction",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetFunction",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetFunction",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetFunctionCount` (the header's `cuModuleGetFunctionCount`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetFunctionCount(
         &self,
@@ -14757,15 +16584,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(count, mod_), "cuModuleGetFunctionCount")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetFunctionCount",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetFunctionCount",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetGlobal_v2` (the header's `cuModuleGetGlobal`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetGlobal(
         &self,
@@ -14776,33 +16605,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetGlobal_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(dptr, bytes, hmod, name), "cuModuleGetGlobal_v2")
+                crate::error::check(
+                    driver_fn__(dptr, bytes, hmod, name),
+                    "cuModuleGetGlobal_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetGlobal_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetGlobal_v2",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetLoadingMode` (the header's `cuModuleGetLoadingMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetLoadingMode(
         &self,
         mode: *mut CUmoduleLoadingMode,
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetLoadingMode {
-            Some(driver_fn__) => crate::error::check(driver_fn__(mode), "cuModuleGetLoadingMode"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetLoadingMode",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(mode), "cuModuleGetLoadingMode")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetLoadingMode",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetSurfRef` (the header's `cuModuleGetSurfRef`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetSurfRef(
         &self,
@@ -14812,17 +16650,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetSurfRef {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pSurfRef, hmod, name), "cuModuleGetSurfRef")
+                crate::error::check(
+                    driver_fn__(pSurfRef, hmod, name),
+                    "cuModuleGetSurfRef",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetSurfRef",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetSurfRef",
+                })
+            }
         }
     }
     /** Calls `cuModuleGetTexRef` (the header's `cuModuleGetTexRef`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleGetTexRef(
         &self,
@@ -14832,17 +16675,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetTexRef {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pTexRef, hmod, name), "cuModuleGetTexRef")
+                crate::error::check(
+                    driver_fn__(pTexRef, hmod, name),
+                    "cuModuleGetTexRef",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleGetTexRef",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleGetTexRef",
+                })
+            }
         }
     }
     /** Calls `cuModuleLoad` (the header's `cuModuleLoad`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleLoad(
         &self,
@@ -14850,16 +16698,20 @@ impl DriverApi {
         fname: *const ::std::os::raw::c_char,
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoad {
-            Some(driver_fn__) => crate::error::check(driver_fn__(module, fname), "cuModuleLoad"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleLoad",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(module, fname), "cuModuleLoad")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleLoad",
+                })
+            }
         }
     }
     /** Calls `cuModuleLoadData` (the header's `cuModuleLoadData`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleLoadData(
         &self,
@@ -14870,15 +16722,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(module, image), "cuModuleLoadData")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleLoadData",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleLoadData",
+                })
+            }
         }
     }
     /** Calls `cuModuleLoadDataEx` (the header's `cuModuleLoadDataEx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleLoadDataEx(
         &self,
@@ -14889,19 +16743,23 @@ impl DriverApi {
         optionValues: *mut *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoadDataEx {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(module, image, numOptions, options, optionValues),
-                "cuModuleLoadDataEx",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleLoadDataEx",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(module, image, numOptions, options, optionValues),
+                    "cuModuleLoadDataEx",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleLoadDataEx",
+                })
+            }
         }
     }
     /** Calls `cuModuleLoadFatBinary` (the header's `cuModuleLoadFatBinary`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuModuleLoadFatBinary(
         &self,
@@ -14910,30 +16768,40 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoadFatBinary {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(module, fatCubin), "cuModuleLoadFatBinary")
+                crate::error::check(
+                    driver_fn__(module, fatCubin),
+                    "cuModuleLoadFatBinary",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleLoadFatBinary",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleLoadFatBinary",
+                })
+            }
         }
     }
     /** Calls `cuModuleUnload` (the header's `cuModuleUnload`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuModuleUnload(&self, hmod: CUmodule) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuModuleUnload(
+        &self,
+        hmod: CUmodule,
+    ) -> Result<(), crate::error::Error> {
         match self.cuModuleUnload {
             Some(driver_fn__) => crate::error::check(driver_fn__(hmod), "cuModuleUnload"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuModuleUnload",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuModuleUnload",
+                })
+            }
         }
     }
     /** Calls `cuMulticastAddDevice` (the header's `cuMulticastAddDevice`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastAddDevice(
         &self,
@@ -14944,15 +16812,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(mcHandle, dev), "cuMulticastAddDevice")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastAddDevice",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastAddDevice",
+                })
+            }
         }
     }
     /** Calls `cuMulticastBindAddr` (the header's `cuMulticastBindAddr`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastBindAddr(
         &self,
@@ -14963,19 +16833,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastBindAddr {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(mcHandle, mcOffset, memptr, size, flags),
-                "cuMulticastBindAddr",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastBindAddr",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(mcHandle, mcOffset, memptr, size, flags),
+                    "cuMulticastBindAddr",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastBindAddr",
+                })
+            }
         }
     }
     /** Calls `cuMulticastBindMem` (the header's `cuMulticastBindMem`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastBindMem(
         &self,
@@ -14987,19 +16861,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_ulonglong,
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastBindMem {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(mcHandle, mcOffset, memHandle, memOffset, size, flags),
-                "cuMulticastBindMem",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastBindMem",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(mcHandle, mcOffset, memHandle, memOffset, size, flags),
+                    "cuMulticastBindMem",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastBindMem",
+                })
+            }
         }
     }
     /** Calls `cuMulticastCreate` (the header's `cuMulticastCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastCreate(
         &self,
@@ -15010,15 +16888,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(mcHandle, prop), "cuMulticastCreate")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastCreate",
+                })
+            }
         }
     }
     /** Calls `cuMulticastGetGranularity` (the header's `cuMulticastGetGranularity`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastGetGranularity(
         &self,
@@ -15027,19 +16907,23 @@ impl DriverApi {
         option: CUmulticastGranularity_flags,
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastGetGranularity {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(granularity, prop, option),
-                "cuMulticastGetGranularity",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastGetGranularity",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(granularity, prop, option),
+                    "cuMulticastGetGranularity",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastGetGranularity",
+                })
+            }
         }
     }
     /** Calls `cuMulticastUnbind` (the header's `cuMulticastUnbind`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuMulticastUnbind(
         &self,
@@ -15049,19 +16933,23 @@ impl DriverApi {
         size: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastUnbind {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(mcHandle, dev, mcOffset, size),
-                "cuMulticastUnbind",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuMulticastUnbind",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(mcHandle, dev, mcOffset, size),
+                    "cuMulticastUnbind",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuMulticastUnbind",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyAvailableDynamicSMemPerBlock` (the header's `cuOccupancyAvailableDynamicSMemPerBlock`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
         &self,
@@ -15071,19 +16959,23 @@ impl DriverApi {
         blockSize: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyAvailableDynamicSMemPerBlock {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(dynamicSmemSize, func, numBlocks, blockSize),
-                "cuOccupancyAvailableDynamicSMemPerBlock",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyAvailableDynamicSMemPerBlock",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(dynamicSmemSize, func, numBlocks, blockSize),
+                    "cuOccupancyAvailableDynamicSMemPerBlock",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyAvailableDynamicSMemPerBlock",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessor` (the header's `cuOccupancyMaxActiveBlocksPerMultiprocessor`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
         &self,
@@ -15093,19 +16985,23 @@ impl DriverApi {
         dynamicSMemSize: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveBlocksPerMultiprocessor {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numBlocks, func, blockSize, dynamicSMemSize),
-                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numBlocks, func, blockSize, dynamicSMemSize),
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (the header's `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         &self,
@@ -15116,19 +17012,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numBlocks, func, blockSize, dynamicSMemSize, flags),
-                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numBlocks, func, blockSize, dynamicSMemSize, flags),
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxActiveClusters` (the header's `cuOccupancyMaxActiveClusters`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxActiveClusters(
         &self,
@@ -15137,19 +17037,23 @@ impl DriverApi {
         config: *const CUlaunchConfig,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveClusters {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numClusters, func, config),
-                "cuOccupancyMaxActiveClusters",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxActiveClusters",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numClusters, func, config),
+                    "cuOccupancyMaxActiveClusters",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxActiveClusters",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxPotentialBlockSize` (the header's `cuOccupancyMaxPotentialBlockSize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxPotentialBlockSize(
         &self,
@@ -15161,26 +17065,30 @@ impl DriverApi {
         blockSizeLimit: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialBlockSize {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    minGridSize,
-                    blockSize,
-                    func,
-                    blockSizeToDynamicSMemSize,
-                    dynamicSMemSize,
-                    blockSizeLimit,
-                ),
-                "cuOccupancyMaxPotentialBlockSize",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxPotentialBlockSize",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        minGridSize,
+                        blockSize,
+                        func,
+                        blockSizeToDynamicSMemSize,
+                        dynamicSMemSize,
+                        blockSizeLimit,
+                    ),
+                    "cuOccupancyMaxPotentialBlockSize",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxPotentialBlockSize",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxPotentialBlockSizeWithFlags` (the header's `cuOccupancyMaxPotentialBlockSizeWithFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxPotentialBlockSizeWithFlags(
         &self,
@@ -15193,27 +17101,31 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialBlockSizeWithFlags {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    minGridSize,
-                    blockSize,
-                    func,
-                    blockSizeToDynamicSMemSize,
-                    dynamicSMemSize,
-                    blockSizeLimit,
-                    flags,
-                ),
-                "cuOccupancyMaxPotentialBlockSizeWithFlags",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxPotentialBlockSizeWithFlags",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        minGridSize,
+                        blockSize,
+                        func,
+                        blockSizeToDynamicSMemSize,
+                        dynamicSMemSize,
+                        blockSizeLimit,
+                        flags,
+                    ),
+                    "cuOccupancyMaxPotentialBlockSizeWithFlags",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxPotentialBlockSizeWithFlags",
+                })
+            }
         }
     }
     /** Calls `cuOccupancyMaxPotentialClusterSize` (the header's `cuOccupancyMaxPotentialClusterSize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuOccupancyMaxPotentialClusterSize(
         &self,
@@ -15222,19 +17134,23 @@ impl DriverApi {
         config: *const CUlaunchConfig,
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialClusterSize {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(clusterSize, func, config),
-                "cuOccupancyMaxPotentialClusterSize",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuOccupancyMaxPotentialClusterSize",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(clusterSize, func, config),
+                    "cuOccupancyMaxPotentialClusterSize",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuOccupancyMaxPotentialClusterSize",
+                })
+            }
         }
     }
     /** Calls `cuParamSetSize` (the header's `cuParamSetSize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuParamSetSize(
         &self,
@@ -15245,15 +17161,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, numbytes), "cuParamSetSize")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuParamSetSize",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuParamSetSize",
+                })
+            }
         }
     }
     /** Calls `cuParamSetTexRef` (the header's `cuParamSetTexRef`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuParamSetTexRef(
         &self,
@@ -15263,17 +17181,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetTexRef {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hfunc, texunit, hTexRef), "cuParamSetTexRef")
+                crate::error::check(
+                    driver_fn__(hfunc, texunit, hTexRef),
+                    "cuParamSetTexRef",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuParamSetTexRef",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuParamSetTexRef",
+                })
+            }
         }
     }
     /** Calls `cuParamSetf` (the header's `cuParamSetf`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuParamSetf(
         &self,
@@ -15285,15 +17208,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSetf")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuParamSetf",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuParamSetf",
+                })
+            }
         }
     }
     /** Calls `cuParamSeti` (the header's `cuParamSeti`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuParamSeti(
         &self,
@@ -15305,15 +17230,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSeti")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuParamSeti",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuParamSeti",
+                })
+            }
         }
     }
     /** Calls `cuParamSetv` (the header's `cuParamSetv`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuParamSetv(
         &self,
@@ -15324,17 +17251,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetv {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hfunc, offset, ptr, numbytes), "cuParamSetv")
+                crate::error::check(
+                    driver_fn__(hfunc, offset, ptr, numbytes),
+                    "cuParamSetv",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuParamSetv",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuParamSetv",
+                })
+            }
         }
     }
     /** Calls `cuPointerGetAttribute` (the header's `cuPointerGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuPointerGetAttribute(
         &self,
@@ -15344,17 +17276,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerGetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(data, attribute, ptr), "cuPointerGetAttribute")
+                crate::error::check(
+                    driver_fn__(data, attribute, ptr),
+                    "cuPointerGetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuPointerGetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuPointerGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuPointerGetAttributes` (the header's `cuPointerGetAttributes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuPointerGetAttributes(
         &self,
@@ -15364,19 +17301,23 @@ impl DriverApi {
         ptr: CUdeviceptr,
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerGetAttributes {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(numAttributes, attributes, data, ptr),
-                "cuPointerGetAttributes",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuPointerGetAttributes",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(numAttributes, attributes, data, ptr),
+                    "cuPointerGetAttributes",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuPointerGetAttributes",
+                })
+            }
         }
     }
     /** Calls `cuPointerSetAttribute` (the header's `cuPointerSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuPointerSetAttribute(
         &self,
@@ -15386,17 +17327,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerSetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(value, attribute, ptr), "cuPointerSetAttribute")
+                crate::error::check(
+                    driver_fn__(value, attribute, ptr),
+                    "cuPointerSetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuPointerSetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuPointerSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuSignalExternalSemaphoresAsync` (the header's `cuSignalExternalSemaphoresAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSignalExternalSemaphoresAsync(
         &self,
@@ -15406,19 +17352,23 @@ impl DriverApi {
         stream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuSignalExternalSemaphoresAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(extSemArray, paramsArray, numExtSems, stream),
-                "cuSignalExternalSemaphoresAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSignalExternalSemaphoresAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                    "cuSignalExternalSemaphoresAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSignalExternalSemaphoresAsync",
+                })
+            }
         }
     }
     /** Calls `cuStreamAddCallback` (the header's `cuStreamAddCallback`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamAddCallback(
         &self,
@@ -15428,19 +17378,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamAddCallback {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hStream, callback, userData, flags),
-                "cuStreamAddCallback",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamAddCallback",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hStream, callback, userData, flags),
+                    "cuStreamAddCallback",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamAddCallback",
+                })
+            }
         }
     }
     /** Calls `cuStreamAttachMemAsync` (the header's `cuStreamAttachMemAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamAttachMemAsync(
         &self,
@@ -15450,19 +17404,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamAttachMemAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hStream, dptr, length, flags),
-                "cuStreamAttachMemAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamAttachMemAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hStream, dptr, length, flags),
+                    "cuStreamAttachMemAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamAttachMemAsync",
+                })
+            }
         }
     }
     /** Calls `cuStreamBatchMemOp_v2` (the header's `cuStreamBatchMemOp`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamBatchMemOp(
         &self,
@@ -15472,19 +17430,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBatchMemOp_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(stream, count, paramArray, flags),
-                "cuStreamBatchMemOp_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamBatchMemOp_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(stream, count, paramArray, flags),
+                    "cuStreamBatchMemOp_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamBatchMemOp_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamBeginCaptureToGraph` (the header's `cuStreamBeginCaptureToGraph`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamBeginCaptureToGraph(
         &self,
@@ -15496,26 +17458,30 @@ impl DriverApi {
         mode: CUstreamCaptureMode,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBeginCaptureToGraph {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    hStream,
-                    hGraph,
-                    dependencies,
-                    dependencyData,
-                    numDependencies,
-                    mode,
-                ),
-                "cuStreamBeginCaptureToGraph",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamBeginCaptureToGraph",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        hStream,
+                        hGraph,
+                        dependencies,
+                        dependencyData,
+                        numDependencies,
+                        mode,
+                    ),
+                    "cuStreamBeginCaptureToGraph",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamBeginCaptureToGraph",
+                })
+            }
         }
     }
     /** Calls `cuStreamBeginCapture_v2` (the header's `cuStreamBeginCapture`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamBeginCapture(
         &self,
@@ -15524,17 +17490,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBeginCapture_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, mode), "cuStreamBeginCapture_v2")
+                crate::error::check(
+                    driver_fn__(hStream, mode),
+                    "cuStreamBeginCapture_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamBeginCapture_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamBeginCapture_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamCopyAttributes` (the header's `cuStreamCopyAttributes`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamCopyAttributes(
         &self,
@@ -15545,15 +17516,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(dst, src), "cuStreamCopyAttributes")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamCopyAttributes",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamCopyAttributes",
+                })
+            }
         }
     }
     /** Calls `cuStreamCreate` (the header's `cuStreamCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamCreate(
         &self,
@@ -15564,15 +17537,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(phStream, Flags), "cuStreamCreate")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamCreate",
+                })
+            }
         }
     }
     /** Calls `cuStreamCreateWithPriority` (the header's `cuStreamCreateWithPriority`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamCreateWithPriority(
         &self,
@@ -15581,32 +17556,43 @@ impl DriverApi {
         priority: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamCreateWithPriority {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phStream, flags, priority),
-                "cuStreamCreateWithPriority",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamCreateWithPriority",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phStream, flags, priority),
+                    "cuStreamCreateWithPriority",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamCreateWithPriority",
+                })
+            }
         }
     }
     /** Calls `cuStreamDestroy_v2` (the header's `cuStreamDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuStreamDestroy(&self, hStream: CUstream) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuStreamDestroy(
+        &self,
+        hStream: CUstream,
+    ) -> Result<(), crate::error::Error> {
         match self.cuStreamDestroy_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hStream), "cuStreamDestroy_v2"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamDestroy_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hStream), "cuStreamDestroy_v2")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamDestroy_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamEndCapture` (the header's `cuStreamEndCapture`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamEndCapture(
         &self,
@@ -15617,15 +17603,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hStream, phGraph), "cuStreamEndCapture")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamEndCapture",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamEndCapture",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetAttribute` (the header's `cuStreamGetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetAttribute(
         &self,
@@ -15634,19 +17622,23 @@ impl DriverApi {
         value_out: *mut CUstreamAttrValue,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetAttribute {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hStream, attr, value_out),
-                "cuStreamGetAttribute",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetAttribute",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hStream, attr, value_out),
+                    "cuStreamGetAttribute",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetCaptureInfo_v3` (the header's `cuStreamGetCaptureInfo`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetCaptureInfo(
         &self,
@@ -15659,27 +17651,31 @@ impl DriverApi {
         numDependencies_out: *mut usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCaptureInfo_v3 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    hStream,
-                    captureStatus_out,
-                    id_out,
-                    graph_out,
-                    dependencies_out,
-                    edgeData_out,
-                    numDependencies_out,
-                ),
-                "cuStreamGetCaptureInfo_v3",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetCaptureInfo_v3",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        hStream,
+                        captureStatus_out,
+                        id_out,
+                        graph_out,
+                        dependencies_out,
+                        edgeData_out,
+                        numDependencies_out,
+                    ),
+                    "cuStreamGetCaptureInfo_v3",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetCaptureInfo_v3",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetCtx` (the header's `cuStreamGetCtx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetCtx(
         &self,
@@ -15687,16 +17683,20 @@ impl DriverApi {
         pctx: *mut CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCtx {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hStream, pctx), "cuStreamGetCtx"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetCtx",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hStream, pctx), "cuStreamGetCtx")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetCtx",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetCtx_v2` (the header's `cuStreamGetCtx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetCtx_v2(
         &self,
@@ -15706,17 +17706,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCtx_v2 {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, pCtx, pGreenCtx), "cuStreamGetCtx_v2")
+                crate::error::check(
+                    driver_fn__(hStream, pCtx, pGreenCtx),
+                    "cuStreamGetCtx_v2",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetCtx_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetCtx_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetDevice` (the header's `cuStreamGetDevice`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetDevice(
         &self,
@@ -15727,15 +17732,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hStream, device), "cuStreamGetDevice")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetDevice",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetDevice",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetFlags` (the header's `cuStreamGetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetFlags(
         &self,
@@ -15746,15 +17753,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hStream, flags), "cuStreamGetFlags")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetFlags",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetGreenCtx` (the header's `cuStreamGetGreenCtx`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetGreenCtx(
         &self,
@@ -15765,15 +17774,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hStream, phCtx), "cuStreamGetGreenCtx")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetGreenCtx",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetGreenCtx",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetId` (the header's `cuStreamGetId`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetId(
         &self,
@@ -15784,15 +17795,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hStream, streamId), "cuStreamGetId")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetId",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetId",
+                })
+            }
         }
     }
     /** Calls `cuStreamGetPriority` (the header's `cuStreamGetPriority`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamGetPriority(
         &self,
@@ -15801,17 +17814,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetPriority {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, priority), "cuStreamGetPriority")
+                crate::error::check(
+                    driver_fn__(hStream, priority),
+                    "cuStreamGetPriority",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamGetPriority",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamGetPriority",
+                })
+            }
         }
     }
     /** Calls `cuStreamIsCapturing` (the header's `cuStreamIsCapturing`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamIsCapturing(
         &self,
@@ -15820,30 +17838,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamIsCapturing {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, captureStatus), "cuStreamIsCapturing")
+                crate::error::check(
+                    driver_fn__(hStream, captureStatus),
+                    "cuStreamIsCapturing",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamIsCapturing",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamIsCapturing",
+                })
+            }
         }
     }
     /** Calls `cuStreamQuery` (the header's `cuStreamQuery`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuStreamQuery(&self, hStream: CUstream) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuStreamQuery(
+        &self,
+        hStream: CUstream,
+    ) -> Result<(), crate::error::Error> {
         match self.cuStreamQuery {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hStream), "cuStreamQuery"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamQuery",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hStream), "cuStreamQuery")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamQuery",
+                })
+            }
         }
     }
     /** Calls `cuStreamSetAttribute` (the header's `cuStreamSetAttribute`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamSetAttribute(
         &self,
@@ -15853,30 +17883,42 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamSetAttribute {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, attr, value), "cuStreamSetAttribute")
+                crate::error::check(
+                    driver_fn__(hStream, attr, value),
+                    "cuStreamSetAttribute",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamSetAttribute",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamSetAttribute",
+                })
+            }
         }
     }
     /** Calls `cuStreamSynchronize` (the header's `cuStreamSynchronize`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuStreamSynchronize(&self, hStream: CUstream) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuStreamSynchronize(
+        &self,
+        hStream: CUstream,
+    ) -> Result<(), crate::error::Error> {
         match self.cuStreamSynchronize {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hStream), "cuStreamSynchronize"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamSynchronize",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hStream), "cuStreamSynchronize")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamSynchronize",
+                })
+            }
         }
     }
     /** Calls `cuStreamUpdateCaptureDependencies_v2` (the header's `cuStreamUpdateCaptureDependencies`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamUpdateCaptureDependencies(
         &self,
@@ -15887,25 +17929,29 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamUpdateCaptureDependencies_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    hStream,
-                    dependencies,
-                    dependencyData,
-                    numDependencies,
-                    flags,
-                ),
-                "cuStreamUpdateCaptureDependencies_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamUpdateCaptureDependencies_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        hStream,
+                        dependencies,
+                        dependencyData,
+                        numDependencies,
+                        flags,
+                    ),
+                    "cuStreamUpdateCaptureDependencies_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamUpdateCaptureDependencies_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamWaitEvent` (the header's `cuStreamWaitEvent`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamWaitEvent(
         &self,
@@ -15915,17 +17961,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitEvent {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hStream, hEvent, Flags), "cuStreamWaitEvent")
+                crate::error::check(
+                    driver_fn__(hStream, hEvent, Flags),
+                    "cuStreamWaitEvent",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamWaitEvent",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamWaitEvent",
+                })
+            }
         }
     }
     /** Calls `cuStreamWaitValue32_v2` (the header's `cuStreamWaitValue32`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamWaitValue32(
         &self,
@@ -15935,19 +17986,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitValue32_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(stream, addr, value, flags),
-                "cuStreamWaitValue32_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamWaitValue32_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(stream, addr, value, flags),
+                    "cuStreamWaitValue32_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamWaitValue32_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamWaitValue64_v2` (the header's `cuStreamWaitValue64`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamWaitValue64(
         &self,
@@ -15957,19 +18012,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitValue64_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(stream, addr, value, flags),
-                "cuStreamWaitValue64_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamWaitValue64_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(stream, addr, value, flags),
+                    "cuStreamWaitValue64_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamWaitValue64_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamWriteValue32_v2` (the header's `cuStreamWriteValue32`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamWriteValue32(
         &self,
@@ -15979,19 +18038,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWriteValue32_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(stream, addr, value, flags),
-                "cuStreamWriteValue32_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamWriteValue32_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(stream, addr, value, flags),
+                    "cuStreamWriteValue32_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamWriteValue32_v2",
+                })
+            }
         }
     }
     /** Calls `cuStreamWriteValue64_v2` (the header's `cuStreamWriteValue64`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuStreamWriteValue64(
         &self,
@@ -16001,19 +18064,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWriteValue64_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(stream, addr, value, flags),
-                "cuStreamWriteValue64_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuStreamWriteValue64_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(stream, addr, value, flags),
+                    "cuStreamWriteValue64_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuStreamWriteValue64_v2",
+                })
+            }
         }
     }
     /** Calls `cuSurfObjectCreate` (the header's `cuSurfObjectCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSurfObjectCreate(
         &self,
@@ -16022,17 +18089,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfObjectCreate {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pSurfObject, pResDesc), "cuSurfObjectCreate")
+                crate::error::check(
+                    driver_fn__(pSurfObject, pResDesc),
+                    "cuSurfObjectCreate",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSurfObjectCreate",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSurfObjectCreate",
+                })
+            }
         }
     }
     /** Calls `cuSurfObjectDestroy` (the header's `cuSurfObjectDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSurfObjectDestroy(
         &self,
@@ -16042,15 +18114,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(surfObject), "cuSurfObjectDestroy")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSurfObjectDestroy",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSurfObjectDestroy",
+                })
+            }
         }
     }
     /** Calls `cuSurfObjectGetResourceDesc` (the header's `cuSurfObjectGetResourceDesc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSurfObjectGetResourceDesc(
         &self,
@@ -16058,19 +18132,23 @@ impl DriverApi {
         surfObject: CUsurfObject,
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfObjectGetResourceDesc {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pResDesc, surfObject),
-                "cuSurfObjectGetResourceDesc",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSurfObjectGetResourceDesc",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pResDesc, surfObject),
+                    "cuSurfObjectGetResourceDesc",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSurfObjectGetResourceDesc",
+                })
+            }
         }
     }
     /** Calls `cuSurfRefGetArray` (the header's `cuSurfRefGetArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSurfRefGetArray(
         &self,
@@ -16081,15 +18159,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(phArray, hSurfRef), "cuSurfRefGetArray")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSurfRefGetArray",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSurfRefGetArray",
+                })
+            }
         }
     }
     /** Calls `cuSurfRefSetArray` (the header's `cuSurfRefSetArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuSurfRefSetArray(
         &self,
@@ -16099,17 +18179,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfRefSetArray {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hSurfRef, hArray, Flags), "cuSurfRefSetArray")
+                crate::error::check(
+                    driver_fn__(hSurfRef, hArray, Flags),
+                    "cuSurfRefSetArray",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuSurfRefSetArray",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuSurfRefSetArray",
+                })
+            }
         }
     }
     /** Calls `cuTensorMapEncodeIm2col` (the header's `cuTensorMapEncodeIm2col`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTensorMapEncodeIm2col(
         &self,
@@ -16130,35 +18215,39 @@ impl DriverApi {
         oobFill: CUtensorMapFloatOOBfill,
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeIm2col {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    tensorMap,
-                    tensorDataType,
-                    tensorRank,
-                    globalAddress,
-                    globalDim,
-                    globalStrides,
-                    pixelBoxLowerCorner,
-                    pixelBoxUpperCorner,
-                    channelsPerPixel,
-                    pixelsPerColumn,
-                    elementStrides,
-                    interleave,
-                    swizzle,
-                    l2Promotion,
-                    oobFill,
-                ),
-                "cuTensorMapEncodeIm2col",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTensorMapEncodeIm2col",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        tensorMap,
+                        tensorDataType,
+                        tensorRank,
+                        globalAddress,
+                        globalDim,
+                        globalStrides,
+                        pixelBoxLowerCorner,
+                        pixelBoxUpperCorner,
+                        channelsPerPixel,
+                        pixelsPerColumn,
+                        elementStrides,
+                        interleave,
+                        swizzle,
+                        l2Promotion,
+                        oobFill,
+                    ),
+                    "cuTensorMapEncodeIm2col",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTensorMapEncodeIm2col",
+                })
+            }
         }
     }
     /** Calls `cuTensorMapEncodeIm2colWide` (the header's `cuTensorMapEncodeIm2colWide`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTensorMapEncodeIm2colWide(
         &self,
@@ -16180,36 +18269,40 @@ impl DriverApi {
         oobFill: CUtensorMapFloatOOBfill,
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeIm2colWide {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    tensorMap,
-                    tensorDataType,
-                    tensorRank,
-                    globalAddress,
-                    globalDim,
-                    globalStrides,
-                    pixelBoxLowerCornerWidth,
-                    pixelBoxUpperCornerWidth,
-                    channelsPerPixel,
-                    pixelsPerColumn,
-                    elementStrides,
-                    interleave,
-                    mode,
-                    swizzle,
-                    l2Promotion,
-                    oobFill,
-                ),
-                "cuTensorMapEncodeIm2colWide",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTensorMapEncodeIm2colWide",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        tensorMap,
+                        tensorDataType,
+                        tensorRank,
+                        globalAddress,
+                        globalDim,
+                        globalStrides,
+                        pixelBoxLowerCornerWidth,
+                        pixelBoxUpperCornerWidth,
+                        channelsPerPixel,
+                        pixelsPerColumn,
+                        elementStrides,
+                        interleave,
+                        mode,
+                        swizzle,
+                        l2Promotion,
+                        oobFill,
+                    ),
+                    "cuTensorMapEncodeIm2colWide",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTensorMapEncodeIm2colWide",
+                })
+            }
         }
     }
     /** Calls `cuTensorMapEncodeTiled` (the header's `cuTensorMapEncodeTiled`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTensorMapEncodeTiled(
         &self,
@@ -16227,32 +18320,36 @@ impl DriverApi {
         oobFill: CUtensorMapFloatOOBfill,
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeTiled {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(
-                    tensorMap,
-                    tensorDataType,
-                    tensorRank,
-                    globalAddress,
-                    globalDim,
-                    globalStrides,
-                    boxDim,
-                    elementStrides,
-                    interleave,
-                    swizzle,
-                    l2Promotion,
-                    oobFill,
-                ),
-                "cuTensorMapEncodeTiled",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTensorMapEncodeTiled",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(
+                        tensorMap,
+                        tensorDataType,
+                        tensorRank,
+                        globalAddress,
+                        globalDim,
+                        globalStrides,
+                        boxDim,
+                        elementStrides,
+                        interleave,
+                        swizzle,
+                        l2Promotion,
+                        oobFill,
+                    ),
+                    "cuTensorMapEncodeTiled",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTensorMapEncodeTiled",
+                })
+            }
         }
     }
     /** Calls `cuTensorMapReplaceAddress` (the header's `cuTensorMapReplaceAddress`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTensorMapReplaceAddress(
         &self,
@@ -16260,19 +18357,23 @@ impl DriverApi {
         globalAddress: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapReplaceAddress {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(tensorMap, globalAddress),
-                "cuTensorMapReplaceAddress",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTensorMapReplaceAddress",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(tensorMap, globalAddress),
+                    "cuTensorMapReplaceAddress",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTensorMapReplaceAddress",
+                })
+            }
         }
     }
     /** Calls `cuTexObjectCreate` (the header's `cuTexObjectCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexObjectCreate(
         &self,
@@ -16282,35 +18383,43 @@ impl DriverApi {
         pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectCreate {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pTexObject, pResDesc, pTexDesc, pResViewDesc),
-                "cuTexObjectCreate",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexObjectCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pTexObject, pResDesc, pTexDesc, pResViewDesc),
+                    "cuTexObjectCreate",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexObjectCreate",
+                })
+            }
         }
     }
     /** Calls `cuTexObjectDestroy` (the header's `cuTexObjectDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexObjectDestroy(
         &self,
         texObject: CUtexObject,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(texObject), "cuTexObjectDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexObjectDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(texObject), "cuTexObjectDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexObjectDestroy",
+                })
+            }
         }
     }
     /** Calls `cuTexObjectGetResourceDesc` (the header's `cuTexObjectGetResourceDesc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexObjectGetResourceDesc(
         &self,
@@ -16318,19 +18427,23 @@ impl DriverApi {
         texObject: CUtexObject,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetResourceDesc {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pResDesc, texObject),
-                "cuTexObjectGetResourceDesc",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexObjectGetResourceDesc",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pResDesc, texObject),
+                    "cuTexObjectGetResourceDesc",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexObjectGetResourceDesc",
+                })
+            }
         }
     }
     /** Calls `cuTexObjectGetResourceViewDesc` (the header's `cuTexObjectGetResourceViewDesc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexObjectGetResourceViewDesc(
         &self,
@@ -16338,19 +18451,23 @@ impl DriverApi {
         texObject: CUtexObject,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetResourceViewDesc {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pResViewDesc, texObject),
-                "cuTexObjectGetResourceViewDesc",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexObjectGetResourceViewDesc",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pResViewDesc, texObject),
+                    "cuTexObjectGetResourceViewDesc",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexObjectGetResourceViewDesc",
+                })
+            }
         }
     }
     /** Calls `cuTexObjectGetTextureDesc` (the header's `cuTexObjectGetTextureDesc`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexObjectGetTextureDesc(
         &self,
@@ -16358,45 +18475,63 @@ impl DriverApi {
         texObject: CUtexObject,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetTextureDesc {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pTexDesc, texObject),
-                "cuTexObjectGetTextureDesc",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexObjectGetTextureDesc",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pTexDesc, texObject),
+                    "cuTexObjectGetTextureDesc",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexObjectGetTextureDesc",
+                })
+            }
         }
     }
     /** Calls `cuTexRefCreate` (the header's `cuTexRefCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuTexRefCreate(&self, pTexRef: *mut CUtexref) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuTexRefCreate(
+        &self,
+        pTexRef: *mut CUtexref,
+    ) -> Result<(), crate::error::Error> {
         match self.cuTexRefCreate {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pTexRef), "cuTexRefCreate"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(pTexRef), "cuTexRefCreate")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefCreate",
+                })
+            }
         }
     }
     /** Calls `cuTexRefDestroy` (the header's `cuTexRefDestroy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
-    pub unsafe fn cuTexRefDestroy(&self, hTexRef: CUtexref) -> Result<(), crate::error::Error> {
+    pub unsafe fn cuTexRefDestroy(
+        &self,
+        hTexRef: CUtexref,
+    ) -> Result<(), crate::error::Error> {
         match self.cuTexRefDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hTexRef), "cuTexRefDestroy"),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefDestroy",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(driver_fn__(hTexRef), "cuTexRefDestroy")
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefDestroy",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetAddressMode` (the header's `cuTexRefGetAddressMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetAddressMode(
         &self,
@@ -16406,17 +18541,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetAddressMode {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pam, hTexRef, dim), "cuTexRefGetAddressMode")
+                crate::error::check(
+                    driver_fn__(pam, hTexRef, dim),
+                    "cuTexRefGetAddressMode",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetAddressMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetAddressMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetAddress_v2` (the header's `cuTexRefGetAddress`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetAddress(
         &self,
@@ -16427,15 +18567,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pdptr, hTexRef), "cuTexRefGetAddress_v2")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetAddress_v2",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetAddress_v2",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetArray` (the header's `cuTexRefGetArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetArray(
         &self,
@@ -16446,15 +18588,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(phArray, hTexRef), "cuTexRefGetArray")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetArray",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetArray",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetBorderColor` (the header's `cuTexRefGetBorderColor`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetBorderColor(
         &self,
@@ -16463,17 +18607,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetBorderColor {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pBorderColor, hTexRef), "cuTexRefGetBorderColor")
+                crate::error::check(
+                    driver_fn__(pBorderColor, hTexRef),
+                    "cuTexRefGetBorderColor",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetBorderColor",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetBorderColor",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetFilterMode` (the header's `cuTexRefGetFilterMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetFilterMode(
         &self,
@@ -16484,15 +18633,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pfm, hTexRef), "cuTexRefGetFilterMode")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetFilterMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetFilterMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetFlags` (the header's `cuTexRefGetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetFlags(
         &self,
@@ -16503,15 +18654,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(pFlags, hTexRef), "cuTexRefGetFlags")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetFlags",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetFormat` (the header's `cuTexRefGetFormat`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetFormat(
         &self,
@@ -16520,19 +18673,23 @@ impl DriverApi {
         hTexRef: CUtexref,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetFormat {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pFormat, pNumChannels, hTexRef),
-                "cuTexRefGetFormat",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetFormat",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pFormat, pNumChannels, hTexRef),
+                    "cuTexRefGetFormat",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetFormat",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetMaxAnisotropy` (the header's `cuTexRefGetMaxAnisotropy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetMaxAnisotropy(
         &self,
@@ -16541,17 +18698,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMaxAnisotropy {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pmaxAniso, hTexRef), "cuTexRefGetMaxAnisotropy")
+                crate::error::check(
+                    driver_fn__(pmaxAniso, hTexRef),
+                    "cuTexRefGetMaxAnisotropy",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetMaxAnisotropy",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetMaxAnisotropy",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetMipmapFilterMode` (the header's `cuTexRefGetMipmapFilterMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetMipmapFilterMode(
         &self,
@@ -16560,17 +18722,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapFilterMode {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pfm, hTexRef), "cuTexRefGetMipmapFilterMode")
+                crate::error::check(
+                    driver_fn__(pfm, hTexRef),
+                    "cuTexRefGetMipmapFilterMode",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetMipmapFilterMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetMipmapFilterMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetMipmapLevelBias` (the header's `cuTexRefGetMipmapLevelBias`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetMipmapLevelBias(
         &self,
@@ -16579,17 +18746,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapLevelBias {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(pbias, hTexRef), "cuTexRefGetMipmapLevelBias")
+                crate::error::check(
+                    driver_fn__(pbias, hTexRef),
+                    "cuTexRefGetMipmapLevelBias",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetMipmapLevelBias",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetMipmapLevelBias",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetMipmapLevelClamp` (the header's `cuTexRefGetMipmapLevelClamp`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetMipmapLevelClamp(
         &self,
@@ -16598,19 +18770,23 @@ impl DriverApi {
         hTexRef: CUtexref,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapLevelClamp {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef),
-                "cuTexRefGetMipmapLevelClamp",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetMipmapLevelClamp",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef),
+                    "cuTexRefGetMipmapLevelClamp",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetMipmapLevelClamp",
+                })
+            }
         }
     }
     /** Calls `cuTexRefGetMipmappedArray` (the header's `cuTexRefGetMipmappedArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefGetMipmappedArray(
         &self,
@@ -16618,19 +18794,23 @@ impl DriverApi {
         hTexRef: CUtexref,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmappedArray {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(phMipmappedArray, hTexRef),
-                "cuTexRefGetMipmappedArray",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefGetMipmappedArray",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(phMipmappedArray, hTexRef),
+                    "cuTexRefGetMipmappedArray",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefGetMipmappedArray",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetAddress2D_v3` (the header's `cuTexRefSetAddress2D`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetAddress2D(
         &self,
@@ -16640,19 +18820,23 @@ impl DriverApi {
         Pitch: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddress2D_v3 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hTexRef, desc, dptr, Pitch),
-                "cuTexRefSetAddress2D_v3",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetAddress2D_v3",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hTexRef, desc, dptr, Pitch),
+                    "cuTexRefSetAddress2D_v3",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetAddress2D_v3",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetAddressMode` (the header's `cuTexRefSetAddressMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetAddressMode(
         &self,
@@ -16662,17 +18846,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddressMode {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, dim, am), "cuTexRefSetAddressMode")
+                crate::error::check(
+                    driver_fn__(hTexRef, dim, am),
+                    "cuTexRefSetAddressMode",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetAddressMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetAddressMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetAddress_v2` (the header's `cuTexRefSetAddress`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetAddress(
         &self,
@@ -16682,19 +18871,23 @@ impl DriverApi {
         bytes: usize,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddress_v2 {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(ByteOffset, hTexRef, dptr, bytes),
-                "cuTexRefSetAddress_v2",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetAddress_v2",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(ByteOffset, hTexRef, dptr, bytes),
+                    "cuTexRefSetAddress_v2",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetAddress_v2",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetArray` (the header's `cuTexRefSetArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetArray(
         &self,
@@ -16704,17 +18897,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetArray {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, hArray, Flags), "cuTexRefSetArray")
+                crate::error::check(
+                    driver_fn__(hTexRef, hArray, Flags),
+                    "cuTexRefSetArray",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetArray",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetArray",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetBorderColor` (the header's `cuTexRefSetBorderColor`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetBorderColor(
         &self,
@@ -16723,17 +18921,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetBorderColor {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, pBorderColor), "cuTexRefSetBorderColor")
+                crate::error::check(
+                    driver_fn__(hTexRef, pBorderColor),
+                    "cuTexRefSetBorderColor",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetBorderColor",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetBorderColor",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetFilterMode` (the header's `cuTexRefSetFilterMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetFilterMode(
         &self,
@@ -16744,15 +18947,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hTexRef, fm), "cuTexRefSetFilterMode")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetFilterMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetFilterMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetFlags` (the header's `cuTexRefSetFlags`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetFlags(
         &self,
@@ -16763,15 +18968,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(hTexRef, Flags), "cuTexRefSetFlags")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetFlags",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetFlags",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetFormat` (the header's `cuTexRefSetFormat`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetFormat(
         &self,
@@ -16780,19 +18987,23 @@ impl DriverApi {
         NumPackedComponents: ::std::os::raw::c_int,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetFormat {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hTexRef, fmt, NumPackedComponents),
-                "cuTexRefSetFormat",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetFormat",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hTexRef, fmt, NumPackedComponents),
+                    "cuTexRefSetFormat",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetFormat",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetMaxAnisotropy` (the header's `cuTexRefSetMaxAnisotropy`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetMaxAnisotropy(
         &self,
@@ -16801,17 +19012,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMaxAnisotropy {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, maxAniso), "cuTexRefSetMaxAnisotropy")
+                crate::error::check(
+                    driver_fn__(hTexRef, maxAniso),
+                    "cuTexRefSetMaxAnisotropy",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetMaxAnisotropy",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetMaxAnisotropy",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetMipmapFilterMode` (the header's `cuTexRefSetMipmapFilterMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetMipmapFilterMode(
         &self,
@@ -16820,17 +19036,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapFilterMode {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, fm), "cuTexRefSetMipmapFilterMode")
+                crate::error::check(
+                    driver_fn__(hTexRef, fm),
+                    "cuTexRefSetMipmapFilterMode",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetMipmapFilterMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetMipmapFilterMode",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetMipmapLevelBias` (the header's `cuTexRefSetMipmapLevelBias`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetMipmapLevelBias(
         &self,
@@ -16839,17 +19060,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapLevelBias {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(hTexRef, bias), "cuTexRefSetMipmapLevelBias")
+                crate::error::check(
+                    driver_fn__(hTexRef, bias),
+                    "cuTexRefSetMipmapLevelBias",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetMipmapLevelBias",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetMipmapLevelBias",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetMipmapLevelClamp` (the header's `cuTexRefSetMipmapLevelClamp`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetMipmapLevelClamp(
         &self,
@@ -16858,19 +19084,23 @@ impl DriverApi {
         maxMipmapLevelClamp: f32,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapLevelClamp {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp),
-                "cuTexRefSetMipmapLevelClamp",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetMipmapLevelClamp",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp),
+                    "cuTexRefSetMipmapLevelClamp",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetMipmapLevelClamp",
+                })
+            }
         }
     }
     /** Calls `cuTexRefSetMipmappedArray` (the header's `cuTexRefSetMipmappedArray`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuTexRefSetMipmappedArray(
         &self,
@@ -16879,19 +19109,23 @@ impl DriverApi {
         Flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmappedArray {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(hTexRef, hMipmappedArray, Flags),
-                "cuTexRefSetMipmappedArray",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuTexRefSetMipmappedArray",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(hTexRef, hMipmappedArray, Flags),
+                    "cuTexRefSetMipmappedArray",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuTexRefSetMipmappedArray",
+                })
+            }
         }
     }
     /** Calls `cuThreadExchangeStreamCaptureMode` (the header's `cuThreadExchangeStreamCaptureMode`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuThreadExchangeStreamCaptureMode(
         &self,
@@ -16899,17 +19133,22 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuThreadExchangeStreamCaptureMode {
             Some(driver_fn__) => {
-                crate::error::check(driver_fn__(mode), "cuThreadExchangeStreamCaptureMode")
+                crate::error::check(
+                    driver_fn__(mode),
+                    "cuThreadExchangeStreamCaptureMode",
+                )
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuThreadExchangeStreamCaptureMode",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuThreadExchangeStreamCaptureMode",
+                })
+            }
         }
     }
     /** Calls `cuUserObjectCreate` (the header's `cuUserObjectCreate`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuUserObjectCreate(
         &self,
@@ -16920,19 +19159,23 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuUserObjectCreate {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(object_out, ptr, destroy, initialRefcount, flags),
-                "cuUserObjectCreate",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuUserObjectCreate",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(object_out, ptr, destroy, initialRefcount, flags),
+                    "cuUserObjectCreate",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuUserObjectCreate",
+                })
+            }
         }
     }
     /** Calls `cuUserObjectRelease` (the header's `cuUserObjectRelease`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuUserObjectRelease(
         &self,
@@ -16943,15 +19186,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(object, count), "cuUserObjectRelease")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuUserObjectRelease",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuUserObjectRelease",
+                })
+            }
         }
     }
     /** Calls `cuUserObjectRetain` (the header's `cuUserObjectRetain`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuUserObjectRetain(
         &self,
@@ -16962,15 +19207,17 @@ impl DriverApi {
             Some(driver_fn__) => {
                 crate::error::check(driver_fn__(object, count), "cuUserObjectRetain")
             }
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuUserObjectRetain",
-            }),
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuUserObjectRetain",
+                })
+            }
         }
     }
     /** Calls `cuWaitExternalSemaphoresAsync` (the header's `cuWaitExternalSemaphoresAsync`); `MissingSymbol` if the loaded driver lacks it.
 
-    # Safety
-    Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
+ # Safety
+ Same contract as the C function: pointers must be valid for what the driver reads and writes.*/
     #[inline]
     pub unsafe fn cuWaitExternalSemaphoresAsync(
         &self,
@@ -16980,13 +19227,17 @@ impl DriverApi {
         stream: CUstream,
     ) -> Result<(), crate::error::Error> {
         match self.cuWaitExternalSemaphoresAsync {
-            Some(driver_fn__) => crate::error::check(
-                driver_fn__(extSemArray, paramsArray, numExtSems, stream),
-                "cuWaitExternalSemaphoresAsync",
-            ),
-            None => Err(crate::error::Error::MissingSymbol {
-                symbol: "cuWaitExternalSemaphoresAsync",
-            }),
+            Some(driver_fn__) => {
+                crate::error::check(
+                    driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                    "cuWaitExternalSemaphoresAsync",
+                )
+            }
+            None => {
+                Err(crate::error::Error::MissingSymbol {
+                    symbol: "cuWaitExternalSemaphoresAsync",
+                })
+            }
         }
     }
 }

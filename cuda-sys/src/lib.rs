@@ -29,8 +29,10 @@
     missing_docs,
     rustdoc::all
 )]
+#[rustfmt::skip]
 pub mod bindings;
 #[allow(rustdoc::all, clippy::doc_lazy_continuation)]
+#[rustfmt::skip]
 mod driver_api;
 mod error;
 mod layout;
