@@ -1,1 +1,98 @@
-fn main() {}
+//! Compiles `kernels/*.cu` with nvcc into one fatbin embedded in the crate.
+//!
+//! The fatbin carries SASS for sm_90, sm_100, sm_120 and sm_121 and compute_90 PTX as a
+//! fallback for newer GPUs. nvcc is found through `NVCC`, `CUDA_PATH`, `CUDA_HOME`, the
+//! project's `.toolchain/` (see `scripts/install-cuda-toolchain.sh`) or `PATH`. Without
+//! nvcc the build warns and embeds an empty image: kernel calls then return
+//! `Error::KernelsUnavailable` while memory operations keep working.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// SASS targets, plus the PTX fallback below.
+const SASS_ARCHS: [&str; 4] = ["90", "100", "120", "121"];
+const PTX_ARCH: &str = "90";
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
+    let fatbin = out.join("kernels.fatbin");
+    println!("cargo:rerun-if-changed=kernels");
+    for var in [
+        "NVCC",
+        "CUDA_PATH",
+        "CUDA_HOME",
+        "PATH",
+        "CUDA_HAL_NVCC_FLAGS",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let mut sources: Vec<PathBuf> = fs::read_dir(manifest.join("kernels"))
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    sources.retain(|p| p.extension().is_some_and(|e| e == "cu"));
+    sources.sort();
+
+    let Some(nvcc) = find_nvcc(&manifest) else {
+        println!("cargo:warning=nvcc not found (set NVCC or CUDA_PATH, or run scripts/install-cuda-toolchain.sh): building without kernels");
+        fs::write(&fatbin, []).expect("write empty fatbin");
+        return;
+    };
+
+    // One translation unit that includes every kernel source, compiled into one fatbin.
+    let unit = out.join("all_kernels.cu");
+    let body: String = sources
+        .iter()
+        .map(|p| format!("#include \"{}\"\n", p.display()))
+        .collect();
+    fs::write(&unit, body).expect("write kernel unit");
+
+    let mut cmd = Command::new(&nvcc);
+    cmd.arg("--fatbin")
+        .arg("-O3")
+        .arg("-std=c++17")
+        .arg("-lineinfo");
+    for arch in SASS_ARCHS {
+        cmd.arg(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
+    }
+    cmd.arg(format!(
+        "-gencode=arch=compute_{PTX_ARCH},code=compute_{PTX_ARCH}"
+    ));
+    if let Ok(extra) = env::var("CUDA_HAL_NVCC_FLAGS") {
+        cmd.args(extra.split_whitespace());
+    }
+    cmd.arg("-I").arg(manifest.join("kernels"));
+    cmd.arg("-o").arg(&fatbin).arg(&unit);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
+    if !output.status.success() {
+        panic!(
+            "nvcc failed to compile kernels/:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
+    let exe = |p: PathBuf| p.is_file().then_some(p);
+    if let Some(p) = env::var_os("NVCC") {
+        return exe(PathBuf::from(p));
+    }
+    for var in ["CUDA_PATH", "CUDA_HOME"] {
+        if let Some(root) = env::var_os(var) {
+            if let Some(p) = exe(PathBuf::from(root).join("bin/nvcc")) {
+                return Some(p);
+            }
+        }
+    }
+    if let Some(p) = exe(manifest.join(".toolchain/site/nvidia/cu13/bin/nvcc")) {
+        return Some(p);
+    }
+    env::var_os("PATH")
+        .and_then(|paths| env::split_paths(&paths).find_map(|dir| exe(dir.join("nvcc"))))
+}

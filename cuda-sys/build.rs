@@ -328,7 +328,7 @@ fn driver_api_tokens(
     });
     let table_ident = format_ident!("DriverApi");
     quote! {
-        #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+        #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments, clippy::type_complexity)]
         use crate::bindings::*;
 
         /// The names of every driver entry point `cuda.h` declares, as exported by `libcuda`.

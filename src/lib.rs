@@ -1,1 +1,46 @@
-//! placeholder
+//! `cuda-hal`: a CUDA driver-API HAL for prover and compute backends.
+//!
+//! Layers, bottom up:
+//! - [`cuda_sys`]: bindgen'd driver API loaded at run time; every failure is a `Result`.
+//! - [`driver`]: safe wrappers, one per driver object (context, stream, event, pool,
+//!   module, pinned memory).
+//! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
+//!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
+//! - [`ops`]: operations on buffers built from the embedded kernels.
+//!
+//! The four phases of the GB10 plan are cargo features (see [`PHASES`]); with none enabled
+//! the crate behaves like the original HAL, so each phase's gain can be measured.
+//!
+//! ```
+//! use cuda_hal::{ops, CudaHal};
+//! let hal = match CudaHal::new(0) {
+//!     Ok(hal) => hal,
+//!     Err(e) => return println!("no GPU: {e}"),
+//! };
+//! let a = hal.copy_from("a", &[1.0f32, 2.0, 3.0]).unwrap();
+//! let b = hal.copy_from("b", &[0.5f32, 0.5, 0.5]).unwrap();
+//! let out = hal.alloc::<f32>("out", 3).unwrap();
+//! ops::mul(&out, &a, &b).unwrap();
+//! assert_eq!(out.to_vec().unwrap(), vec![0.5, 1.0, 1.5]);
+//! ```
+
+mod buffer;
+pub mod driver;
+mod error;
+mod hal;
+pub mod host_cache;
+mod kernels;
+mod ledger;
+pub mod ops;
+mod phases;
+mod staging;
+
+pub use buffer::{Buffer, RawBuffer};
+pub use cuda_sys;
+pub use driver::{DeviceInfo, PoolStats};
+pub use error::{Error, Result};
+pub use hal::{CudaHal, HalConfig, HalStats};
+pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
+pub use ledger::{LedgerSnapshot, Traffic};
+pub use phases::{Phases, PHASES};
+pub use staging::{StagingConfig, StagingStats};

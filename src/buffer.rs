@@ -1,0 +1,523 @@
+//! Typed device buffers over a shared `RawBuffer` (allocation + phase-2 host cache).
+
+use std::alloc::Layout;
+use std::borrow::Cow;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_sys::CUdeviceptr;
+use parking_lot::Mutex;
+
+use crate::hal::HalInner;
+use crate::host_cache::{BorrowKind, CacheState};
+use crate::kernels::DevicePtr;
+use crate::{CudaHal, Error, Result, PHASES};
+
+/// Zeroed, 64-byte aligned host memory the size of an allocation: the phase-2 host copy.
+struct HostBytes {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: HostBytes owns its allocation; access is coordinated by `CacheState` borrows.
+unsafe impl Send for HostBytes {}
+// SAFETY: see `Send`.
+unsafe impl Sync for HostBytes {}
+
+impl HostBytes {
+    fn new(len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), 64)
+            .map_err(|e| Error::InvalidArgument(format!("host copy of {len} bytes: {e}")))?;
+        // SAFETY: layout has non-zero size. Zeroed memory is lazily committed by the OS.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "host memory for a {len}-byte cache"
+            )));
+        }
+        Ok(HostBytes { ptr, layout })
+    }
+
+    /// Mutable bytes of `r`.
+    ///
+    /// # Safety
+    /// No other reference to bytes of `r` may exist while the result lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range_mut(&self, r: Range<usize>) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len())
+    }
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with exactly this layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+#[derive(Default)]
+struct HostCopy {
+    state: CacheState,
+    bytes: Option<HostBytes>,
+}
+
+/// One device allocation: its name, pointer, size and (phase 2) host copy. Freed through
+/// its HAL when the last buffer or slice over it is dropped.
+pub struct RawBuffer {
+    hal: Arc<HalInner>,
+    name: Cow<'static, str>,
+    ptr: CUdeviceptr,
+    bytes: usize,
+    pooled: bool,
+    cache: Mutex<HostCopy>,
+}
+
+impl RawBuffer {
+    pub(crate) fn hal(&self) -> &Arc<HalInner> {
+        &self.hal
+    }
+
+    /// The name given at creation.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn borrowed(&self) -> Error {
+        Error::BufferBorrowed {
+            name: self.name.to_string(),
+        }
+    }
+
+    /// Before the device reads or writes `r`: uploads host-newer bytes, and for a write
+    /// marks the host copy of `r` stale. A no-op without phase 2.
+    pub(crate) fn prepare_device_access(&self, r: Range<usize>, write: bool) -> Result<()> {
+        if !PHASES.host_cache {
+            return Ok(());
+        }
+        let mut c = self.cache.lock();
+        let uploads = c
+            .state
+            .plan_device_access(&r)
+            .map_err(|_| self.borrowed())?;
+        if let Some(host) = &c.bytes {
+            for u in uploads {
+                // SAFETY: dirty bytes have no active view (checked by plan_device_access),
+                // and the cache lock keeps new views out during the upload.
+                let src = unsafe { host.range_mut(u.clone()) };
+                self.hal.upload(self.ptr + u.start as u64, src)?;
+            }
+        }
+        c.state.mark_device_access(r, write);
+        Ok(())
+    }
+
+    /// Marks the host copy of `r` stale (after a device write was queued).
+    pub(crate) fn invalidate_host(&self, r: Range<usize>) {
+        if PHASES.host_cache {
+            self.cache.lock().state.mark_device_access(r, true);
+        }
+    }
+
+    /// Runs `f` over the host copy of `r` (phase 2), downloading what is missing.
+    fn with_host<R>(
+        &self,
+        r: Range<usize>,
+        kind: BorrowKind,
+        f: impl FnOnce(*mut u8) -> R,
+    ) -> Result<R> {
+        let (base, id) = {
+            let mut c = self.cache.lock();
+            let missing = c.state.plan_read(&r).map_err(|_| self.borrowed())?;
+            self.hal.ledger.cache(missing.is_empty());
+            if c.bytes.is_none() {
+                c.bytes = Some(HostBytes::new(self.bytes)?);
+            }
+            for m in missing {
+                let host = c.bytes.as_ref().ok_or_else(|| self.borrowed())?;
+                // SAFETY: plan_read guarantees no view overlaps the missing bytes, and the
+                // lock keeps new views out until the download is done.
+                let dst = unsafe { host.range_mut(m.clone()) };
+                self.hal.download(dst, self.ptr + m.start as u64)?;
+                c.state.mark_downloaded(m);
+            }
+            let id = c.state.begin_borrow(r, kind).map_err(|_| self.borrowed())?;
+            (c.bytes.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr), id)
+        };
+        struct EndBorrow<'a>(&'a RawBuffer, u64);
+        impl Drop for EndBorrow<'_> {
+            fn drop(&mut self) {
+                self.0.cache.lock().state.end_borrow(self.1);
+            }
+        }
+        let _end = EndBorrow(self, id);
+        Ok(f(base))
+    }
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        self.hal
+            .free_raw(&self.name, self.ptr, self.bytes, self.pooled);
+    }
+}
+
+/// A typed device buffer, or a slice of one. Clones and slices share the allocation.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let col = hal.copy_from("column", &[5u32, 6, 7, 8]).unwrap();
+/// let tail = col.slice(2, 2).unwrap();
+/// assert_eq!(tail.to_vec().unwrap(), vec![7, 8]);
+/// tail.view_mut(|s| s[0] = 70).unwrap();
+/// assert_eq!(col.get_at(2).unwrap(), 70);
+/// ```
+pub struct Buffer<T> {
+    raw: Arc<RawBuffer>,
+    /// Offset in elements from the start of the allocation.
+    offset: usize,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for Buffer<T> {
+    fn clone(&self) -> Self {
+        Buffer {
+            raw: self.raw.clone(),
+            offset: self.offset,
+            len: self.len,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Buffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("name", &self.raw.name)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T: Pod> Buffer<T> {
+    pub(crate) fn new(hal: &CudaHal, name: Cow<'static, str>, len: usize) -> Result<Self> {
+        if len == 0 || std::mem::size_of::<T>() == 0 {
+            return Err(Error::ZeroLength {
+                name: name.into_owned(),
+            });
+        }
+        let bytes =
+            len.checked_mul(std::mem::size_of::<T>())
+                .ok_or_else(|| Error::OutOfMemory {
+                    name: name.to_string(),
+                    requested: usize::MAX,
+                    device_total: hal.info().total_memory,
+                    driver: None,
+                })?;
+        let (ptr, pooled) = hal.inner.alloc_raw(&name, bytes)?;
+        Ok(Buffer {
+            raw: Arc::new(RawBuffer {
+                hal: hal.inner.clone(),
+                name,
+                ptr,
+                bytes,
+                pooled,
+                cache: Mutex::new(HostCopy::default()),
+            }),
+            offset: 0,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    pub(crate) fn raw(&self) -> &Arc<RawBuffer> {
+        &self.raw
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers have at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The name given at creation (slices keep their parent's).
+    pub fn name(&self) -> &str {
+        &self.raw.name
+    }
+
+    /// Size in bytes of this buffer or slice.
+    pub fn size_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The HAL the buffer belongs to.
+    pub fn hal(&self) -> CudaHal {
+        CudaHal {
+            inner: self.raw.hal.clone(),
+        }
+    }
+
+    /// Byte range within the allocation.
+    pub(crate) fn byte_range(&self) -> Range<usize> {
+        let sz = std::mem::size_of::<T>();
+        self.offset * sz..(self.offset + self.len) * sz
+    }
+
+    /// Device address of the first element.
+    pub(crate) fn raw_ptr(&self) -> CUdeviceptr {
+        self.raw.ptr + (self.offset * std::mem::size_of::<T>()) as u64
+    }
+
+    fn out_of_range(&self, start: usize, end: usize) -> Error {
+        Error::OutOfRange {
+            name: self.name().to_string(),
+            start,
+            end,
+            len: self.len,
+        }
+    }
+
+    /// A view of elements `offset..offset + len`, sharing the allocation.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Buffer<T>> {
+        if len == 0 {
+            return Err(Error::ZeroLength {
+                name: self.name().to_string(),
+            });
+        }
+        let end = offset.checked_add(len).filter(|e| *e <= self.len);
+        let Some(_) = end else {
+            return Err(self.out_of_range(offset, offset.saturating_add(len)));
+        };
+        Ok(Buffer {
+            raw: self.raw.clone(),
+            offset: self.offset + offset,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// Element `i`. Phase 2 reads a valid host copy; phase 1 copies only this element;
+    /// the baseline copies the whole buffer.
+    pub fn get_at(&self, i: usize) -> Result<T> {
+        if i >= self.len {
+            return Err(self.out_of_range(i, i + 1));
+        }
+        let h = &self.raw.hal;
+        h.enter()?;
+        let sz = std::mem::size_of::<T>();
+        let r = (self.offset + i) * sz..(self.offset + i + 1) * sz;
+        if PHASES.host_cache {
+            let c = self.raw.cache.lock();
+            if let (true, Some(host)) = (c.state.readable().contains(&r), c.bytes.as_ref()) {
+                h.ledger.cache(true);
+                // SAFETY: r lies inside the host copy; readable bytes are only written under
+                // an exclusive view, which `contains` + no-exclusive-borrow rules out below.
+                if c.state.plan_read(&r).is_ok() {
+                    return Ok(unsafe {
+                        std::ptr::read_unaligned(host.ptr.add(r.start).cast::<T>())
+                    });
+                }
+                return Err(self.raw.borrowed());
+            }
+            drop(c);
+            if !PHASES.offset_get_at {
+                // Fill the host copy of the whole buffer, then read from it.
+                return self.view(|s| s[i]);
+            }
+            h.ledger.cache(false);
+        }
+        if PHASES.offset_get_at {
+            self.raw.prepare_device_access(r.clone(), false)?;
+            let mut v = T::zeroed();
+            h.download(
+                bytemuck::bytes_of_mut(&mut v),
+                self.raw.ptr + r.start as u64,
+            )?;
+            Ok(v)
+        } else {
+            Ok(self.download_vec()?[i])
+        }
+    }
+
+    /// A new `Vec` with this buffer's elements, copied synchronously (baseline path).
+    fn download_vec(&self) -> Result<Vec<T>> {
+        let h = &self.raw.hal;
+        h.enter()?;
+        self.raw.prepare_device_access(self.byte_range(), false)?;
+        let mut v = vec![T::zeroed(); self.len];
+        h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
+        Ok(v)
+    }
+
+    /// Runs `f` over the elements on the host. Phase 2 reads the cached host copy (no
+    /// transfer while it is valid); otherwise the buffer is copied into a new `Vec`.
+    pub fn view<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        if !PHASES.host_cache {
+            return Ok(f(&self.download_vec()?));
+        }
+        self.raw.hal.enter()?;
+        let len = self.len;
+        self.raw
+            .with_host(self.byte_range(), BorrowKind::Shared, |base| {
+                let start = self.byte_range().start;
+                // SAFETY: the host copy holds the newest data for these bytes, 64-byte aligned
+                // base plus a multiple of size_of::<T>() keeps T's alignment (Pod, align <= 64
+                // checked by the cast below), and the shared view keeps writers out until `f`
+                // returns.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(base.add(start), len * std::mem::size_of::<T>())
+                };
+                f(bytemuck::cast_slice(bytes))
+            })
+    }
+
+    /// Runs `f` over the elements on the host with write access. Phase 2 edits the host
+    /// copy, which is uploaded before the device next uses the buffer; otherwise the
+    /// buffer is downloaded into a `Vec` and written back at once.
+    pub fn view_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        if !PHASES.host_cache {
+            let mut v = self.download_vec()?;
+            let out = f(&mut v);
+            self.raw
+                .hal
+                .upload(self.raw_ptr(), bytemuck::cast_slice(&v))?;
+            return Ok(out);
+        }
+        self.raw.hal.enter()?;
+        let len = self.len;
+        self.raw
+            .with_host(self.byte_range(), BorrowKind::Exclusive, |base| {
+                let start = self.byte_range().start;
+                // SAFETY: as in `view`; the exclusive view keeps every other reader and writer
+                // of these bytes out until `f` returns.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut(base.add(start), len * std::mem::size_of::<T>())
+                };
+                f(bytemuck::cast_slice_mut(bytes))
+            })
+    }
+
+    /// The elements of this buffer or slice (only those: not the parent's).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        if PHASES.host_cache {
+            self.view(|s| s.to_vec())
+        } else {
+            self.download_vec()
+        }
+    }
+
+    /// Copies the elements into `dst`, which must have the same length. Phase 2 serves a
+    /// valid host copy; otherwise the data goes straight into `dst` (no cache fill).
+    pub fn copy_to_slice(&self, dst: &mut [T]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len,
+                actual: dst.len(),
+            });
+        }
+        let h = &self.raw.hal;
+        h.enter()?;
+        let r = self.byte_range();
+        if PHASES.host_cache {
+            let c = self.raw.cache.lock();
+            if let (true, Some(host)) = (
+                c.state.plan_read(&r).is_ok_and(|m| m.is_empty()),
+                c.bytes.as_ref(),
+            ) {
+                h.ledger.cache(true);
+                // SAFETY: r is readable and no exclusive view covers it (plan_read), and the
+                // lock keeps one from starting during the copy.
+                let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
+                bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src);
+                return Ok(());
+            }
+            drop(c);
+            h.ledger.cache(false);
+        }
+        self.raw.prepare_device_access(r, false)?;
+        h.download(bytemuck::cast_slice_mut(dst), self.raw_ptr())
+    }
+
+    /// Overwrites the buffer with `src`, which must have the same length.
+    pub fn copy_from_slice(&self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len,
+                actual: src.len(),
+            });
+        }
+        let h = &self.raw.hal;
+        h.enter()?;
+        let r = self.byte_range();
+        self.raw.prepare_device_access(r.clone(), true)?;
+        h.upload(self.raw_ptr(), bytemuck::cast_slice(src))?;
+        self.raw.invalidate_host(r);
+        Ok(())
+    }
+
+    /// Copies `src` (same length, any buffer of the same HAL) into this buffer on the device.
+    pub fn copy_from_buffer(&self, src: &Buffer<T>) -> Result<()> {
+        if src.len != self.len {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len,
+                actual: src.len,
+            });
+        }
+        if !Arc::ptr_eq(&self.raw.hal, &src.raw.hal) {
+            return Err(Error::ForeignBuffer {
+                name: src.name().to_string(),
+            });
+        }
+        let (rd, rs) = (self.byte_range(), src.byte_range());
+        if Arc::ptr_eq(&self.raw, &src.raw) && rd.start < rs.end && rs.start < rd.end {
+            return Err(Error::Aliasing {
+                output: self.name().to_string(),
+                other: src.name().to_string(),
+            });
+        }
+        let h = &self.raw.hal;
+        h.enter()?;
+        src.raw.prepare_device_access(rs, false)?;
+        self.raw.prepare_device_access(rd.clone(), true)?;
+        h.copy_d2d(self.raw_ptr(), src.raw_ptr(), self.size_bytes())?;
+        self.raw.invalidate_host(rd);
+        Ok(())
+    }
+
+    /// Device address for reading in your own kernels: host-newer data is uploaded first.
+    /// Queue the kernel on [`CudaHal::stream_handle`]'s stream, or synchronise first.
+    pub fn device_ptr(&self) -> Result<DevicePtr> {
+        self.raw.hal.enter()?;
+        self.raw.prepare_device_access(self.byte_range(), false)?;
+        Ok(DevicePtr {
+            addr: self.raw_ptr(),
+            bytes: self.size_bytes(),
+        })
+    }
+
+    /// Device address for writing in your own kernels: marks the host copy stale.
+    pub fn device_ptr_mut(&self) -> Result<DevicePtr> {
+        self.raw.hal.enter()?;
+        self.raw.prepare_device_access(self.byte_range(), true)?;
+        Ok(DevicePtr {
+            addr: self.raw_ptr(),
+            bytes: self.size_bytes(),
+        })
+    }
+}

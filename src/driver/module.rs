@@ -1,0 +1,100 @@
+use std::ffi::CString;
+
+use cuda_sys::{CUfunction, CUmodule};
+
+use super::{api, Stream};
+use crate::{Error, Result};
+
+/// A loaded module (fatbin, cubin or PTX image), unloaded on drop.
+pub struct Module {
+    raw: CUmodule,
+}
+
+// SAFETY: module handles may be used from any thread with their context current.
+unsafe impl Send for Module {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Module {}
+
+/// A kernel of a [`Module`]. Valid while the module is loaded.
+#[derive(Clone, Copy, Debug)]
+pub struct Function {
+    raw: CUfunction,
+}
+
+// SAFETY: function handles are immutable driver objects usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Function {}
+
+impl Module {
+    /// Loads an image with `cuModuleLoadData`. The caller has made the context current.
+    pub fn load(image: &[u8]) -> Result<Self> {
+        // The driver reads the image through a pointer and wants 8-byte alignment.
+        let mut aligned = vec![0u64; image.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+        let mut raw: CUmodule = std::ptr::null_mut();
+        // SAFETY: `aligned` holds the whole image and outlives the call; the driver copies it.
+        unsafe { api()?.cuModuleLoadData(&mut raw, aligned.as_ptr().cast())? };
+        Ok(Module { raw })
+    }
+
+    /// Looks up a kernel by its (unmangled, `extern "C"`) name.
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let c_name = CString::new(name).map_err(|_| Error::KernelNotFound {
+            name: name.to_string(),
+            reason: "name contains a NUL byte".into(),
+        })?;
+        let mut raw: CUfunction = std::ptr::null_mut();
+        // SAFETY: out-pointer is valid; c_name is a C string; raw module is live.
+        unsafe { api()?.cuModuleGetFunction(&mut raw, self.raw, c_name.as_ptr()) }.map_err(
+            |e| Error::KernelNotFound {
+                name: name.to_string(),
+                reason: e.to_string(),
+            },
+        )?;
+        Ok(Function { raw })
+    }
+}
+
+impl Function {
+    /// Launches the kernel on `stream`.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, each pointing to a value of the
+    /// parameter's type, and every device pointer among them must be valid for the accesses
+    /// the kernel makes.
+    pub unsafe fn launch(
+        &self,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        stream: &Stream,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        api()?.cuLaunchKernel(
+            self.raw,
+            grid.0,
+            grid.1,
+            grid.2,
+            block.0,
+            block.1,
+            block.2,
+            shared_bytes,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )?;
+        Ok(())
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(d) = api() {
+            // SAFETY: raw is a live module unloaded once.
+            if let Err(e) = unsafe { d.cuModuleUnload(self.raw) } {
+                log::warn!("cuModuleUnload failed: {e}");
+            }
+        }
+    }
+}

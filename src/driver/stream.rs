@@ -1,0 +1,49 @@
+use cuda_sys::{CUstream, CUstream_flags};
+
+use super::api;
+use crate::Result;
+
+/// A non-blocking stream, destroyed on drop. The owner keeps its context current.
+pub struct Stream {
+    raw: CUstream,
+}
+
+// SAFETY: stream handles may be used from any thread with their context current.
+unsafe impl Send for Stream {}
+// SAFETY: see `Send`; the handle is never mutated.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// Creates a stream that does not synchronise with the legacy default stream.
+    /// The caller has made the owning context current.
+    pub fn new_non_blocking() -> Result<Self> {
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        unsafe { api()?.cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0)? };
+        Ok(Stream { raw })
+    }
+
+    /// The raw handle.
+    #[inline]
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// Blocks until all work queued on the stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: raw is a live stream.
+        unsafe { api()?.cuStreamSynchronize(self.raw)? };
+        Ok(())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(d) = api() {
+            // SAFETY: raw is a live stream destroyed once; pending work completes first.
+            if let Err(e) = unsafe { d.cuStreamDestroy(self.raw) } {
+                log::warn!("cuStreamDestroy failed: {e}");
+            }
+        }
+    }
+}

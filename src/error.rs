@@ -1,0 +1,173 @@
+//! The crate's error type: every runtime failure is one of these, never a panic.
+
+use std::fmt;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a HAL operation failed. The HAL stays usable after every variant except
+/// [`Error::ContextPoisoned`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver could not be loaded, lacks an entry point, or returned an error code.
+    Cuda(cuda_sys::Error),
+    /// No device has this ordinal.
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices the driver reports.
+        count: usize,
+    },
+    /// An index or range lies outside a buffer.
+    OutOfRange {
+        /// The buffer's name.
+        name: String,
+        /// First element asked for.
+        start: usize,
+        /// One past the last element asked for.
+        end: usize,
+        /// The buffer's length in elements.
+        len: usize,
+    },
+    /// Two lengths that must agree do not.
+    LengthMismatch {
+        /// The buffer's name.
+        name: String,
+        /// The length the operation needs.
+        expected: usize,
+        /// The length it was given.
+        actual: usize,
+    },
+    /// A buffer, slice or transfer of zero elements was asked for.
+    ZeroLength {
+        /// The buffer's name.
+        name: String,
+    },
+    /// The device (or the HAL's limit) cannot hold the allocation.
+    OutOfMemory {
+        /// The buffer's name.
+        name: String,
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes the device has in all.
+        device_total: usize,
+        /// The driver's error, when the driver was asked and refused.
+        driver: Option<cuda_sys::Error>,
+    },
+    /// The crate was built without nvcc, so no kernel module is embedded.
+    KernelsUnavailable,
+    /// The kernel module has no function of this name, or failed to load.
+    KernelNotFound {
+        /// The kernel's name.
+        name: String,
+        /// What the driver said.
+        reason: String,
+    },
+    /// The operation does not support elements of this size.
+    UnsupportedElementSize {
+        /// The operation.
+        op: &'static str,
+        /// `size_of::<T>()`.
+        size: usize,
+    },
+    /// A host view of this buffer is active over the bytes the operation needs.
+    BufferBorrowed {
+        /// The buffer's name.
+        name: String,
+    },
+    /// A buffer of another HAL was passed to this one.
+    ForeignBuffer {
+        /// The buffer's name.
+        name: String,
+    },
+    /// The same bytes were passed as a kernel output and as another argument.
+    Aliasing {
+        /// The output buffer's name.
+        output: String,
+        /// The other buffer's name.
+        other: String,
+    },
+    /// A kernel fault (illegal address and the like) left the context unusable. Create a
+    /// new HAL once every buffer of this one is dropped.
+    ContextPoisoned {
+        /// The error that poisoned the context.
+        cause: cuda_sys::Error,
+    },
+    /// An argument is invalid for another reason, stated here.
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// The driver error inside, if any.
+    pub fn driver_error(&self) -> Option<&cuda_sys::Error> {
+        match self {
+            Error::Cuda(e) | Error::ContextPoisoned { cause: e } => Some(e),
+            Error::OutOfMemory { driver, .. } => driver.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl From<cuda_sys::Error> for Error {
+    fn from(e: cuda_sys::Error) -> Self {
+        Error::Cuda(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Cuda(e) => write!(f, "{e}"),
+            Error::NoDevice { ordinal, count } => {
+                write!(f, "no CUDA device {ordinal}: the driver reports {count}")
+            }
+            Error::OutOfRange { name, start, end, len } => write!(
+                f,
+                "elements {start}..{end} are out of range for buffer `{name}` of {len} elements"
+            ),
+            Error::LengthMismatch { name, expected, actual } => write!(
+                f,
+                "buffer `{name}` needs {expected} elements but was given {actual}"
+            ),
+            Error::ZeroLength { name } => write!(f, "buffer `{name}`: zero-length request"),
+            Error::OutOfMemory { name, requested, device_total, driver } => {
+                write!(
+                    f,
+                    "out of device memory allocating `{name}`: {requested} bytes requested, device has {device_total}"
+                )?;
+                if let Some(d) = driver {
+                    write!(f, " ({d})")?;
+                }
+                Ok(())
+            }
+            Error::KernelsUnavailable => write!(
+                f,
+                "cuda-hal was built without nvcc, so it has no kernels (install the toolchain and rebuild)"
+            ),
+            Error::KernelNotFound { name, reason } => write!(f, "kernel `{name}`: {reason}"),
+            Error::UnsupportedElementSize { op, size } => {
+                write!(f, "{op} does not support {size}-byte elements")
+            }
+            Error::BufferBorrowed { name } => {
+                write!(f, "buffer `{name}` has an active host view over these elements")
+            }
+            Error::ForeignBuffer { name } => write!(f, "buffer `{name}` belongs to another HAL"),
+            Error::Aliasing { output, other } => write!(
+                f,
+                "kernel output `{output}` overlaps argument `{other}`"
+            ),
+            Error::ContextPoisoned { cause } => write!(
+                f,
+                "the CUDA context is unusable after a device fault ({cause}); create a new HAL"
+            ),
+            Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.driver_error().map(|e| e as _)
+    }
+}

@@ -1,0 +1,351 @@
+//! `CudaHal`: one device's context, stream, memory pool, kernels and counters.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use cuda_sys::CUdeviceptr;
+use parking_lot::Mutex;
+
+use crate::buffer::Buffer;
+use crate::driver::{api, DeviceInfo, MemPool, PoolStats, PrimaryContext, Stream};
+use crate::kernels::KernelTable;
+use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
+use crate::staging::{StagingConfig, StagingPool, StagingStats};
+use crate::{Error, Result, PHASES};
+
+/// Settings of a [`CudaHal`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HalConfig {
+    /// Bytes the HAL's pool keeps reserved when the stream synchronises; the default
+    /// `u64::MAX` keeps everything, so steady-state allocation never reaches the OS.
+    pub release_threshold: u64,
+    /// Pinned staging used by phase 4.
+    pub staging: StagingConfig,
+}
+
+impl Default for HalConfig {
+    fn default() -> Self {
+        HalConfig {
+            release_threshold: u64::MAX,
+            staging: StagingConfig::default(),
+        }
+    }
+}
+
+/// Everything [`CudaHal::stats`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalStats {
+    /// Transfers, allocations, cache lookups and launches so far.
+    pub ledger: LedgerSnapshot,
+    /// The HAL's own memory pool, from the driver.
+    pub pool: PoolStats,
+    /// The pinned staging pool.
+    pub staging: StagingStats,
+}
+
+/// A handle to one device: cheap to clone, `Send + Sync`. Buffers keep the HAL alive, so
+/// the context, stream and pool outlive every allocation made from them.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let a = hal.copy_from("a", &[1u32, 2, 3]).unwrap();
+/// assert_eq!(a.get_at(1).unwrap(), 2);
+/// ```
+#[derive(Clone)]
+pub struct CudaHal {
+    pub(crate) inner: Arc<HalInner>,
+}
+
+pub(crate) struct HalInner {
+    // Declaration order is drop order: everything below goes before the context.
+    pub(crate) kernels: KernelTable,
+    staging: StagingPool,
+    pool: MemPool,
+    pub(crate) stream: Stream,
+    pub(crate) ledger: Ledger,
+    poisoned: Mutex<Option<cuda_sys::Error>>,
+    info: DeviceInfo,
+    config: HalConfig,
+    pub(crate) ctx: PrimaryContext,
+}
+
+impl CudaHal {
+    /// Opens device `ordinal` with the default [`HalConfig`].
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_config(ordinal, HalConfig::default())
+    }
+
+    /// Opens device `ordinal`: retains its primary context, creates a non-blocking stream,
+    /// creates the HAL's own memory pool and loads the embedded kernels.
+    pub fn with_config(ordinal: usize, config: HalConfig) -> Result<Self> {
+        let info = DeviceInfo::query(ordinal)?;
+        let ctx = PrimaryContext::retain(ordinal)?;
+        ctx.bind()?;
+        let stream = Stream::new_non_blocking()?;
+        let pool = MemPool::new(ordinal, config.release_threshold)?;
+        let kernels = KernelTable::load();
+        let staging = StagingPool::new(config.staging);
+        Ok(CudaHal {
+            inner: Arc::new(HalInner {
+                kernels,
+                staging,
+                pool,
+                stream,
+                ledger: Ledger::default(),
+                poisoned: Mutex::new(None),
+                info,
+                config,
+                ctx,
+            }),
+        })
+    }
+
+    /// The device's properties.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// The configuration the HAL was made with.
+    pub fn config(&self) -> &HalConfig {
+        &self.inner.config
+    }
+
+    /// Waits for all work queued on the HAL's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        let h = &self.inner;
+        h.enter()?;
+        h.guard(h.stream.synchronize())
+    }
+
+    /// Counters, pool statistics and staging statistics.
+    pub fn stats(&self) -> Result<HalStats> {
+        let h = &self.inner;
+        h.ctx.bind()?;
+        Ok(HalStats {
+            ledger: h.ledger.snapshot(),
+            pool: h.pool.stats()?,
+            staging: h.staging.stats(),
+        })
+    }
+
+    /// The HAL's stream, for queueing your own kernels in order with the HAL's work
+    /// (use [`Buffer::device_ptr`] and [`Buffer::device_ptr_mut`] for their arguments).
+    pub fn stream_handle(&self) -> cuda_sys::CUstream {
+        self.inner.stream.raw()
+    }
+
+    /// Just the counters (no driver call).
+    pub fn ledger(&self) -> LedgerSnapshot {
+        self.inner.ledger.snapshot()
+    }
+
+    /// Returns the pool's reserved memory above `keep_bytes` to the OS, after the stream's
+    /// pending frees complete.
+    pub fn trim_pool(&self, keep_bytes: usize) -> Result<()> {
+        let h = &self.inner;
+        h.enter()?;
+        h.guard(h.stream.synchronize())?;
+        h.guard(h.pool.trim_to(keep_bytes))
+    }
+
+    /// The error that made the context unusable, if a device fault happened.
+    pub fn poisoned(&self) -> Option<cuda_sys::Error> {
+        self.inner.poisoned.lock().clone()
+    }
+
+    /// A buffer of `len` elements with unspecified contents.
+    pub fn alloc<T: bytemuck::Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        len: usize,
+    ) -> Result<Buffer<T>> {
+        Buffer::new(self, name.into(), len)
+    }
+
+    /// A buffer of `len` zeroed elements.
+    pub fn alloc_zeroed<T: bytemuck::Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        len: usize,
+    ) -> Result<Buffer<T>> {
+        let b = Buffer::new(self, name.into(), len)?;
+        let h = &self.inner;
+        // SAFETY: the range is the whole fresh allocation; the memset is stream-ordered.
+        h.guard(unsafe {
+            api()?
+                .cuMemsetD8Async(b.raw_ptr(), 0, b.size_bytes(), h.stream.raw())
+                .map_err(Error::from)
+        })?;
+        Ok(b)
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn copy_from<T: bytemuck::Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        data: &[T],
+    ) -> Result<Buffer<T>> {
+        let b = Buffer::new(self, name.into(), data.len())?;
+        b.copy_from_slice(data)?;
+        Ok(b)
+    }
+
+    pub(crate) fn same(&self, other: &Arc<HalInner>) -> bool {
+        Arc::ptr_eq(&self.inner, other)
+    }
+}
+
+impl HalInner {
+    /// Checks the context is usable and current on this thread.
+    #[inline]
+    pub(crate) fn enter(&self) -> Result<()> {
+        if let Some(cause) = self.poisoned.lock().clone() {
+            return Err(Error::ContextPoisoned { cause });
+        }
+        self.ctx.bind()
+    }
+
+    /// Passes `r` through, recording a sticky driver error as poisoning the context.
+    pub(crate) fn guard<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(Error::Cuda(e)) if e.is_sticky() => {
+                log::error!("CUDA context of device {} poisoned: {e}", self.info.ordinal);
+                *self.poisoned.lock() = Some(e.clone());
+                Err(Error::ContextPoisoned { cause: e })
+            }
+            other => other,
+        }
+    }
+
+    /// Allocates `bytes` (> 0): from the pool on the stream with phase 3, else `cuMemAlloc`.
+    pub(crate) fn alloc_raw(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool)> {
+        self.enter()?;
+        if bytes > self.info.total_memory {
+            return Err(self.oom(name, bytes, None));
+        }
+        let d = api()?;
+        let mut ptr: CUdeviceptr = 0;
+        let pooled = PHASES.pool_alloc;
+        // SAFETY: out-pointer valid; pool and stream are live.
+        let r = unsafe {
+            if pooled {
+                d.cuMemAllocFromPoolAsync(&mut ptr, bytes, self.pool.raw(), self.stream.raw())
+            } else {
+                d.cuMemAlloc(&mut ptr, bytes)
+            }
+        };
+        match r {
+            Ok(()) => {
+                self.ledger.alloc(if pooled {
+                    AllocKind::Pool
+                } else {
+                    AllocKind::Driver
+                });
+                log::trace!(
+                    "alloc `{name}`: {bytes} bytes at {ptr:#x} ({})",
+                    if pooled { "pool" } else { "driver" }
+                );
+                Ok((ptr, pooled))
+            }
+            Err(e) if e.is_out_of_memory() => Err(self.oom(name, bytes, Some(e))),
+            Err(e) => self.guard(Err(e.into())),
+        }
+    }
+
+    fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
+        Error::OutOfMemory {
+            name: name.to_string(),
+            requested: bytes,
+            device_total: self.info.total_memory,
+            driver,
+        }
+    }
+
+    /// Frees an allocation of `alloc_raw`: stream-ordered when pooled; otherwise after the
+    /// stream has drained, since `cuMemFree` is not ordered with it.
+    pub(crate) fn free_raw(&self, name: &str, ptr: CUdeviceptr, bytes: usize, pooled: bool) {
+        let result = self.ctx.bind().and_then(|()| {
+            let d = api()?;
+            // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in stream
+            // order with) every use queued on the stream.
+            unsafe {
+                if pooled {
+                    d.cuMemFreeAsync(ptr, self.stream.raw())?;
+                } else {
+                    self.stream.synchronize()?;
+                    d.cuMemFree(ptr)?;
+                }
+            }
+            Ok(())
+        });
+        self.ledger.free();
+        log::trace!("free `{name}`: {bytes} bytes at {ptr:#x}");
+        if let Err(e) = result {
+            log::warn!("freeing `{name}` ({bytes} bytes) failed: {e}");
+        }
+    }
+
+    /// Copies host bytes to the device. Phase 4: staged and asynchronous (returns when the
+    /// source is free); otherwise synchronous.
+    pub(crate) fn upload(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+        let r = if PHASES.async_copy {
+            self.staging.upload(&self.ctx, &self.stream, dst, src)
+        } else {
+            // SAFETY: src is valid for its length for the whole call, which ends only after
+            // the stream (and so the copy) has completed.
+            unsafe {
+                api()?.cuMemcpyHtoDAsync(dst, src.as_ptr().cast(), src.len(), self.stream.raw())
+            }
+            .map_err(Error::from)
+            .and_then(|()| self.stream.synchronize())
+        };
+        self.ledger.copy(Dir::H2D, src.len());
+        self.guard(r)
+    }
+
+    /// Copies device bytes to the host; returns when `dst` holds them.
+    pub(crate) fn download(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
+        let r = if PHASES.async_copy {
+            self.staging.download(&self.ctx, &self.stream, dst, src)
+        } else {
+            // SAFETY: dst is valid for writes of its length until the stream completes,
+            // which this call waits for.
+            unsafe {
+                api()?.cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src, dst.len(), self.stream.raw())
+            }
+            .map_err(Error::from)
+            .and_then(|()| self.stream.synchronize())
+        };
+        self.ledger.copy(Dir::D2H, dst.len());
+        self.guard(r)
+    }
+
+    /// Copies between device ranges on the stream (synchronous without phase 4).
+    pub(crate) fn copy_d2d(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges lie inside live allocations (checked by the buffer layer).
+        let r = unsafe { api()?.cuMemcpyDtoDAsync(dst, src, bytes, self.stream.raw()) }
+            .map_err(Error::from)
+            .and_then(|()| {
+                if PHASES.async_copy {
+                    Ok(())
+                } else {
+                    self.stream.synchronize()
+                }
+            });
+        self.ledger.copy(Dir::D2D, bytes);
+        self.guard(r)
+    }
+}
+
+impl Drop for HalInner {
+    fn drop(&mut self) {
+        // Let pending frees and copies finish before the stream, pool and context go.
+        if let Err(e) = self.ctx.bind().and_then(|()| self.stream.synchronize()) {
+            log::warn!("dropping the HAL of device {}: {e}", self.info.ordinal);
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The phase-2 host cache of one allocation: which bytes the host copy holds newest data
+//! for, which of those the device has not seen yet, and which host views are active.
+//!
+//! Pure bookkeeping, no driver calls: the buffer layer asks it what to download or upload
+//! and tells it what happened. All ranges are byte ranges within the allocation.
+
+use std::ops::Range;
+
+/// A set of disjoint, non-adjacent, sorted byte ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IntervalSet {
+    ranges: Vec<Range<usize>>,
+}
+
+impl IntervalSet {
+    /// The empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The ranges, sorted and disjoint.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// Whether the set holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Total bytes in the set.
+    pub fn total(&self) -> usize {
+        self.ranges.iter().map(|r| r.len()).sum()
+    }
+
+    /// Adds `r`, merging with overlapping or adjacent ranges.
+    pub fn insert(&mut self, r: Range<usize>) {
+        if r.is_empty() {
+            return;
+        }
+        let (mut start, mut end) = (r.start, r.end);
+        // First range that ends at or after `start` (could merge).
+        let lo = self.ranges.partition_point(|x| x.end < start);
+        // First range that starts after `end` (cannot merge).
+        let hi = self.ranges.partition_point(|x| x.start <= end);
+        if lo < hi {
+            start = start.min(self.ranges[lo].start);
+            end = end.max(self.ranges[hi - 1].end);
+        }
+        self.ranges.splice(lo..hi, std::iter::once(start..end));
+    }
+
+    /// Removes `r` from the set.
+    pub fn remove(&mut self, r: Range<usize>) {
+        if r.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.ranges.len() + 1);
+        for x in self.ranges.drain(..) {
+            if x.end <= r.start || x.start >= r.end {
+                out.push(x);
+                continue;
+            }
+            if x.start < r.start {
+                out.push(x.start..r.start);
+            }
+            if x.end > r.end {
+                out.push(r.end..x.end);
+            }
+        }
+        self.ranges = out;
+    }
+
+    /// Whether every byte of `r` is in the set.
+    pub fn contains(&self, r: &Range<usize>) -> bool {
+        if r.is_empty() {
+            return true;
+        }
+        let i = self.ranges.partition_point(|x| x.end <= r.start);
+        self.ranges
+            .get(i)
+            .is_some_and(|x| x.start <= r.start && x.end >= r.end)
+    }
+
+    /// The parts of `r` not in the set, in order.
+    pub fn missing(&self, r: &Range<usize>) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut cursor = r.start;
+        let i = self.ranges.partition_point(|x| x.end <= r.start);
+        for x in &self.ranges[i..] {
+            if x.start >= r.end {
+                break;
+            }
+            if x.start > cursor {
+                out.push(cursor..x.start);
+            }
+            cursor = cursor.max(x.end);
+        }
+        if cursor < r.end {
+            out.push(cursor..r.end);
+        }
+        out
+    }
+
+    /// Whether any byte of `r` is in the set.
+    pub fn overlaps(&self, r: &Range<usize>) -> bool {
+        let i = self.ranges.partition_point(|x| x.end <= r.start);
+        self.ranges.get(i).is_some_and(|x| x.start < r.end)
+    }
+
+    /// Empties the set.
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+    }
+}
+
+/// Kind of an active host view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BorrowKind {
+    /// `view`: reads the host copy.
+    Shared,
+    /// `view_mut`: writes the host copy.
+    Exclusive,
+}
+
+/// An active view was in the way of an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conflict;
+
+/// Bookkeeping of one allocation's host copy.
+#[derive(Debug, Default)]
+pub struct CacheState {
+    readable: IntervalSet,
+    dirty: IntervalSet,
+    borrows: Vec<(u64, BorrowKind, Range<usize>)>,
+    next_borrow: u64,
+}
+
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+impl CacheState {
+    /// Bytes where the host copy holds the newest data.
+    pub fn readable(&self) -> &IntervalSet {
+        &self.readable
+    }
+
+    /// Bytes where the host copy is newer than the device.
+    pub fn dirty(&self) -> &IntervalSet {
+        &self.dirty
+    }
+
+    /// Number of active views.
+    pub fn active_borrows(&self) -> usize {
+        self.borrows.len()
+    }
+
+    fn conflicts(&self, r: &Range<usize>, with_shared: bool) -> bool {
+        self.borrows
+            .iter()
+            .any(|(_, k, b)| (with_shared || *k == BorrowKind::Exclusive) && overlap(b, r))
+    }
+
+    /// What must be downloaded so the host can read `r`. Fails if a mutable view covers
+    /// `r`, or if a download would write under an active view.
+    pub fn plan_read(&self, r: &Range<usize>) -> Result<Vec<Range<usize>>, Conflict> {
+        if self.conflicts(r, false) {
+            return Err(Conflict);
+        }
+        let missing = self.readable.missing(r);
+        if missing.iter().any(|m| self.conflicts(m, true)) {
+            return Err(Conflict);
+        }
+        Ok(missing)
+    }
+
+    /// Records that `r` was downloaded from the device.
+    pub fn mark_downloaded(&mut self, r: Range<usize>) {
+        self.readable.insert(r);
+    }
+
+    /// Starts a view of `r`; `plan_read` for it has succeeded and its downloads are done.
+    pub fn begin_borrow(&mut self, r: Range<usize>, kind: BorrowKind) -> Result<u64, Conflict> {
+        let with_shared = kind == BorrowKind::Exclusive;
+        if self.conflicts(&r, with_shared) || !self.readable.contains(&r) {
+            return Err(Conflict);
+        }
+        self.next_borrow += 1;
+        self.borrows.push((self.next_borrow, kind, r));
+        Ok(self.next_borrow)
+    }
+
+    /// Ends view `id`; an exclusive view leaves its range newer on the host.
+    pub fn end_borrow(&mut self, id: u64) {
+        if let Some(pos) = self.borrows.iter().position(|(i, _, _)| *i == id) {
+            let (_, kind, r) = self.borrows.swap_remove(pos);
+            if kind == BorrowKind::Exclusive {
+                self.dirty.insert(r);
+            }
+        }
+    }
+
+    /// Before the device reads (or, with `write`, writes) `r`: the host-newer ranges to
+    /// upload first. Fails while a mutable view covers `r`.
+    pub fn plan_device_access(&self, r: &Range<usize>) -> Result<Vec<Range<usize>>, Conflict> {
+        if self.conflicts(r, false) || self.dirty.ranges().iter().any(|d| self.conflicts(d, false))
+        {
+            return Err(Conflict);
+        }
+        Ok(self.dirty.ranges().to_vec())
+    }
+
+    /// Records that the planned uploads are done and, with `write`, that the device is about
+    /// to change `r`, so the host copy of `r` is stale.
+    pub fn mark_device_access(&mut self, r: Range<usize>, write: bool) {
+        self.dirty.clear();
+        if write {
+            self.readable.remove(r);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::single_range_in_vec_init)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn interval_insert_merges_and_remove_splits() {
+        let mut s = IntervalSet::new();
+        s.insert(10..20);
+        s.insert(30..40);
+        s.insert(20..30);
+        assert_eq!(s.ranges(), &[10..40]);
+        s.remove(15..25);
+        assert_eq!(s.ranges(), &[10..15, 25..40]);
+        assert!(s.contains(&(26..40)));
+        assert!(!s.contains(&(14..26)));
+        assert_eq!(s.missing(&(0..50)), vec![0..10, 15..25, 40..50]);
+        assert!(s.overlaps(&(14..15)));
+        assert!(!s.overlaps(&(15..25)));
+    }
+
+    #[test]
+    fn view_then_device_write_invalidates() {
+        let mut c = CacheState::default();
+        assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..100]);
+        c.mark_downloaded(0..100);
+        assert!(
+            c.plan_read(&(10..20)).unwrap().is_empty(),
+            "second read hits"
+        );
+        let up = c.plan_device_access(&(0..50)).unwrap();
+        assert!(up.is_empty());
+        c.mark_device_access(0..50, true);
+        assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
+    }
+
+    #[test]
+    fn view_mut_makes_host_newest_until_uploaded() {
+        let mut c = CacheState::default();
+        c.mark_downloaded(0..64);
+        let id = c.begin_borrow(8..16, BorrowKind::Exclusive).unwrap();
+        assert_eq!(
+            c.plan_device_access(&(0..64)),
+            Err(Conflict),
+            "no device access mid-mutation"
+        );
+        assert_eq!(c.plan_read(&(0..64)), Err(Conflict));
+        c.end_borrow(id);
+        assert_eq!(c.dirty().ranges(), &[8..16]);
+        assert_eq!(c.plan_device_access(&(32..40)).unwrap(), vec![8..16]);
+        c.mark_device_access(32..40, false);
+        assert!(c.dirty().is_empty());
+        assert!(
+            c.readable().contains(&(0..64)),
+            "a device read keeps the host copy valid"
+        );
+    }
+
+    #[test]
+    fn shared_views_coexist_and_block_downloads_under_them() {
+        let mut c = CacheState::default();
+        c.mark_downloaded(0..32);
+        let a = c.begin_borrow(0..32, BorrowKind::Shared).unwrap();
+        let b = c.begin_borrow(0..16, BorrowKind::Shared).unwrap();
+        assert_eq!(c.begin_borrow(0..8, BorrowKind::Exclusive), Err(Conflict));
+        // The device overwrites bytes a view is reading: allowed, the view keeps its snapshot...
+        c.mark_device_access(0..32, true);
+        // ...but nothing may download under the active views.
+        assert_eq!(c.plan_read(&(0..32)), Err(Conflict));
+        c.end_borrow(a);
+        c.end_borrow(b);
+        assert_eq!(c.plan_read(&(0..32)).unwrap(), vec![0..32]);
+    }
+
+    proptest! {
+        #[test]
+        fn interval_set_matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0usize..200, 0usize..60), 1..60)) {
+            let mut set = IntervalSet::new();
+            let mut model = vec![false; 260];
+            for (add, start, len) in ops {
+                let r = start..start + len;
+                if add { set.insert(r.clone()); } else { set.remove(r.clone()); }
+                for b in &mut model[r] { *b = add; }
+                // Sorted, disjoint, non-adjacent.
+                for w in set.ranges().windows(2) {
+                    prop_assert!(w[0].end < w[1].start);
+                }
+                let expect: usize = model.iter().filter(|b| **b).count();
+                prop_assert_eq!(set.total(), expect);
+                for (i, b) in model.iter().enumerate() {
+                    prop_assert_eq!(set.contains(&(i..i + 1)), *b);
+                }
+                let probe = 50..150;
+                let missing: usize = set.missing(&probe).iter().map(|r| r.len()).sum();
+                prop_assert_eq!(missing, model[probe].iter().filter(|b| !**b).count());
+            }
+        }
+    }
+}

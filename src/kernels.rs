@@ -1,0 +1,250 @@
+//! The embedded kernel module and the launch builder.
+//!
+//! A launch names which buffers the kernel reads and which it writes, so the phase-2 host
+//! cache stays right without any mark-dirty call: host-newer data is uploaded before the
+//! kernel runs, and the host copy of every output is invalidated.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cuda_sys::CUdeviceptr;
+use parking_lot::RwLock;
+
+use crate::buffer::{Buffer, RawBuffer};
+use crate::driver::{Function, Module};
+use crate::{CudaHal, Error, Result};
+
+/// The fatbin compiled by `build.rs` from `kernels/*.cu` (empty when built without nvcc).
+pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
+
+/// Whether this build embeds kernels.
+pub fn kernels_available() -> bool {
+    !FATBIN.is_empty()
+}
+
+pub(crate) struct KernelTable {
+    module: Result<Module>,
+    functions: RwLock<HashMap<String, Function>>,
+}
+
+impl KernelTable {
+    /// Loads the embedded module into the current context; a failure is kept and returned
+    /// by every kernel lookup, so memory operations still work.
+    pub(crate) fn load() -> Self {
+        let module = if kernels_available() {
+            Module::load(FATBIN)
+        } else {
+            Err(Error::KernelsUnavailable)
+        };
+        if let Err(e) = &module {
+            log::warn!("kernels unavailable: {e}");
+        }
+        KernelTable {
+            module,
+            functions: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Result<Function> {
+        if let Some(f) = self.functions.read().get(name) {
+            return Ok(*f);
+        }
+        let module = self.module.as_ref().map_err(Clone::clone)?;
+        let f = module.function(name)?;
+        self.functions.write().insert(name.to_string(), f);
+        Ok(f)
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    /// Blocks per grid.
+    pub grid: (u32, u32, u32),
+    /// Threads per block.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchDims {
+    /// A 1-D launch for grid-stride kernels over `n` elements: 256 threads a block and
+    /// enough blocks to fill `sms` multiprocessors, never more than the elements need.
+    ///
+    /// ```
+    /// let d = cuda_hal::LaunchDims::for_elements(1000, 132);
+    /// assert_eq!(d.block.0, 256);
+    /// assert_eq!(d.grid.0, 4);
+    /// ```
+    pub fn for_elements(n: usize, sms: u32) -> Self {
+        const BLOCK: usize = 256;
+        let needed = n.div_ceil(BLOCK).max(1);
+        let cap = (sms.max(1) as usize) * 32;
+        LaunchDims {
+            grid: (needed.min(cap) as u32, 1, 1),
+            block: (BLOCK as u32, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+}
+
+/// How a launch uses a buffer argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+/// A kernel launch being assembled: arguments in the kernel's parameter order.
+///
+/// ```
+/// use cuda_hal::{CudaHal, LaunchDims};
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let a = hal.copy_from("a", &[1u32, 2, 3]).unwrap();
+/// let b = hal.copy_from("b", &[10u32, 20, 30]).unwrap();
+/// let out = hal.alloc::<u32>("out", 3).unwrap();
+/// hal.launch("eltwise_add_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
+///     .output(&out)
+///     .input(&a)
+///     .input(&b)
+///     .scalar(3u64)
+///     .run()
+///     .unwrap();
+/// assert_eq!(out.to_vec().unwrap(), vec![11, 22, 33]);
+/// ```
+#[must_use = "a launch does nothing until `run` is called"]
+pub struct Launch<'h> {
+    hal: &'h CudaHal,
+    kernel: String,
+    dims: LaunchDims,
+    /// Each argument's value, 16-byte slots so any scalar up to 16 bytes fits aligned.
+    values: Vec<[u64; 2]>,
+    buffers: Vec<(Arc<RawBuffer>, Range<usize>, Access)>,
+    error: Option<Error>,
+}
+
+impl CudaHal {
+    /// Starts a launch of the embedded kernel `kernel`.
+    pub fn launch(&self, kernel: &str, dims: LaunchDims) -> Launch<'_> {
+        Launch {
+            hal: self,
+            kernel: kernel.to_string(),
+            dims,
+            values: Vec::new(),
+            buffers: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+impl<'h> Launch<'h> {
+    fn buffer<T: bytemuck::Pod>(mut self, b: &Buffer<T>, access: Access) -> Self {
+        if self.error.is_none() && !self.hal.same(b.raw().hal()) {
+            self.error = Some(Error::ForeignBuffer {
+                name: b.name().to_string(),
+            });
+        }
+        self.values.push([b.raw_ptr(), 0]);
+        self.buffers.push((b.raw().clone(), b.byte_range(), access));
+        self
+    }
+
+    /// Next parameter: a buffer the kernel only reads.
+    pub fn input<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
+        self.buffer(b, Access::Read)
+    }
+
+    /// Next parameter: a buffer the kernel writes (and may not read).
+    pub fn output<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
+        self.buffer(b, Access::Write)
+    }
+
+    /// Next parameter: a buffer the kernel reads and writes in place.
+    pub fn inout<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
+        self.buffer(b, Access::ReadWrite)
+    }
+
+    /// Next parameter: a value of at most 16 bytes.
+    pub fn scalar<V: bytemuck::Pod>(mut self, v: V) -> Self {
+        let bytes = bytemuck::bytes_of(&v);
+        if bytes.len() > 16 {
+            self.error.get_or_insert(Error::InvalidArgument(format!(
+                "kernel scalar of {} bytes (at most 16)",
+                bytes.len()
+            )));
+        }
+        let mut slot = [0u64; 2];
+        let n = bytes.len().min(16);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..n].copy_from_slice(&bytes[..n]);
+        self.values.push(slot);
+        self
+    }
+
+    /// Checks the arguments, brings host-newer inputs to the device, invalidates the host
+    /// copies of the outputs and queues the kernel on the HAL's stream.
+    pub fn run(mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        check_aliasing(&self.buffers)?;
+        let h = &self.hal.inner;
+        h.enter()?;
+        let f = h.kernels.get(&self.kernel)?;
+        for (raw, range, access) in &self.buffers {
+            raw.prepare_device_access(range.clone(), *access != Access::Read)?;
+        }
+        let mut params: Vec<*mut c_void> = self
+            .values
+            .iter_mut()
+            .map(|v| v.as_mut_ptr().cast())
+            .collect();
+        let d = self.dims;
+        // SAFETY: one pointer per argument, each to a 16-byte aligned slot holding the value;
+        // buffer arguments are live allocations kept alive by `self.buffers` until the
+        // kernel is queued, and by their owners (which free in stream order) afterwards.
+        let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, &h.stream, &mut params) };
+        h.ledger.launch();
+        h.guard(r)?;
+        // A concurrent host read may have refilled an output's host copy from the old data
+        // between the checks above and the launch: invalidate again now the kernel is queued.
+        for (raw, range, access) in &self.buffers {
+            if *access != Access::Read {
+                raw.invalidate_host(range.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rejects an output whose bytes overlap any other buffer argument.
+fn check_aliasing(buffers: &[(Arc<RawBuffer>, Range<usize>, Access)]) -> Result<()> {
+    for (i, (a, ra, acc_a)) in buffers.iter().enumerate() {
+        for (b, rb, acc_b) in &buffers[i + 1..] {
+            let writes = *acc_a != Access::Read || *acc_b != Access::Read;
+            if writes && Arc::ptr_eq(a, b) && ra.start < rb.end && rb.start < ra.end {
+                let (out, other) = if *acc_a != Access::Read {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                return Err(Error::Aliasing {
+                    output: out.name().to_string(),
+                    other: other.name().to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A device address for users' own kernels, with the element count it covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePtr {
+    /// The address of the first element.
+    pub addr: CUdeviceptr,
+    /// Bytes from `addr` that belong to the buffer.
+    pub bytes: usize,
+}

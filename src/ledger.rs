@@ -1,0 +1,186 @@
+//! Counters of every transfer, allocation and cache lookup a HAL makes.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Bytes and calls in one direction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Logical copies (one chunked transfer counts once).
+    pub calls: u64,
+}
+
+/// A snapshot of a HAL's counters. Subtract two with [`LedgerSnapshot::since`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    /// Host to device.
+    pub h2d: Traffic,
+    /// Device to host.
+    pub d2h: Traffic,
+    /// Device to device.
+    pub d2d: Traffic,
+    /// Allocations through `cuMemAlloc`.
+    pub driver_allocs: u64,
+    /// Allocations through `cuMemAllocFromPoolAsync`.
+    pub pool_allocs: u64,
+    /// Frees of either kind.
+    pub frees: u64,
+    /// Host reads served by the phase-2 cache without a transfer.
+    pub cache_hits: u64,
+    /// Host reads that had to transfer.
+    pub cache_misses: u64,
+    /// Kernel launches.
+    pub launches: u64,
+}
+
+impl LedgerSnapshot {
+    /// The counts between `earlier` and `self`.
+    ///
+    /// ```
+    /// use cuda_hal::LedgerSnapshot;
+    /// let mut a = LedgerSnapshot::default();
+    /// let mut b = a;
+    /// b.d2h.bytes = 4;
+    /// b.d2h.calls = 1;
+    /// assert_eq!(b.since(&a).d2h.bytes, 4);
+    /// a.cache_hits = 0;
+    /// ```
+    pub fn since(&self, earlier: &LedgerSnapshot) -> LedgerSnapshot {
+        let t = |a: Traffic, b: Traffic| Traffic {
+            bytes: a.bytes.saturating_sub(b.bytes),
+            calls: a.calls.saturating_sub(b.calls),
+        };
+        LedgerSnapshot {
+            h2d: t(self.h2d, earlier.h2d),
+            d2h: t(self.d2h, earlier.d2h),
+            d2d: t(self.d2d, earlier.d2d),
+            driver_allocs: self.driver_allocs.saturating_sub(earlier.driver_allocs),
+            pool_allocs: self.pool_allocs.saturating_sub(earlier.pool_allocs),
+            frees: self.frees.saturating_sub(earlier.frees),
+            cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
+            cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
+            launches: self.launches.saturating_sub(earlier.launches),
+        }
+    }
+
+    /// Bytes moved in all directions.
+    pub fn bytes_moved(&self) -> u64 {
+        self.h2d.bytes + self.d2h.bytes + self.d2d.bytes
+    }
+}
+
+/// Direction of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    H2D,
+    D2H,
+    D2D,
+}
+
+/// Kind of allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllocKind {
+    Driver,
+    Pool,
+}
+
+#[derive(Default)]
+pub(crate) struct Ledger {
+    bytes: [AtomicU64; 3],
+    calls: [AtomicU64; 3],
+    driver_allocs: AtomicU64,
+    pool_allocs: AtomicU64,
+    frees: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    launches: AtomicU64,
+}
+
+impl Ledger {
+    pub(crate) fn copy(&self, dir: Dir, bytes: usize) {
+        let i = dir as usize;
+        self.bytes[i].fetch_add(bytes as u64, Relaxed);
+        self.calls[i].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn alloc(&self, kind: AllocKind) {
+        match kind {
+            AllocKind::Driver => &self.driver_allocs,
+            AllocKind::Pool => &self.pool_allocs,
+        }
+        .fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn free(&self) {
+        self.frees.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn cache(&self, hit: bool) {
+        if hit {
+            &self.cache_hits
+        } else {
+            &self.cache_misses
+        }
+        .fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn launch(&self) {
+        self.launches.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> LedgerSnapshot {
+        let t = |d: Dir| Traffic {
+            bytes: self.bytes[d as usize].load(Relaxed),
+            calls: self.calls[d as usize].load(Relaxed),
+        };
+        LedgerSnapshot {
+            h2d: t(Dir::H2D),
+            d2h: t(Dir::D2H),
+            d2d: t(Dir::D2D),
+            driver_allocs: self.driver_allocs.load(Relaxed),
+            pool_allocs: self.pool_allocs.load(Relaxed),
+            frees: self.frees.load(Relaxed),
+            cache_hits: self.cache_hits.load(Relaxed),
+            cache_misses: self.cache_misses.load(Relaxed),
+            launches: self.launches.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_direction_and_kind() {
+        let l = Ledger::default();
+        l.copy(Dir::H2D, 100);
+        l.copy(Dir::H2D, 28);
+        l.copy(Dir::D2H, 4);
+        l.alloc(AllocKind::Pool);
+        l.alloc(AllocKind::Driver);
+        l.free();
+        l.cache(true);
+        l.cache(false);
+        l.cache(false);
+        let s = l.snapshot();
+        assert_eq!(
+            s.h2d,
+            Traffic {
+                bytes: 128,
+                calls: 2
+            }
+        );
+        assert_eq!(s.d2h, Traffic { bytes: 4, calls: 1 });
+        assert_eq!(s.d2d, Traffic::default());
+        assert_eq!((s.pool_allocs, s.driver_allocs, s.frees), (1, 1, 1));
+        assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
+        let before = s;
+        l.copy(Dir::D2D, 8);
+        let d = l.snapshot().since(&before);
+        assert_eq!(d.d2d, Traffic { bytes: 8, calls: 1 });
+        assert_eq!(d.bytes_moved(), 8);
+        assert_eq!(d.h2d, Traffic::default());
+    }
+}

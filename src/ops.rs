@@ -1,0 +1,109 @@
+//! Operations built on the HAL's own kernels: fill and element-wise arithmetic.
+
+use bytemuck::Pod;
+
+use crate::{Buffer, Error, LaunchDims, Result};
+
+/// Element types with element-wise add and mul kernels.
+pub trait EltwiseElement: Pod {
+    /// Kernel name suffix, such as `u32`.
+    const SUFFIX: &'static str;
+}
+
+impl EltwiseElement for u32 {
+    const SUFFIX: &'static str = "u32";
+}
+
+impl EltwiseElement for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl<T: Pod> Buffer<T> {
+    /// Sets every element to `value` on the device (4- and 8-byte elements by kernel,
+    /// 1- and 2-byte elements by memset).
+    pub fn fill(&self, value: T) -> Result<()> {
+        let hal = self.hal();
+        let n = self.len() as u64;
+        let dims = LaunchDims::for_elements(self.len(), hal.info().multiprocessors);
+        let bytes = bytemuck::bytes_of(&value);
+        match bytes.len() {
+            4 => hal
+                .launch("fill_u32", dims)
+                .output(self)
+                .scalar(u32::from_ne_bytes(bytes.try_into().unwrap_or_default()))
+                .scalar(n)
+                .run(),
+            8 => hal
+                .launch("fill_u64", dims)
+                .output(self)
+                .scalar(u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
+                .scalar(n)
+                .run(),
+            1 | 2 => self.memset(bytes),
+            size => Err(Error::UnsupportedElementSize { op: "fill", size }),
+        }
+    }
+
+    fn memset(&self, bytes: &[u8]) -> Result<()> {
+        let h = &self.raw().hal().clone();
+        h.enter()?;
+        let r = self.byte_range();
+        self.raw().prepare_device_access(r.clone(), true)?;
+        let ptr = self.raw_ptr();
+        let d = crate::driver::api()?;
+        // SAFETY: ptr..ptr+size_bytes is this buffer's range of a live allocation.
+        let res = unsafe {
+            if bytes.len() == 1 {
+                d.cuMemsetD8Async(ptr, bytes[0], self.len(), h.stream.raw())
+            } else {
+                d.cuMemsetD16Async(
+                    ptr,
+                    u16::from_ne_bytes([bytes[0], bytes[1]]),
+                    self.len(),
+                    h.stream.raw(),
+                )
+            }
+        };
+        h.guard(res.map_err(Error::from))?;
+        self.raw().invalidate_host(r);
+        Ok(())
+    }
+}
+
+fn eltwise<T: EltwiseElement>(
+    op: &str,
+    out: &Buffer<T>,
+    a: &Buffer<T>,
+    b: &Buffer<T>,
+) -> Result<()> {
+    for x in [a, b] {
+        if x.len() != out.len() {
+            return Err(Error::LengthMismatch {
+                name: x.name().to_string(),
+                expected: out.len(),
+                actual: x.len(),
+            });
+        }
+    }
+    let hal = out.hal();
+    hal.launch(
+        &format!("eltwise_{op}_{}", T::SUFFIX),
+        LaunchDims::for_elements(out.len(), hal.info().multiprocessors),
+    )
+    .output(out)
+    .input(a)
+    .input(b)
+    .scalar(out.len() as u64)
+    .run()
+}
+
+/// `out[i] = a[i] + b[i]` (u32 wraps). All three must have the same length, and `out` must
+/// not overlap `a` or `b`.
+pub fn add<T: EltwiseElement>(out: &Buffer<T>, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
+    eltwise("add", out, a, b)
+}
+
+/// `out[i] = a[i] * b[i]` (u32 wraps).
+pub fn mul<T: EltwiseElement>(out: &Buffer<T>, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
+    eltwise("mul", out, a, b)
+}

@@ -1,0 +1,350 @@
+//! Phase 4: host<->device copies staged through reused pinned memory.
+//!
+//! A transfer is cut into chunks of `chunk_bytes`. Workers (the calling thread plus scoped
+//! threads for large transfers) take chunks round-robin; each owns two pinned slots and
+//! double-buffers: while the copy engine moves one slot, the worker fills or drains the
+//! other with a host memcpy. Slots come from a bounded pool allocated once and reused, so
+//! no `cuMemHostAlloc` happens per copy. Each slot carries an event recorded after its last
+//! copy, so an upload returns as soon as the caller's bytes are in pinned memory.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use cuda_sys::CUdeviceptr;
+use parking_lot::{Condvar, Mutex};
+
+use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
+use crate::Result;
+
+/// Sizes of the staging pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagingConfig {
+    /// Bytes per pinned slot, the unit of one DMA.
+    pub chunk_bytes: usize,
+    /// Most workers (threads) one transfer uses.
+    pub workers: usize,
+    /// Most slots the pool allocates; transfers wait for a free slot beyond that.
+    pub max_slots: usize,
+}
+
+impl Default for StagingConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers = cores.clamp(1, 8);
+        StagingConfig {
+            chunk_bytes: 4 << 20,
+            workers,
+            max_slots: 4 * workers,
+        }
+    }
+}
+
+/// Counters of the staging pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StagingStats {
+    /// Pinned slots allocated so far (each `chunk_bytes`).
+    pub slots_allocated: u64,
+    /// Pinned bytes held.
+    pub pinned_bytes: u64,
+    /// Times a transfer reused a slot instead of allocating one.
+    pub slot_reuses: u64,
+    /// Times a transfer waited because every slot was taken.
+    pub waits: u64,
+}
+
+struct Slot {
+    mem: PinnedMemory,
+    /// Recorded after the last copy that reads or writes `mem`.
+    done: Event,
+    in_flight: bool,
+}
+
+impl Slot {
+    /// Waits until the copy engine no longer uses the slot.
+    fn settle(&mut self) -> Result<()> {
+        if self.in_flight {
+            self.done.synchronize()?;
+            self.in_flight = false;
+        }
+        Ok(())
+    }
+}
+
+/// The bounded pool of pinned slots of one HAL.
+pub(crate) struct StagingPool {
+    cfg: StagingConfig,
+    free: Mutex<(Vec<Slot>, usize)>,
+    returned: Condvar,
+    reuses: AtomicU64,
+    waits: AtomicU64,
+}
+
+impl StagingPool {
+    pub(crate) fn new(cfg: StagingConfig) -> Self {
+        StagingPool {
+            cfg: StagingConfig {
+                chunk_bytes: cfg.chunk_bytes.max(4096),
+                workers: cfg.workers.max(1),
+                max_slots: cfg.max_slots.max(1),
+            },
+            free: Mutex::new((Vec::new(), 0)),
+            returned: Condvar::new(),
+            reuses: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> StagingConfig {
+        self.cfg
+    }
+
+    pub(crate) fn stats(&self) -> StagingStats {
+        let allocated = self.free.lock().1 as u64;
+        StagingStats {
+            slots_allocated: allocated,
+            pinned_bytes: allocated * self.cfg.chunk_bytes as u64,
+            slot_reuses: self.reuses.load(Relaxed),
+            waits: self.waits.load(Relaxed),
+        }
+    }
+
+    /// Takes between 1 and `want` slots: free ones first, new ones while under the bound,
+    /// else waits for one to come back. The context is current.
+    fn take(&self, want: usize) -> Result<Vec<Slot>> {
+        let mut got = Vec::with_capacity(want);
+        let mut guard = self.free.lock();
+        loop {
+            while got.len() < want {
+                match guard.0.pop() {
+                    Some(s) => {
+                        self.reuses.fetch_add(1, Relaxed);
+                        got.push(s)
+                    }
+                    None => break,
+                }
+            }
+            let can_grow = (want - got.len()).min(self.cfg.max_slots - guard.1);
+            if can_grow > 0 {
+                guard.1 += can_grow;
+                drop(guard);
+                // Allocate outside the lock: cuMemHostAlloc takes milliseconds.
+                for _ in 0..can_grow {
+                    match PinnedMemory::new(self.cfg.chunk_bytes, PinnedFlags::default())
+                        .and_then(|mem| Ok((mem, Event::new()?)))
+                    {
+                        Ok((mem, done)) => got.push(Slot {
+                            mem,
+                            done,
+                            in_flight: false,
+                        }),
+                        Err(e) => {
+                            self.free.lock().1 -= 1;
+                            if got.is_empty() {
+                                return Err(e);
+                            }
+                        }
+                    }
+                }
+                return Ok(got);
+            }
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            self.waits.fetch_add(1, Relaxed);
+            self.returned.wait(&mut guard);
+        }
+    }
+
+    fn give_back(&self, slots: Vec<Slot>) {
+        let mut guard = self.free.lock();
+        guard.0.extend(slots);
+        drop(guard);
+        self.returned.notify_all();
+    }
+
+    /// Uploads `src` to `dst` on `stream`. Returns once every byte is in pinned memory and
+    /// its copy is queued; the caller's slice is then free.
+    pub(crate) fn upload(
+        &self,
+        ctx: &PrimaryContext,
+        stream: &Stream,
+        dst: CUdeviceptr,
+        src: &[u8],
+    ) -> Result<()> {
+        self.run(ctx, src.len(), |slots, chunks| {
+            upload_worker(stream, dst, src, self.cfg.chunk_bytes, slots, chunks)
+        })
+    }
+
+    /// Downloads `src` into `dst` on `stream`; returns when `dst` holds the data.
+    pub(crate) fn download(
+        &self,
+        ctx: &PrimaryContext,
+        stream: &Stream,
+        dst: &mut [u8],
+        src: CUdeviceptr,
+    ) -> Result<()> {
+        let chunk = self.cfg.chunk_bytes;
+        // Split dst into per-chunk pieces so each worker owns the chunks it writes.
+        let len = dst.len();
+        let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
+        let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
+        self.run(ctx, len, |slots, chunks| {
+            let mine: Vec<(usize, &mut [u8])> = {
+                let mut all = pieces.lock();
+                chunks
+                    .filter_map(|c| Some((c, all.get_mut(c)?.take()?)))
+                    .collect()
+            };
+            download_worker(stream, src, chunk, slots, mine)
+        })
+    }
+
+    /// Splits `bytes` into chunks and runs `work` for each worker with its slots and its
+    /// chunk indices (worker w gets chunks w, w + n, w + 2n, ...).
+    fn run<F>(&self, ctx: &PrimaryContext, bytes: usize, work: F) -> Result<()>
+    where
+        F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>) -> Result<()> + Sync,
+    {
+        let chunks = bytes.div_ceil(self.cfg.chunk_bytes).max(1);
+        let workers = self.cfg.workers.min(chunks);
+        let per_worker = if chunks > 1 { 2 } else { 1 };
+        let mut slots = self.take(workers * per_worker)?;
+        let workers = workers.min(slots.len()).max(1);
+        let per_worker = slots.len() / workers;
+        let result = if workers == 1 {
+            work(&mut slots[..], (0..chunks).step_by(1))
+        } else {
+            std::thread::scope(|s| {
+                let mut handles = Vec::new();
+                let work = &work;
+                for (w, group) in slots.chunks_mut(per_worker).take(workers).enumerate() {
+                    handles.push(s.spawn(move || {
+                        ctx.bind()?;
+                        work(group, (w..chunks).step_by(workers))
+                    }));
+                }
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(crate::Error::InvalidArgument(
+                                "a staging worker panicked".into(),
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<()>>>()
+                    .map(|_| ())
+            })
+        };
+        self.give_back(slots);
+        result
+    }
+}
+
+fn upload_worker(
+    stream: &Stream,
+    dst: CUdeviceptr,
+    src: &[u8],
+    chunk: usize,
+    slots: &mut [Slot],
+    chunks: impl Iterator<Item = usize>,
+) -> Result<()> {
+    let d = crate::driver::api()?;
+    for (i, c) in chunks.enumerate() {
+        let start = c * chunk;
+        if start >= src.len() {
+            break;
+        }
+        let part = &src[start..(start + chunk).min(src.len())];
+        let slot = &mut slots[i % slots.len()];
+        slot.settle()?;
+        slot.mem.as_mut_slice()[..part.len()].copy_from_slice(part);
+        // SAFETY: the slot holds `part.len()` valid bytes and stays untouched by the host
+        // until its event completes; dst + start is inside the destination allocation.
+        unsafe {
+            d.cuMemcpyHtoDAsync(
+                dst + start as u64,
+                slot.mem.as_ptr().cast(),
+                part.len(),
+                stream.raw(),
+            )?
+        };
+        slot.done.record(stream)?;
+        slot.in_flight = true;
+    }
+    Ok(())
+}
+
+fn download_worker(
+    stream: &Stream,
+    src: CUdeviceptr,
+    chunk: usize,
+    slots: &mut [Slot],
+    mine: Vec<(usize, &mut [u8])>,
+) -> Result<()> {
+    let d = crate::driver::api()?;
+    let n = slots.len();
+    let enqueue = |slot: &mut Slot, c: usize, len: usize| -> Result<()> {
+        slot.settle()?;
+        // SAFETY: the slot has room for `len <= chunk` bytes and is not read by the host
+        // until its event completes; src + c*chunk is inside the source allocation.
+        unsafe {
+            d.cuMemcpyDtoHAsync(
+                slot.mem.as_ptr().cast(),
+                src + (c * chunk) as u64,
+                len,
+                stream.raw(),
+            )?
+        };
+        slot.done.record(stream)?;
+        slot.in_flight = true;
+        Ok(())
+    };
+    // Keep up to `n` chunks in flight; drain them in order.
+    for (i, (c, piece)) in mine.iter().enumerate().take(n) {
+        enqueue(&mut slots[i % n], *c, piece.len())?;
+    }
+    let total = mine.len();
+    let mut mine = mine;
+    for i in 0..total {
+        let slot = &mut slots[i % n];
+        slot.settle()?;
+        let piece = &mut mine[i].1;
+        let len = piece.len();
+        piece.copy_from_slice(&slot.mem.as_slice()[..len]);
+        if i + n < total {
+            let (c, len) = (mine[i + n].0, mine[i + n].1.len());
+            enqueue(slot, c, len)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_bounded_and_double_buffered() {
+        let c = StagingConfig::default();
+        assert!(c.workers >= 1 && c.workers <= 8);
+        assert!(
+            c.max_slots >= 2 * c.workers,
+            "every worker can double-buffer"
+        );
+        assert_eq!(c.chunk_bytes % 4096, 0);
+    }
+
+    #[test]
+    fn pool_clamps_degenerate_config() {
+        let p = StagingPool::new(StagingConfig {
+            chunk_bytes: 1,
+            workers: 0,
+            max_slots: 0,
+        });
+        let c = p.config();
+        assert_eq!((c.chunk_bytes, c.workers, c.max_slots), (4096, 1, 1));
+        assert_eq!(p.stats(), StagingStats::default());
+    }
+}

@@ -1,0 +1,54 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+
+use cuda_hal::CudaHal;
+
+/// Environment variable that turns a missing GPU into a test failure (set on the GPU machine).
+pub const REQUIRE_GPU: &str = "CUDA_HAL_REQUIRE_GPU";
+
+/// The HAL of device 0, or `None` (with the reason printed) where there is no GPU.
+/// Panics when `CUDA_HAL_REQUIRE_GPU=1`, so a skipped GPU test never passes there.
+pub fn gpu() -> Option<CudaHal> {
+    match CudaHal::new(0) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            if std::env::var(REQUIRE_GPU).is_ok_and(|v| v == "1") {
+                panic!("{REQUIRE_GPU}=1 but no GPU HAL could be created: {e}");
+            }
+            eprintln!("SKIPPED (no GPU): {e}");
+            None
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), seeded per test, for random inputs.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn u32s(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next_u64() as u32).collect()
+    }
+
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next_u64() % 1_000_000) as f32 / 1000.0 - 500.0)
+            .collect()
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+pub const MIB: usize = 1 << 20;

@@ -1,0 +1,569 @@
+//! GPU tests. Each one skips (printing why) where no driver or device is present, and fails
+//! instead when `CUDA_HAL_REQUIRE_GPU=1`, as on the GPU machine.
+
+mod common;
+
+use common::{gpu, Rng, MIB};
+use cuda_hal::{driver, ops, CudaHal, Error, LaunchDims, PHASES};
+
+#[test]
+fn driver_reports_device_properties() {
+    let Some(hal) = gpu() else { return };
+    let count = driver::device_count().unwrap();
+    assert!(count >= 1);
+    let info = hal.info();
+    println!("{info:#?}");
+    assert!(!info.name.is_empty());
+    assert!(
+        info.compute_capability.0 >= 7,
+        "{:?}",
+        info.compute_capability
+    );
+    assert!(info.total_memory > (1 << 30));
+    assert!(info.driver_version >= 12000);
+    assert!(
+        info.memory_pools_supported,
+        "the HAL's pool needs memory-pool support"
+    );
+    assert!(info.multiprocessors > 0);
+    let again = cuda_hal::DeviceInfo::query(0).unwrap();
+    assert_eq!(&again, info);
+    assert!(matches!(
+        cuda_hal::DeviceInfo::query(count + 3),
+        Err(Error::NoDevice { .. })
+    ));
+}
+
+#[test]
+fn embedded_fatbin_loads_and_a_kernel_runs() {
+    let Some(hal) = gpu() else { return };
+    assert!(cuda_hal::kernels_available(), "built without nvcc");
+    let mut rng = Rng::new(1);
+    for n in [1usize, 255, 256, 257, 100_003] {
+        let (x, y) = (rng.u32s(n), rng.u32s(n));
+        let a = hal.copy_from("a", &x).unwrap();
+        let b = hal.copy_from("b", &y).unwrap();
+        let out = hal.copy_from("out", &vec![0xDEAD_BEEFu32; n]).unwrap();
+        hal.launch(
+            "eltwise_add_u32",
+            LaunchDims::for_elements(n, hal.info().multiprocessors),
+        )
+        .output(&out)
+        .input(&a)
+        .input(&b)
+        .scalar(n as u64)
+        .run()
+        .unwrap();
+        let want: Vec<u32> = x.iter().zip(&y).map(|(a, b)| a.wrapping_add(*b)).collect();
+        assert_eq!(out.to_vec().unwrap(), want, "n = {n}");
+    }
+    let err = hal
+        .launch("no_such_kernel", LaunchDims::for_elements(1, 1))
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, Error::KernelNotFound { .. }), "{err}");
+}
+
+#[test]
+fn round_trips_keep_every_byte_at_odd_sizes() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(2);
+    let chunk = hal.config().staging.chunk_bytes / 4;
+    for n in [
+        1usize,
+        3,
+        1000,
+        4097,
+        MIB + 7,
+        3 * chunk + 5,
+        16 * MIB / 4 * 5 + 1,
+    ] {
+        let data = rng.u32s(n);
+        let b = hal.copy_from("rt", &data).unwrap();
+        assert_eq!(b.to_vec().unwrap(), data, "n = {n}");
+        let i = rng.below(n);
+        assert_eq!(b.get_at(i).unwrap(), data[i]);
+        // Overwrite in place with fresh data, then read back again.
+        let data2 = rng.u32s(n);
+        b.copy_from_slice(&data2).unwrap();
+        assert_eq!(b.to_vec().unwrap(), data2, "n = {n} after copy_from_slice");
+    }
+}
+
+#[test]
+fn get_at_moves_what_the_phase_says() {
+    let Some(hal) = gpu() else { return };
+    let n = 64 * MIB / 4;
+    let data = Rng::new(3).u32s(n);
+    let b = hal.copy_from("col64", &data).unwrap();
+    let before = hal.ledger();
+    assert_eq!(b.get_at(12345).unwrap(), data[12345]);
+    let first = hal.ledger().since(&before);
+    if PHASES.offset_get_at {
+        assert_eq!(first.d2h.bytes, 4, "phase 1 moves one element");
+    } else {
+        assert_eq!(
+            first.d2h.bytes,
+            (64 * MIB) as u64,
+            "baseline moves the whole buffer"
+        );
+    }
+    let before = hal.ledger();
+    assert_eq!(b.get_at(777).unwrap(), data[777]);
+    let second = hal.ledger().since(&before);
+    match (PHASES.host_cache, PHASES.offset_get_at) {
+        (true, false) => {
+            assert_eq!(second.d2h.bytes, 0, "the first get_at filled the host copy");
+            assert_eq!(second.cache_hits, 1);
+        }
+        (_, true) => assert_eq!(second.d2h.bytes, 4),
+        (false, false) => assert_eq!(second.d2h.bytes, (64 * MIB) as u64),
+    }
+    if PHASES.host_cache {
+        b.view(|_| ()).unwrap();
+        let before = hal.ledger();
+        assert_eq!(b.get_at(999).unwrap(), data[999]);
+        let d = hal.ledger().since(&before);
+        assert_eq!(
+            (d.d2h.bytes, d.cache_hits),
+            (0, 1),
+            "a valid host copy serves get_at"
+        );
+    }
+}
+
+#[test]
+fn repeated_view_of_unchanged_buffer() {
+    let Some(hal) = gpu() else { return };
+    let n = 64 * MIB / 4;
+    let data = Rng::new(4).u32s(n);
+    let b = hal.copy_from("view64", &data).unwrap();
+    let s1 = hal.ledger();
+    assert!(b.view(|s| s == &data[..]).unwrap());
+    let s2 = hal.ledger();
+    assert!(b.view(|s| s == &data[..]).unwrap());
+    let second = hal.ledger().since(&s2);
+    assert_eq!(s2.since(&s1).d2h.bytes, (64 * MIB) as u64);
+    if PHASES.host_cache {
+        assert_eq!(
+            second.bytes_moved(),
+            0,
+            "second view of an unchanged buffer moves nothing"
+        );
+        assert_eq!(second.cache_hits, 1);
+    } else {
+        assert_eq!(second.d2h.bytes, (64 * MIB) as u64);
+    }
+}
+
+#[test]
+fn view_after_kernel_write_sees_new_data() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let n = 50_001;
+    let (x, y) = (rng.u32s(n), rng.u32s(n));
+    let a = hal.copy_from("a", &x).unwrap();
+    let b = hal.copy_from("b", &y).unwrap();
+    let out = hal.copy_from("out", &x).unwrap();
+    assert_eq!(out.to_vec().unwrap(), x, "host copy now cached (phase 2)");
+    ops::mul(&out, &a, &b).unwrap();
+    let want: Vec<u32> = x.iter().zip(&y).map(|(a, b)| a.wrapping_mul(*b)).collect();
+    assert_eq!(out.to_vec().unwrap(), want);
+    assert_eq!(out.get_at(n - 1).unwrap(), want[n - 1]);
+    // fill is a device write too.
+    out.fill(7).unwrap();
+    assert!(out.view(|s| s.iter().all(|v| *v == 7)).unwrap());
+}
+
+#[test]
+fn view_mut_is_uploaded_before_the_device_reads() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(6);
+    let n = 10_000;
+    let (x, y) = (rng.f32s(n), rng.f32s(n));
+    let a = hal.copy_from("a", &x).unwrap();
+    let b = hal.copy_from("b", &y).unwrap();
+    let out = hal.alloc::<f32>("out", n).unwrap();
+    a.view_mut(|s| {
+        s[0] = 1.5;
+        s[n - 1] = -2.25;
+    })
+    .unwrap();
+    let mut x2 = x.clone();
+    x2[0] = 1.5;
+    x2[n - 1] = -2.25;
+    if PHASES.host_cache {
+        let before = hal.ledger();
+        assert_eq!(a.get_at(0).unwrap(), 1.5);
+        assert_eq!(
+            hal.ledger().since(&before).bytes_moved(),
+            0,
+            "host copy is newest"
+        );
+    }
+    ops::add(&out, &a, &b).unwrap();
+    let want: Vec<f32> = x2.iter().zip(&y).map(|(a, b)| a + b).collect();
+    assert_eq!(out.to_vec().unwrap(), want);
+    // The device saw the edit: read back through a fresh D2D copy too.
+    let c = hal.alloc::<f32>("c", n).unwrap();
+    c.copy_from_buffer(&a).unwrap();
+    assert_eq!(c.to_vec().unwrap(), x2);
+}
+
+#[test]
+fn raw_write_pointer_invalidates_the_host_copy() {
+    let Some(hal) = gpu() else { return };
+    let b = hal.copy_from("raw", &vec![1u32; 4096]).unwrap();
+    assert_eq!(b.get_at(5).unwrap(), 1);
+    b.view(|_| ()).unwrap();
+    let p = b.device_ptr_mut().unwrap();
+    assert_eq!(p.bytes, 4096 * 4);
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    // SAFETY: p covers 4096 u32s of a live allocation; queued on the HAL's stream.
+    unsafe { d.cuMemsetD32Async(p.addr, 9, 4096, hal.stream_handle()) }.unwrap();
+    assert_eq!(b.get_at(5).unwrap(), 9);
+    assert!(b.view(|s| s.iter().all(|v| *v == 9)).unwrap());
+    // The read form uploads host-newer data first.
+    b.view_mut(|s| s[0] = 42).unwrap();
+    let p = b.device_ptr().unwrap();
+    let mut v = 0u32;
+    hal.synchronize().unwrap();
+    // SAFETY: reads 4 bytes of a live allocation into a local.
+    unsafe { d.cuMemcpyDtoH((&mut v as *mut u32).cast(), p.addr, 4) }.unwrap();
+    assert_eq!(v, 42);
+}
+
+#[test]
+fn fill_every_supported_width() {
+    let Some(hal) = gpu() else { return };
+    let n = 3001;
+    let b8 = hal.alloc::<u8>("u8", n).unwrap();
+    b8.fill(0xAB).unwrap();
+    assert!(b8.to_vec().unwrap().iter().all(|v| *v == 0xAB));
+    let b16 = hal.alloc::<u16>("u16", n).unwrap();
+    b16.fill(0xBEEF).unwrap();
+    assert!(b16.to_vec().unwrap().iter().all(|v| *v == 0xBEEF));
+    let b32 = hal.alloc::<f32>("f32", n).unwrap();
+    b32.fill(3.25).unwrap();
+    assert!(b32.to_vec().unwrap().iter().all(|v| *v == 3.25));
+    let b64 = hal.alloc::<u64>("u64", n).unwrap();
+    b64.fill(0x0123_4567_89AB_CDEF).unwrap();
+    assert!(b64
+        .to_vec()
+        .unwrap()
+        .iter()
+        .all(|v| *v == 0x0123_4567_89AB_CDEF));
+    // A slice fill leaves its neighbours alone.
+    let whole = hal.copy_from("whole", &vec![1u32; 100]).unwrap();
+    whole.slice(10, 20).unwrap().fill(5).unwrap();
+    let v = whole.to_vec().unwrap();
+    assert!(
+        v[..10].iter().all(|x| *x == 1)
+            && v[10..30].iter().all(|x| *x == 5)
+            && v[30..].iter().all(|x| *x == 1)
+    );
+    let odd = hal.alloc::<[u8; 3]>("odd", 4).unwrap();
+    assert!(matches!(
+        odd.fill([1, 2, 3]),
+        Err(Error::UnsupportedElementSize { size: 3, .. })
+    ));
+}
+
+#[test]
+fn slices_share_the_allocation_and_check_bounds() {
+    let Some(hal) = gpu() else { return };
+    let data: Vec<u32> = (0..1000).collect();
+    let b = hal.copy_from("base", &data).unwrap();
+    let s = b.slice(100, 500).unwrap();
+    let ss = s.slice(50, 10).unwrap();
+    assert_eq!(ss.len(), 10);
+    assert_eq!(ss.to_vec().unwrap(), (150..160).collect::<Vec<u32>>());
+    assert_eq!(
+        s.to_vec().unwrap().len(),
+        500,
+        "to_vec returns only the slice"
+    );
+    assert_eq!(ss.get_at(3).unwrap(), 153);
+    ss.copy_from_slice(&[7; 10]).unwrap();
+    let v = b.to_vec().unwrap();
+    assert_eq!(
+        &v[148..162],
+        &[148, 149, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 160, 161]
+    );
+    assert!(matches!(s.slice(495, 6), Err(Error::OutOfRange { .. })));
+    assert!(matches!(
+        s.slice(usize::MAX, 2),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(s.slice(0, 0), Err(Error::ZeroLength { .. })));
+    assert!(matches!(ss.get_at(10), Err(Error::OutOfRange { .. })));
+    ss.view_mut(|x| x.fill(1)).unwrap();
+    assert_eq!(b.get_at(155).unwrap(), 1);
+    assert_eq!(b.get_at(160).unwrap(), 160);
+}
+
+#[test]
+fn allocation_kind_and_pool_statistics_follow_phase_3() {
+    let Some(hal) = gpu() else { return };
+    hal.synchronize().unwrap();
+    let s0 = hal.stats().unwrap();
+    let b = hal.alloc::<u8>("pooled", 8 * MIB).unwrap();
+    hal.synchronize().unwrap();
+    let s1 = hal.stats().unwrap();
+    let d = s1.ledger.since(&s0.ledger);
+    if PHASES.pool_alloc {
+        assert_eq!((d.pool_allocs, d.driver_allocs), (1, 0));
+        assert!(s1.pool.used_current >= s0.pool.used_current + (8 * MIB) as u64);
+        assert!(s1.pool.reserved_current >= s1.pool.used_current);
+        assert!(s1.pool.used_high >= s1.pool.used_current);
+    } else {
+        assert_eq!((d.pool_allocs, d.driver_allocs), (0, 1));
+        assert_eq!(
+            s1.pool.used_current, 0,
+            "the pool is unused without phase 3"
+        );
+    }
+    drop(b);
+    hal.synchronize().unwrap();
+    let s2 = hal.stats().unwrap();
+    assert_eq!(
+        s2.pool.used_current, s0.pool.used_current,
+        "the free returned the bytes"
+    );
+    assert_eq!(s2.ledger.frees, s1.ledger.frees + 1);
+    if PHASES.pool_alloc {
+        assert!(
+            s2.pool.reserved_current > 0,
+            "default threshold keeps memory reserved"
+        );
+        hal.trim_pool(0).unwrap();
+        assert!(hal.stats().unwrap().pool.reserved_current <= s2.pool.reserved_current);
+    }
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
+    let Some(hal) = gpu() else { return };
+    let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+    assert!(matches!(
+        b.get_at(3),
+        Err(Error::OutOfRange {
+            start: 3,
+            end: 4,
+            len: 3,
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.copy_from_slice(&[1, 2]),
+        Err(Error::LengthMismatch {
+            expected: 3,
+            actual: 2,
+            ..
+        })
+    ));
+    assert!(matches!(
+        hal.alloc::<u32>("empty", 0),
+        Err(Error::ZeroLength { .. })
+    ));
+    assert!(matches!(
+        hal.copy_from::<u32>("empty", &[]),
+        Err(Error::ZeroLength { .. })
+    ));
+    let too_big = hal.info().total_memory + 1;
+    assert!(matches!(
+        hal.alloc::<u8>("huge", too_big),
+        Err(Error::OutOfMemory { .. })
+    ));
+    let pib = 1usize << 50;
+    assert!(matches!(
+        hal.alloc::<u8>("pib", pib),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        hal.alloc::<u64>("overflow", usize::MAX / 4),
+        Err(Error::OutOfMemory { .. })
+    ));
+    // Within the device size but beyond what is free: the driver refuses.
+    let nearly_all = hal.info().total_memory - (1 << 20);
+    match hal.alloc::<u8>("nearly-all", nearly_all) {
+        Err(Error::OutOfMemory { driver, .. }) => assert!(driver.is_some()),
+        Ok(buf) => drop(buf),
+        Err(e) => panic!("unexpected {e}"),
+    }
+    let short = hal.alloc::<u32>("short", 2).unwrap();
+    assert!(matches!(
+        ops::add(&short, &b, &b),
+        Err(Error::LengthMismatch { .. })
+    ));
+    // Output overlapping an input.
+    let x = hal.copy_from("x", &[1u32; 8]).unwrap();
+    assert!(matches!(ops::add(&x, &x, &x), Err(Error::Aliasing { .. })));
+    assert!(matches!(
+        ops::add(
+            &x.slice(0, 4).unwrap(),
+            &x.slice(2, 4).unwrap(),
+            &x.slice(4, 4).unwrap()
+        ),
+        Err(Error::Aliasing { .. })
+    ));
+    // Still usable.
+    assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
+    hal.synchronize().unwrap();
+    assert!(hal.poisoned().is_none());
+}
+
+#[test]
+fn buffers_of_another_hal_are_rejected() {
+    let Some(h1) = gpu() else { return };
+    let h2 = CudaHal::new(0).unwrap();
+    let a = h1.copy_from("a", &[1u32; 16]).unwrap();
+    let b = h2.copy_from("b", &[2u32; 16]).unwrap();
+    let out = h1.alloc::<u32>("out", 16).unwrap();
+    assert!(matches!(
+        ops::add(&out, &a, &b),
+        Err(Error::ForeignBuffer { .. })
+    ));
+    assert!(matches!(
+        out.copy_from_buffer(&b),
+        Err(Error::ForeignBuffer { .. })
+    ));
+    // Both HALs keep working, independently.
+    let out2 = h2.alloc::<u32>("out2", 16).unwrap();
+    ops::add(&out2, &b, &b).unwrap();
+    assert_eq!(out2.to_vec().unwrap(), vec![4; 16]);
+    ops::add(&out, &a, &a).unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![2; 16]);
+}
+
+#[test]
+fn host_view_in_the_way_is_an_error_not_a_deadlock() {
+    let Some(hal) = gpu() else { return };
+    let a = hal.copy_from("a", &[1u32; 64]).unwrap();
+    let out = hal.alloc::<u32>("out", 64).unwrap();
+    let inner = a.view_mut(|s| {
+        s[0] = 2;
+        ops::add(&out, &a, &a)
+    });
+    let inner = inner.unwrap();
+    if PHASES.host_cache {
+        assert!(matches!(inner, Err(Error::BufferBorrowed { .. })));
+    } else {
+        inner.unwrap();
+    }
+    ops::add(&out, &a, &a).unwrap();
+    assert_eq!(out.get_at(0).unwrap(), 4);
+    // Nested shared views are fine.
+    let total = a.view(|s| a.view(|t| s[1] + t[2]).unwrap()).unwrap();
+    assert_eq!(total, 2);
+}
+
+#[test]
+fn staging_memory_is_reused_not_reallocated() {
+    let Some(hal) = gpu() else { return };
+    let data = Rng::new(8).u32s(32 * MIB / 4);
+    let b = hal.copy_from("stage", &data).unwrap();
+    assert_eq!(b.to_vec().unwrap(), data);
+    let s1 = hal.stats().unwrap().staging;
+    for _ in 0..3 {
+        b.copy_from_slice(&data).unwrap();
+        assert_eq!(b.to_vec().unwrap(), data);
+    }
+    let s2 = hal.stats().unwrap().staging;
+    if PHASES.async_copy {
+        assert!(s1.slots_allocated > 0);
+        assert!(s1.slots_allocated <= hal.config().staging.max_slots as u64);
+        assert_eq!(
+            s2.slots_allocated, s1.slots_allocated,
+            "no new pinned memory"
+        );
+        assert!(s2.slot_reuses > s1.slot_reuses);
+    } else {
+        assert_eq!(s2.slots_allocated, 0, "no staging without phase 4");
+    }
+}
+
+#[test]
+fn one_hal_shared_by_threads() {
+    let Some(hal) = gpu() else { return };
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let hal = hal.clone();
+            s.spawn(move || {
+                let mut rng = Rng::new(100 + t);
+                for _ in 0..20 {
+                    let n = 1 + rng.below(200_000);
+                    let (x, y) = (rng.u32s(n), rng.u32s(n));
+                    let a = hal.copy_from("a", &x).unwrap();
+                    let b = hal.copy_from("b", &y).unwrap();
+                    let out = hal.alloc::<u32>("out", n).unwrap();
+                    ops::add(&out, &a, &b).unwrap();
+                    let i = rng.below(n);
+                    assert_eq!(out.get_at(i).unwrap(), x[i].wrapping_add(y[i]));
+                    let want: Vec<u32> =
+                        x.iter().zip(&y).map(|(a, b)| a.wrapping_add(*b)).collect();
+                    assert!(out.view(|v| v == &want[..]).unwrap());
+                }
+            });
+        }
+    });
+}
+
+/// Runs `poison_child` in a child process: a device fault poisons the process's primary
+/// context, which would break the other tests running in this one.
+#[test]
+fn device_fault_poisons_the_hal_and_a_new_one_works() {
+    let Some(_hal) = gpu() else { return };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "poison_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CUDA_HAL_POISON_CHILD", "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "child failed");
+    assert!(text.contains("POISON-CHILD-OK"));
+}
+
+#[test]
+#[ignore = "run by device_fault_poisons_the_hal_and_a_new_one_works in its own process"]
+fn poison_child() {
+    if std::env::var("CUDA_HAL_POISON_CHILD").is_err() {
+        return;
+    }
+    let hal = CudaHal::new(0).unwrap();
+    let keep = hal.copy_from("keep", &[1u32; 4]).unwrap();
+    hal.launch("poke_address", LaunchDims::for_elements(1, 1))
+        .scalar(0x10u64)
+        .scalar(1u32)
+        .run()
+        .unwrap();
+    let err = hal.synchronize().unwrap_err();
+    assert!(matches!(err, Error::ContextPoisoned { .. }), "{err}");
+    assert!(hal.poisoned().is_some());
+    assert!(matches!(keep.to_vec(), Err(Error::ContextPoisoned { .. })));
+    assert!(matches!(
+        hal.alloc::<u32>("x", 4),
+        Err(Error::ContextPoisoned { .. })
+    ));
+    drop(keep);
+    drop(hal);
+    // Every retain of the faulted primary context is gone, so a new HAL gets a fresh one.
+    let hal = CudaHal::new(0).unwrap();
+    let b = hal.copy_from("fresh", &[5u32; 4]).unwrap();
+    ops::add(
+        &b.slice(0, 2).unwrap(),
+        &b.slice(2, 2).unwrap().clone(),
+        &b.slice(2, 2).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![10, 10, 5, 5]);
+    println!("POISON-CHILD-OK");
+}
