@@ -88,6 +88,68 @@ fn main() {
     bench_view(&hal);
     bench_alloc_free(&hal, &stream);
     bench_pipeline(&hal, &stream);
+    if PHASES.async_copy {
+        host_memcpy_ceiling();
+        staging_sweep();
+    }
+}
+
+/// What the host's memory system allows: `threads` threads copying 256 MiB between two
+/// pre-touched buffers, plain memcpy.
+fn host_memcpy_ceiling() {
+    let n = 256 * MIB;
+    let src = vec![1u8; n];
+    let mut dst = vec![2u8; n];
+    for threads in [1usize, 4, 8, 16] {
+        let t = median_us(5, 200, || {
+            std::thread::scope(|s| {
+                for (d, c) in dst.chunks_mut(n / threads).zip(src.chunks(n / threads)) {
+                    s.spawn(move || d.copy_from_slice(c));
+                }
+            });
+        });
+        info(&format!(
+            "host memcpy 256 MiB, {threads} threads: {:.1} GB/s",
+            gbps(n, t)
+        ));
+    }
+}
+
+/// Phase-4 bandwidth for several staging shapes, 256 MiB each way, pageable Vec.
+fn staging_sweep() {
+    let bytes = 256 * MIB;
+    let n = bytes / 4;
+    let host: Vec<u32> = (0..n as u32).collect();
+    let mut back = vec![0u32; n];
+    for workers in [4usize, 8, 16] {
+        for chunk_mib in [2usize, 8] {
+            for streaming in [false, true] {
+                let cfg = cuda_hal::HalConfig {
+                    staging: cuda_hal::StagingConfig {
+                        chunk_bytes: chunk_mib * MIB,
+                        workers,
+                        max_slots: 4 * workers,
+                        streaming_stores: streaming,
+                    },
+                    ..Default::default()
+                };
+                let h = CudaHal::with_config(0, cfg).unwrap();
+                let b = h.alloc::<u32>("sweep", n).unwrap();
+                let up = median_us(8, 300, || b.copy_from_slice(&host).unwrap());
+                h.synchronize().unwrap();
+                let down = median_us(8, 300, || {
+                    let _ = b.device_ptr_mut().unwrap();
+                    b.copy_to_slice(&mut back).unwrap();
+                });
+                assert_eq!(back[n - 1], host[n - 1]);
+                info(&format!(
+                    "staging workers={workers} chunk={chunk_mib}MiB streaming={streaming}: up {:.1} GB/s, down {:.1} GB/s",
+                    gbps(bytes, up),
+                    gbps(bytes, down)
+                ));
+            }
+        }
+    }
 }
 
 /// Raw floor: one 4-byte synchronous cuMemcpyDtoH into pageable memory.
@@ -232,6 +294,30 @@ fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
         -1,
         "<=1.5us",
     );
+    if PHASES.pool_alloc {
+        // The same loop with the block cache off: every call reaches the driver's pool.
+        let cfg = cuda_hal::HalConfig {
+            block_cache_bytes: 0,
+            ..Default::default()
+        };
+        let h2 = CudaHal::with_config(0, cfg).unwrap();
+        let mut k = 0usize;
+        let t = median_us(2000, 300, || {
+            let size = sizes[k % sizes.len()];
+            k += 1;
+            drop(h2.alloc::<u8>("mixed", size).unwrap());
+        });
+        h2.synchronize().unwrap();
+        hal.synchronize().unwrap();
+        row(
+            "alloc+free, mixed, block cache off",
+            t,
+            "pool alloc+free pair",
+            floor,
+            -1,
+            "-",
+        );
+    }
 }
 
 fn bench_pipeline(hal: &CudaHal, stream: &Stream) {

@@ -24,6 +24,8 @@ pub struct LedgerSnapshot {
     pub driver_allocs: u64,
     /// Allocations through `cuMemAllocFromPoolAsync`.
     pub pool_allocs: u64,
+    /// Allocations served by a cached pool block (phase 3), with no driver call.
+    pub cached_allocs: u64,
     /// Frees of either kind.
     pub frees: u64,
     /// Host reads served by the phase-2 cache without a transfer.
@@ -57,6 +59,7 @@ impl LedgerSnapshot {
             d2d: t(self.d2d, earlier.d2d),
             driver_allocs: self.driver_allocs.saturating_sub(earlier.driver_allocs),
             pool_allocs: self.pool_allocs.saturating_sub(earlier.pool_allocs),
+            cached_allocs: self.cached_allocs.saturating_sub(earlier.cached_allocs),
             frees: self.frees.saturating_sub(earlier.frees),
             cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
             cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
@@ -83,6 +86,7 @@ pub(crate) enum Dir {
 pub(crate) enum AllocKind {
     Driver,
     Pool,
+    Cached,
 }
 
 #[derive(Default)]
@@ -91,6 +95,7 @@ pub(crate) struct Ledger {
     calls: [AtomicU64; 3],
     driver_allocs: AtomicU64,
     pool_allocs: AtomicU64,
+    cached_allocs: AtomicU64,
     frees: AtomicU64,
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
@@ -108,6 +113,7 @@ impl Ledger {
         match kind {
             AllocKind::Driver => &self.driver_allocs,
             AllocKind::Pool => &self.pool_allocs,
+            AllocKind::Cached => &self.cached_allocs,
         }
         .fetch_add(1, Relaxed);
     }
@@ -140,6 +146,7 @@ impl Ledger {
             d2d: t(Dir::D2D),
             driver_allocs: self.driver_allocs.load(Relaxed),
             pool_allocs: self.pool_allocs.load(Relaxed),
+            cached_allocs: self.cached_allocs.load(Relaxed),
             frees: self.frees.load(Relaxed),
             cache_hits: self.cache_hits.load(Relaxed),
             cache_misses: self.cache_misses.load(Relaxed),

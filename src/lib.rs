@@ -27,6 +27,7 @@
 mod buffer;
 pub mod driver;
 mod error;
+mod fastcopy;
 mod hal;
 pub mod host_cache;
 mod kernels;

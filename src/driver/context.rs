@@ -1,7 +1,7 @@
 use cuda_sys::{CUcontext, CUdevice};
 
 use super::api;
-use crate::Result;
+use crate::{Error, Result};
 
 /// A retained primary context of one device, released on drop.
 pub struct PrimaryContext {
@@ -22,9 +22,26 @@ impl PrimaryContext {
         let mut device: CUdevice = 0;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointers are valid locals.
-        unsafe {
-            d.cuDeviceGet(&mut device, ordinal as i32)?;
-            d.cuDevicePrimaryCtxRetain(&mut ctx, device)?;
+        unsafe { d.cuDeviceGet(&mut device, ordinal as i32)? };
+        // SAFETY: as above.
+        match unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device) } {
+            Ok(()) => {}
+            Err(e) if e.is_sticky() => {
+                // A device fault poisoned the primary context for the whole process; every
+                // HAL on it already reports ContextPoisoned. Reset it and retain a fresh one.
+                log::warn!("primary context of device {ordinal} is poisoned ({e}); resetting it");
+                // SAFETY: the device handle is valid; the reset destroys the faulted context.
+                unsafe {
+                    d.cuDevicePrimaryCtxReset(device)?;
+                    d.cuDevicePrimaryCtxRetain(&mut ctx, device)
+                }
+                .map_err(|e| match e.is_sticky() {
+                    // The driver keeps the fault for the life of the process.
+                    true => Error::ContextPoisoned { cause: e },
+                    false => e.into(),
+                })?;
+            }
+            Err(e) => return Err(e.into()),
         }
         Ok(PrimaryContext { ctx, device })
     }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Builds the GPU test and bench executables for the five feature builds and copies them
+# into the git-ignored .gpu-bundle/, which travels to the GPU machine (no Rust there);
+# scripts/gpu-run.sh runs them there.
+#
+#   scripts/gpu-pack.sh                # all five builds
+#   scripts/gpu-pack.sh baseline all   # only these builds (the others are left as they are)
+#
+# Layout: .gpu-bundle/<build>/<test target>, .gpu-bundle/<build>/bench-phases,
+#         .gpu-bundle/prover_demo, .gpu-bundle/manifest.txt
+set -euo pipefail
+
+# Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
+GPU_TESTS="gpu"
+# Warn when the bundle is larger than this (the carry limit is 64 MiB in all).
+BUNDLE_LIMIT_MIB=60
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bundle="$root/.gpu-bundle"
+
+ALL_BUILDS=(baseline p1 p12 p123 all)
+declare -A FEATURE_ARGS=(
+  [baseline]="--no-default-features"
+  [p1]="--no-default-features --features phase1-offset-get-at"
+  [p12]="--no-default-features --features phase1-offset-get-at,phase2-host-cache"
+  [p123]="--no-default-features --features phase1-offset-get-at,phase2-host-cache,phase3-pool-alloc"
+  [all]=""
+)
+
+builds=("$@")
+if [ "${#builds[@]}" -eq 0 ]; then builds=("${ALL_BUILDS[@]}"); fi
+for b in "${builds[@]}"; do
+  if [ -z "${FEATURE_ARGS[$b]+set}" ]; then
+    echo "gpu-pack: unknown build '$b' (known: ${ALL_BUILDS[*]})" >&2
+    exit 2
+  fi
+done
+
+# nvcc for the kernels (assign first so that a failure stops the script).
+toolchain_env="$(scripts/install-cuda-toolchain.sh)"
+eval "$toolchain_env"
+
+# Small, stripped release binaries.
+export CARGO_PROFILE_RELEASE_STRIP=true
+export CARGO_PROFILE_RELEASE_DEBUG=false
+
+# pick_exe KIND NAME: reads cargo's --message-format=json on stdin and prints the path
+# of the executable of the target NAME of kind KIND (test, bench, example).
+pick_exe() {
+  python3 -c '
+import json, sys
+kind, name = sys.argv[1], sys.argv[2]
+found = []
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    msg = json.loads(line)
+    t = msg.get("target", {})
+    if (msg.get("reason") == "compiler-artifact" and msg.get("executable")
+            and t.get("name") == name and kind in t.get("kind", [])):
+        found.append(msg["executable"])
+if not found:
+    sys.exit("gpu-pack: cargo built no %s executable named %r" % (kind, name))
+print(found[-1])
+' "$1" "$2"
+}
+
+for b in "${builds[@]}"; do
+  # Word splitting of the feature arguments is intended.
+  read -r -a fargs <<< "${FEATURE_ARGS[$b]}"
+  echo "== [$b] cargo features: ${FEATURE_ARGS[$b]:-(default)}" >&2
+  rm -rf "${bundle:?}/$b"
+  mkdir -p "$bundle/$b"
+  for t in $GPU_TESTS; do
+    exe="$(cargo test --release --no-run -p cuda-hal --test "$t" "${fargs[@]}" \
+             --message-format=json | pick_exe test "$t")"
+    cp "$exe" "$bundle/$b/$t"
+    echo "   $b/$t  <- $exe" >&2
+  done
+  exe="$(cargo bench --no-run -p cuda-hal --bench phases "${fargs[@]}" \
+           --message-format=json | pick_exe bench phases)"
+  cp "$exe" "$bundle/$b/bench-phases"
+  echo "   $b/bench-phases  <- $exe" >&2
+done
+
+echo "== prover_demo example (default features)" >&2
+exe="$(cargo build --release -p cuda-hal --example prover_demo --message-format=json \
+         | pick_exe example prover_demo)"
+cp "$exe" "$bundle/prover_demo"
+
+# The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
+fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"
+if [ -n "$fatbin" ]; then cp "$fatbin" "$bundle/kernels.fatbin"; fi
+
+# What was packed, so that a run on the GPU machine can tell a stale bundle.
+{
+  echo "packed_at: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "git_head: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "git_dirty_files: $(git status --porcelain 2>/dev/null | wc -l)"
+  echo "rustc: $(rustc --version)"
+  echo "nvcc: $("$NVCC" --version | tail -n 1)"
+  echo "gpu_tests: $GPU_TESTS"
+  echo "builds_packed_this_time: ${builds[*]}"
+  echo "files:"
+  (cd "$bundle" && find . -type f ! -name manifest.txt | sort | while read -r f; do
+     echo "  $f $(stat -c %s "$f") $(sha256sum "$f" | cut -c1-16)"
+   done)
+} > "$bundle/manifest.txt"
+
+total_bytes="$(du -sb "$bundle" | cut -f1)"
+total_mib="$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1048576 }')"
+echo
+du -sh "$bundle"/* | sort -k2
+echo "gpu-pack: .gpu-bundle is $total_mib MiB ($total_bytes bytes)"
+if [ "$total_bytes" -gt $((BUNDLE_LIMIT_MIB * 1024 * 1024)) ]; then
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
+  echo "!! WARNING: .gpu-bundle is $total_mib MiB, over the ${BUNDLE_LIMIT_MIB} MiB budget." >&2
+  echo "!! The carry to the GPU machine is limited to 64 MiB in all." >&2
+  echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
+fi

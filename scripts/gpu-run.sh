@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Runs the packed GPU tests and benches ON THE GPU MACHINE, from the repo root, using the
+# executables in .gpu-bundle/ made by scripts/gpu-pack.sh.
+#
+#   scripts/gpu-run.sh [tests|bench|all] [build names...]    (default: all, all five builds)
+#
+# Environment:
+#   OUT             where the results go (default ./gpu-out)
+#   GPU_TEST_ARGS   extra arguments for every test binary (e.g. "--test-threads=1 pool")
+#   GPU_BIN_TIMEOUT seconds one binary may run before it is killed (default 240)
+#   GPU_BUNDLE      the bundle folder (default .gpu-bundle)
+#
+# Files under $OUT: env.txt, tests.log, demo.log, bench.log, results.md, summary.txt.
+# The summary is the last thing printed; exits non-zero if anything failed.
+set -uo pipefail   # no -e: keep going after a failing binary
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+ALL_BUILDS=(baseline p1 p12 p123 all)
+
+mode=all
+case "${1:-}" in
+  tests|bench|all) mode="$1"; shift ;;
+esac
+builds=("$@")
+if [ "${#builds[@]}" -eq 0 ]; then builds=("${ALL_BUILDS[@]}"); fi
+for b in "${builds[@]}"; do
+  case " ${ALL_BUILDS[*]} " in
+    *" $b "*) ;;
+    *) echo "usage: $0 [tests|bench|all] [${ALL_BUILDS[*]}...]; unknown '$b'" >&2; exit 2 ;;
+  esac
+done
+
+bundle="${GPU_BUNDLE:-.gpu-bundle}"
+OUT="${OUT:-./gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+timeout_s="${GPU_BIN_TIMEOUT:-240}"
+read -r -a test_args <<< "${GPU_TEST_ARGS:-}"
+last="$(mktemp)"            # output of the latest binary, for parsing
+trap 'rm -f "$last"' EXIT
+
+export CUDA_HAL_REQUIRE_GPU=1
+export RUST_BACKTRACE=1
+
+failures=()                 # one line per failure, for the summary
+declare -A T_PASS T_FAIL T_IGN T_BAD BENCH_STATUS
+
+# run_bin LOG LABEL BIN ARGS...: runs BIN with a time limit, appends a banner and its
+# output to LOG and to $last (for parsing); returns its exit status.
+run_bin() {
+  local log="$1" label="$2"; shift 2
+  local start=$SECONDS rc
+  {
+    echo
+    echo "################################################################"
+    echo "## $label"
+    echo "## cmd: $*"
+    echo "## start: $(date -u +%H:%M:%S)"
+    echo "################################################################"
+  } >> "$log"
+  # Stream into the log, so that it survives even if this whole run is killed.
+  timeout --kill-after=10 "$timeout_s" "$@" 2>&1 | tee -a "$log" > "$last"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "## TIMEOUT after ${timeout_s}s (exit $rc)" >> "$log"
+  fi
+  echo "## exit: $rc after $((SECONDS - start))s" >> "$log"
+  return "$rc"
+}
+
+# --- environment ------------------------------------------------------------------
+{
+  echo "== date -u";            date -u
+  echo "== uname -a";           uname -a
+  echo "== nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  echo "== nvidia-smi";         nvidia-smi 2>&1
+  echo "== $bundle/manifest.txt"
+  cat "$bundle/manifest.txt" 2>&1
+  echo "== cuobjdump --list-elf --list-ptx $bundle/kernels.fatbin"
+  cuobjdump --list-elf --list-ptx "$bundle/kernels.fatbin" 2>&1
+  echo "== ldd of a test binary (must not mention libcuda)"
+  ldd "$bundle/all/gpu" 2>&1
+  echo "== run: mode=$mode builds=${builds[*]} GPU_TEST_ARGS=${GPU_TEST_ARGS:-} timeout=${timeout_s}s"
+} > "$OUT/env.txt"
+echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), mode=$mode, builds: ${builds[*]}"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "(nvidia-smi failed)"; } 2>&1 | head -n 4
+
+if [ ! -d "$bundle" ]; then
+  echo "gpu-run: $bundle/ not found: run scripts/gpu-pack.sh and carry .gpu-bundle" >&2
+  exit 2
+fi
+
+# --- tests ----------------------------------------------------------------------------
+if [ "$mode" = tests ] || [ "$mode" = all ]; then
+  : > "$OUT/tests.log"
+  for b in "${builds[@]}"; do
+    T_PASS[$b]=0; T_FAIL[$b]=0; T_IGN[$b]=0; T_BAD[$b]=""
+    # Every file in the build's folder except the bench is a test binary.
+    mapfile -t bins < <(find "$bundle/$b" -maxdepth 1 -type f ! -name 'bench-*' 2>/dev/null | sort)
+    if [ "${#bins[@]}" -eq 0 ]; then
+      failures+=("[$b] no test binaries in $bundle/$b")
+      T_BAD[$b]="missing"
+      continue
+    fi
+    for bin in "${bins[@]}"; do
+      name="$(basename "$bin")"
+      run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" "${test_args[@]}"
+      rc=$?
+      # Harness lines: "test result: ok. 5 passed; 0 failed; 1 ignored; ..."
+      read -r p f i < <(grep -aoE 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed; [0-9]+ ignored' "$last" \
+        | awk '{ p += $4; f += $6; i += $8 } END { print p + 0, f + 0, i + 0 }')
+      T_PASS[$b]=$((T_PASS[$b] + p)); T_FAIL[$b]=$((T_FAIL[$b] + f)); T_IGN[$b]=$((T_IGN[$b] + i))
+      status="ok"
+      if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
+        status="FAILED (exit $rc)"
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status="TIMEOUT (exit $rc)"; fi
+        failures+=("[$b] tests $name: $status, $f failed")
+        T_BAD[$b]+=" $name"
+      elif [ "$p" -eq 0 ]; then
+        status="ok, but 0 tests passed"
+      fi
+      echo "[$b] $name: $status ($p passed, $f failed, $i ignored)"
+    done
+  done
+
+  # --- demo (default features) -------------------------------------------------------
+  : > "$OUT/demo.log"
+  if [ -x "$bundle/prover_demo" ]; then
+    run_bin "$OUT/demo.log" "prover_demo" "$bundle/prover_demo"
+    rc=$?
+    DEMO_STATUS="ok"
+    if [ "$rc" -ne 0 ]; then DEMO_STATUS="FAILED (exit $rc)"; failures+=("prover_demo: exit $rc"); fi
+  else
+    DEMO_STATUS="missing"
+    failures+=("prover_demo: $bundle/prover_demo missing")
+  fi
+  echo "prover_demo: $DEMO_STATUS"
+fi
+
+# --- benches --------------------------------------------------------------------------
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  : > "$OUT/bench.log"
+  for b in "${builds[@]}"; do
+    bin="$bundle/$b/bench-phases"
+    if [ ! -x "$bin" ]; then
+      BENCH_STATUS[$b]="missing"
+      failures+=("[$b] bench: $bin missing")
+      echo "[$b] bench-phases: missing"
+      continue
+    fi
+    run_bin "$OUT/bench.log" "bench: build=$b binary=bench-phases" "$bin" --bench
+    rc=$?
+    rows="$(grep -ac '^ROW|' "$last")"
+    if [ "$rc" -ne 0 ]; then
+      BENCH_STATUS[$b]="FAILED (exit $rc), $rows rows"
+      failures+=("[$b] bench: exit $rc")
+    elif [ "$rows" -eq 0 ]; then
+      BENCH_STATUS[$b]="FAILED: no ROW lines"
+      failures+=("[$b] bench: printed no ROW lines")
+    else
+      BENCH_STATUS[$b]="ok, $rows rows"
+    fi
+    echo "[$b] bench-phases: ${BENCH_STATUS[$b]}"
+  done
+  if ! python3 scripts/bench-table.py "$OUT/bench.log" "$OUT/results.md" > /dev/null; then
+    failures+=("bench-table.py failed")
+  fi
+fi
+
+# --- results, then the summary last ------------------------------------------------
+if [ -f "$OUT/results.md" ]; then
+  echo
+  cat "$OUT/results.md"
+fi
+
+{
+  echo
+  echo "==================== gpu-run summary ===================="
+  echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+  echo "bundle: $(grep -E '^(git_head|packed_at)' "$bundle/manifest.txt" 2>/dev/null | tr '\n' ' ')"
+  echo "mode: $mode   builds: ${builds[*]}"
+  for b in "${builds[@]}"; do
+    line="[$b]"
+    if [ -n "${T_PASS[$b]+set}" ]; then
+      line+=" tests: ${T_PASS[$b]} passed, ${T_FAIL[$b]} failed, ${T_IGN[$b]} ignored"
+      [ -n "${T_BAD[$b]}" ] && line+=" (bad:${T_BAD[$b]})"
+    fi
+    [ -n "${BENCH_STATUS[$b]+set}" ] && line+="  | bench: ${BENCH_STATUS[$b]}"
+    echo "$line"
+  done
+  [ -n "${DEMO_STATUS+set}" ] && echo "prover_demo: $DEMO_STATUS"
+  if [ "${#failures[@]}" -eq 0 ]; then
+    echo "RESULT: PASS"
+  else
+    echo "failures (${#failures[@]}):"
+    printf '  %s\n' "${failures[@]}"
+    echo "RESULT: FAIL"
+  fi
+} | tee "$OUT/summary.txt"
+
+[ "${#failures[@]}" -eq 0 ]
