@@ -11,7 +11,10 @@
 set -euo pipefail
 
 # Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
-GPU_TESTS="gpu"
+GPU_TESTS="gpu transfers"
+# Benches run in every build, and benches run only in the all-features build.
+GPU_BENCHES="phases"
+GPU_BENCHES_ALL_ONLY="transfers"
 # Warn when the bundle is larger than this (the carry limit is 64 MiB in all).
 BUNDLE_LIMIT_MIB=60
 
@@ -78,10 +81,14 @@ for b in "${builds[@]}"; do
     cp "$exe" "$bundle/$b/$t"
     echo "   $b/$t  <- $exe" >&2
   done
-  exe="$(cargo bench --no-run -p cuda-hal --bench phases "${fargs[@]}" \
-           --message-format=json | pick_exe bench phases)"
-  cp "$exe" "$bundle/$b/bench-phases"
-  echo "   $b/bench-phases  <- $exe" >&2
+  benches="$GPU_BENCHES"
+  if [ "$b" = all ]; then benches="$benches $GPU_BENCHES_ALL_ONLY"; fi
+  for bn in $benches; do
+    exe="$(cargo bench --no-run -p cuda-hal --bench "$bn" "${fargs[@]}" \
+             --message-format=json | pick_exe bench "$bn")"
+    cp "$exe" "$bundle/$b/bench-$bn"
+    echo "   $b/bench-$bn  <- $exe" >&2
+  done
 done
 
 echo "== prover_demo example (default features)" >&2

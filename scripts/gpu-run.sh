@@ -143,26 +143,31 @@ fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   : > "$OUT/bench.log"
   for b in "${builds[@]}"; do
-    bin="$bundle/$b/bench-phases"
-    if [ ! -x "$bin" ]; then
+    BENCH_STATUS[$b]=""
+    mapfile -t bbins < <(find "$bundle/$b" -maxdepth 1 -type f -name 'bench-*' 2>/dev/null | sort)
+    if [ "${#bbins[@]}" -eq 0 ]; then
       BENCH_STATUS[$b]="missing"
-      failures+=("[$b] bench: $bin missing")
-      echo "[$b] bench-phases: missing"
+      failures+=("[$b] bench: no bench-* binaries")
+      echo "[$b] bench: missing"
       continue
     fi
-    run_bin "$OUT/bench.log" "bench: build=$b binary=bench-phases" "$bin" --bench
-    rc=$?
-    rows="$(grep -ac '^ROW|' "$last")"
-    if [ "$rc" -ne 0 ]; then
-      BENCH_STATUS[$b]="FAILED (exit $rc), $rows rows"
-      failures+=("[$b] bench: exit $rc")
-    elif [ "$rows" -eq 0 ]; then
-      BENCH_STATUS[$b]="FAILED: no ROW lines"
-      failures+=("[$b] bench: printed no ROW lines")
-    else
-      BENCH_STATUS[$b]="ok, $rows rows"
-    fi
-    echo "[$b] bench-phases: ${BENCH_STATUS[$b]}"
+    for bin in "${bbins[@]}"; do
+      name="$(basename "$bin")"
+      run_bin "$OUT/bench.log" "bench: build=$b binary=$name" "$bin" --bench
+      rc=$?
+      rows="$(grep -ac '^ROW|' "$last")"
+      if [ "$rc" -ne 0 ]; then
+        st="FAILED (exit $rc), $rows rows"
+        failures+=("[$b] $name: exit $rc")
+      elif [ "$rows" -eq 0 ]; then
+        st="FAILED: no ROW lines"
+        failures+=("[$b] $name: printed no ROW lines")
+      else
+        st="ok, $rows rows"
+      fi
+      BENCH_STATUS[$b]+=" $name: $st;"
+      echo "[$b] $name: $st"
+    done
   done
   if ! python3 scripts/bench-table.py "$OUT/bench.log" "$OUT/results.md" > /dev/null; then
     failures+=("bench-table.py failed")

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use crate::hal::HalInner;
 use crate::host_cache::{BorrowKind, CacheState};
 use crate::kernels::DevicePtr;
+use crate::streams::{HalStream, SideUses};
 use crate::{CudaHal, Error, Result, PHASES};
 
 /// Zeroed, 64-byte aligned host memory the size of an allocation: the phase-2 host copy.
@@ -72,6 +73,8 @@ pub struct RawBuffer {
     bytes: usize,
     pooled: bool,
     cache: Mutex<HostCopy>,
+    /// Side-stream work that may still use the allocation.
+    pub(crate) side: SideUses,
 }
 
 impl RawBuffer {
@@ -95,9 +98,30 @@ impl RawBuffer {
         }
     }
 
-    /// Before the device reads or writes `r`: uploads host-newer bytes, and for a write
-    /// marks the host copy of `r` stale. A no-op without phase 2.
+    /// Before the main stream reads or writes `r`: orders it after pending side-stream uses,
+    /// uploads host-newer bytes, and for a write marks the host copy of `r` stale.
     pub(crate) fn prepare_device_access(&self, r: Range<usize>, write: bool) -> Result<()> {
+        self.side.wait_on(&self.hal.stream, 0, true)?;
+        self.flush_host(r, write)
+    }
+
+    /// Before side stream `stream` reads or writes `r`: host-newer bytes are uploaded (on
+    /// the main stream), then `stream` waits for the main stream and for other streams'
+    /// pending uses.
+    pub(crate) fn prepare_side_access(
+        &self,
+        r: Range<usize>,
+        write: bool,
+        stream: &HalStream,
+    ) -> Result<()> {
+        self.flush_host(r, write)?;
+        stream.after_main()?;
+        self.side.wait_on(&stream.stream, stream.id, false)
+    }
+
+    /// The host-cache half of a device access: uploads host-newer bytes, and for a write
+    /// marks the host copy of `r` stale. A no-op without phase 2.
+    fn flush_host(&self, r: Range<usize>, write: bool) -> Result<()> {
         if !PHASES.host_cache {
             return Ok(());
         }
@@ -135,6 +159,9 @@ impl RawBuffer {
         let (base, id) = {
             let mut c = self.cache.lock();
             let missing = c.state.plan_read(&r).map_err(|_| self.borrowed())?;
+            if !missing.is_empty() {
+                self.side.wait_on(&self.hal.stream, 0, true)?;
+            }
             self.hal.ledger.cache(missing.is_empty());
             if c.bytes.is_none() {
                 c.bytes = Some(HostBytes::new(self.bytes)?);
@@ -163,6 +190,20 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
+        // No stream may still be using the memory when it is freed or reused.
+        let ordered = self.hal.ctx.bind().and_then(|()| {
+            if self.pooled {
+                self.side.wait_on(&self.hal.stream, 0, true)
+            } else {
+                self.side.wait_host()
+            }
+        });
+        if let Err(e) = ordered {
+            log::warn!(
+                "ordering the free of `{}` after its side-stream uses: {e}",
+                self.name
+            );
+        }
         self.hal
             .free_raw(&self.name, self.ptr, self.bytes, self.pooled);
     }
@@ -232,6 +273,7 @@ impl<T: Pod> Buffer<T> {
                 bytes,
                 pooled,
                 cache: Mutex::new(HostCopy::default()),
+                side: SideUses::default(),
             }),
             offset: 0,
             len,
@@ -350,6 +392,38 @@ impl<T: Pod> Buffer<T> {
         } else {
             Ok(self.download_vec()?[i])
         }
+    }
+
+    /// The elements from a valid host copy (phase 2), or `None`.
+    pub(crate) fn cached_copy(&self) -> Option<Vec<T>> {
+        let r = self.byte_range();
+        let c = self.raw.cache.lock();
+        let host = c.bytes.as_ref()?;
+        if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
+            return None;
+        }
+        self.raw.hal.ledger.cache(true);
+        // SAFETY: r is readable with no exclusive view (plan_read), and the lock keeps one
+        // from starting during the copy.
+        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
+        let mut v = vec![T::zeroed(); self.len];
+        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
+        Some(v)
+    }
+
+    /// Element `i` from a valid host copy (phase 2), or `None`.
+    pub(crate) fn cached_element(&self, i: usize) -> Option<T> {
+        let sz = std::mem::size_of::<T>();
+        let r = (self.offset + i) * sz..(self.offset + i + 1) * sz;
+        let c = self.raw.cache.lock();
+        let host = c.bytes.as_ref()?;
+        if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
+            return None;
+        }
+        self.raw.hal.ledger.cache(true);
+        // SAFETY: as in `cached_copy`, for the bytes of one element.
+        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), sz) };
+        Some(bytemuck::pod_read_unaligned(bytes))
     }
 
     /// A new `Vec` with this buffer's elements, copied synchronously (baseline path).

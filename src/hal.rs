@@ -7,9 +7,10 @@ use cuda_sys::CUdeviceptr;
 use parking_lot::Mutex;
 
 use crate::buffer::Buffer;
-use crate::driver::{api, DeviceInfo, MemPool, PoolStats, PrimaryContext, Stream};
+use crate::driver::{api, DeviceInfo, Event, MemPool, PoolStats, PrimaryContext, Stream};
 use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
+use crate::pinned::{PinnedPool, PinnedPoolStats};
 use crate::staging::{StagingConfig, StagingPool, StagingStats};
 use crate::{Error, Result, PHASES};
 
@@ -26,6 +27,12 @@ pub struct HalConfig {
     /// Safe because every use of a block is ordered on the HAL's stream. Flushed when an
     /// allocation runs out of memory, by [`CudaHal::trim_pool`] and on drop.
     pub block_cache_bytes: usize,
+    /// Most bytes of pinned blocks kept for async reads and coalesced transfers.
+    pub pinned_pool_bytes: usize,
+    /// Time every transfer on the device with events, so the ledger reports device time and
+    /// bandwidth per direction. Costs two event records per copy (about 1 us), so it is off
+    /// by default.
+    pub time_transfers: bool,
 }
 
 impl Default for HalConfig {
@@ -34,6 +41,8 @@ impl Default for HalConfig {
             release_threshold: u64::MAX,
             staging: StagingConfig::default(),
             block_cache_bytes: 1 << 30,
+            pinned_pool_bytes: 256 << 20,
+            time_transfers: false,
         }
     }
 }
@@ -49,6 +58,8 @@ pub struct HalStats {
     pub staging: StagingStats,
     /// Bytes of freed pool blocks kept for reuse (counted as used by `pool`).
     pub cached_bytes: u64,
+    /// The pinned block pool used by async reads and coalesced transfers.
+    pub pinned: PinnedPoolStats,
 }
 
 /// A handle to one device: cheap to clone, `Send + Sync`. Buffers keep the HAL alive, so
@@ -72,11 +83,13 @@ pub(crate) struct HalInner {
     // Declaration order is drop order: everything below goes before the context.
     pub(crate) kernels: KernelTable,
     staging: StagingPool,
+    pub(crate) pinned: PinnedPool,
     blocks: Mutex<BlockCache>,
     pool: MemPool,
-    pub(crate) stream: Stream,
+    pub(crate) stream: std::sync::Arc<Stream>,
     pub(crate) ledger: Ledger,
     poisoned: Mutex<Option<cuda_sys::Error>>,
+    timings: Mutex<Timings>,
     info: DeviceInfo,
     config: HalConfig,
     pub(crate) ctx: PrimaryContext,
@@ -94,7 +107,7 @@ impl CudaHal {
         let info = DeviceInfo::query(ordinal)?;
         let ctx = PrimaryContext::retain(ordinal)?;
         ctx.bind()?;
-        let stream = Stream::new_non_blocking()?;
+        let stream = Arc::new(Stream::new_non_blocking()?);
         let pool = MemPool::new(ordinal, config.release_threshold)?;
         let kernels = KernelTable::load();
         let staging = StagingPool::new(config.staging);
@@ -102,11 +115,13 @@ impl CudaHal {
             inner: Arc::new(HalInner {
                 kernels,
                 staging,
+                pinned: PinnedPool::new(config.pinned_pool_bytes),
                 blocks: Mutex::new(BlockCache::default()),
                 pool,
                 stream,
                 ledger: Ledger::default(),
                 poisoned: Mutex::new(None),
+                timings: Mutex::new(Timings::default()),
                 info,
                 config,
                 ctx,
@@ -135,11 +150,13 @@ impl CudaHal {
     pub fn stats(&self) -> Result<HalStats> {
         let h = &self.inner;
         h.ctx.bind()?;
+        h.harvest_timings(true)?;
         Ok(HalStats {
             ledger: h.ledger.snapshot(),
             pool: h.pool.stats()?,
             staging: h.staging.stats(),
             cached_bytes: h.blocks.lock().bytes as u64,
+            pinned: h.pinned.stats(),
         })
     }
 
@@ -341,52 +358,123 @@ impl HalInner {
     /// Copies host bytes to the device. Phase 4: staged and asynchronous (returns when the
     /// source is free); otherwise synchronous.
     pub(crate) fn upload(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
-        let r = if PHASES.async_copy {
-            self.staging.upload(&self.ctx, &self.stream, dst, src)
-        } else {
+        if PHASES.async_copy {
+            return self.upload_staged(dst, src);
+        }
+        let r = self.timed(Dir::H2D, || {
             // SAFETY: src is valid for its length for the whole call, which ends only after
             // the stream (and so the copy) has completed.
             unsafe {
-                api()?.cuMemcpyHtoDAsync(dst, src.as_ptr().cast(), src.len(), self.stream.raw())
-            }
-            .map_err(Error::from)
-            .and_then(|()| self.stream.synchronize())
-        };
+                api()?.cuMemcpyHtoDAsync(dst, src.as_ptr().cast(), src.len(), self.stream.raw())?
+            };
+            self.stream.synchronize()
+        });
+        self.ledger.copy(Dir::H2D, src.len());
+        self.guard(r)
+    }
+
+    /// Uploads through pinned staging whatever the phase: returns once `src` is free.
+    pub(crate) fn upload_staged(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+        let r = self.timed(Dir::H2D, || {
+            self.staging.upload(&self.ctx, &self.stream, dst, src)
+        });
         self.ledger.copy(Dir::H2D, src.len());
         self.guard(r)
     }
 
     /// Copies device bytes to the host; returns when `dst` holds them.
     pub(crate) fn download(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
-        let r = if PHASES.async_copy {
-            self.staging.download(&self.ctx, &self.stream, dst, src)
-        } else {
+        let len = dst.len();
+        let r = self.timed(Dir::D2H, || {
+            if PHASES.async_copy {
+                return self.staging.download(&self.ctx, &self.stream, dst, src);
+            }
             // SAFETY: dst is valid for writes of its length until the stream completes,
             // which this call waits for.
             unsafe {
-                api()?.cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src, dst.len(), self.stream.raw())
-            }
-            .map_err(Error::from)
-            .and_then(|()| self.stream.synchronize())
-        };
-        self.ledger.copy(Dir::D2H, dst.len());
+                api()?.cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src, len, self.stream.raw())?
+            };
+            self.stream.synchronize()
+        });
+        self.ledger.copy(Dir::D2H, len);
         self.guard(r)
     }
 
     /// Copies between device ranges on the stream (synchronous without phase 4).
     pub(crate) fn copy_d2d(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
-        // SAFETY: both ranges lie inside live allocations (checked by the buffer layer).
-        let r = unsafe { api()?.cuMemcpyDtoDAsync(dst, src, bytes, self.stream.raw()) }
-            .map_err(Error::from)
-            .and_then(|()| {
-                if PHASES.async_copy {
-                    Ok(())
-                } else {
-                    self.stream.synchronize()
-                }
-            });
+        let r = self.timed(Dir::D2D, || {
+            // SAFETY: both ranges lie inside live allocations (checked by the buffer layer).
+            unsafe { api()?.cuMemcpyDtoDAsync(dst, src, bytes, self.stream.raw())? };
+            if PHASES.async_copy {
+                Ok(())
+            } else {
+                self.stream.synchronize()
+            }
+        });
         self.ledger.copy(Dir::D2D, bytes);
         self.guard(r)
+    }
+
+    /// Multiprocessor count, for launch shapes.
+    pub(crate) fn info_sms(&self) -> u32 {
+        self.info.multiprocessors
+    }
+
+    /// Runs `enqueue` between two timing events on the main stream when transfer timing is
+    /// on; the device time is added to the ledger once the events complete.
+    fn timed<R>(&self, dir: Dir, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.config.time_transfers {
+            return enqueue();
+        }
+        let (start, stop) = {
+            let mut t = self.timings.lock();
+            (t.event()?, t.event()?)
+        };
+        start.record(&self.stream)?;
+        let r = enqueue();
+        stop.record(&self.stream)?;
+        self.timings.lock().pending.push_back((dir, start, stop));
+        self.harvest_timings(false)?;
+        r
+    }
+
+    /// Adds the device time of completed timed transfers to the ledger, oldest first,
+    /// stopping at the first one still in flight unless `all`.
+    pub(crate) fn harvest_timings(&self, all: bool) -> Result<()> {
+        let mut t = self.timings.lock();
+        let mut kept = std::collections::VecDeque::new();
+        while let Some((dir, start, stop)) = t.pending.pop_front() {
+            if stop.is_complete()? {
+                let ms = stop.elapsed_ms(&start)?;
+                self.ledger.device_time(dir, (ms as f64 * 1e6) as u64);
+                t.free.push(start);
+                t.free.push(stop);
+            } else {
+                kept.push_back((dir, start, stop));
+                if !all {
+                    break;
+                }
+            }
+        }
+        kept.extend(t.pending.drain(..));
+        t.pending = kept;
+        Ok(())
+    }
+}
+
+/// Timing events of transfers whose device time is not yet in the ledger, and spares.
+#[derive(Default)]
+struct Timings {
+    pending: std::collections::VecDeque<(Dir, Event, Event)>,
+    free: Vec<Event>,
+}
+
+impl Timings {
+    fn event(&mut self) -> Result<Event> {
+        match self.free.pop() {
+            Some(e) => Ok(e),
+            None => Event::new_timing(),
+        }
     }
 }
 

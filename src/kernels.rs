@@ -13,7 +13,8 @@ use cuda_sys::CUdeviceptr;
 use parking_lot::RwLock;
 
 use crate::buffer::{Buffer, RawBuffer};
-use crate::driver::{Function, Module};
+use crate::driver::{Event, Function, Module};
+use crate::streams::HalStream;
 use crate::{CudaHal, Error, Result};
 
 /// The fatbin compiled by `build.rs` from `kernels/*.cu` (empty when built without nvcc).
@@ -123,6 +124,7 @@ pub struct Launch<'h> {
     /// Each argument's value, 16-byte slots so any scalar up to 16 bytes fits aligned.
     values: Vec<[u64; 2]>,
     buffers: Vec<(Arc<RawBuffer>, Range<usize>, Access)>,
+    stream: Option<HalStream>,
     error: Option<Error>,
 }
 
@@ -135,6 +137,7 @@ impl CudaHal {
             dims,
             values: Vec::new(),
             buffers: Vec::new(),
+            stream: None,
             error: None,
         }
     }
@@ -149,6 +152,17 @@ impl<'h> Launch<'h> {
         }
         self.values.push([b.raw_ptr(), 0]);
         self.buffers.push((b.raw().clone(), b.byte_range(), access));
+        self
+    }
+
+    /// Runs the kernel on `stream` instead of the HAL's main stream. The launch waits for
+    /// the main stream's work so far and for other streams' pending uses of its buffers,
+    /// and its buffers are not freed or reused until it is done.
+    pub fn on(mut self, stream: &HalStream) -> Self {
+        if self.error.is_none() && !self.hal.same(&stream.hal) {
+            self.error = Some(Error::InvalidArgument("stream of another HAL".into()));
+        }
+        self.stream = Some(stream.clone());
         self
     }
 
@@ -193,8 +207,13 @@ impl<'h> Launch<'h> {
         let h = &self.hal.inner;
         h.enter()?;
         let f = h.kernels.get(&self.kernel)?;
+        let side = self.stream.take().filter(|s| !s.is_main());
         for (raw, range, access) in &self.buffers {
-            raw.prepare_device_access(range.clone(), *access != Access::Read)?;
+            let write = *access != Access::Read;
+            match &side {
+                Some(s) => raw.prepare_side_access(range.clone(), write, s)?,
+                None => raw.prepare_device_access(range.clone(), write)?,
+            }
         }
         let mut params: Vec<*mut c_void> = self
             .values
@@ -202,12 +221,20 @@ impl<'h> Launch<'h> {
             .map(|v| v.as_mut_ptr().cast())
             .collect();
         let d = self.dims;
+        let stream = side.as_ref().map_or(&h.stream, |s| &s.stream);
         // SAFETY: one pointer per argument, each to a 16-byte aligned slot holding the value;
         // buffer arguments are live allocations kept alive by `self.buffers` until the
         // kernel is queued, and by their owners (which free in stream order) afterwards.
-        let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, &h.stream, &mut params) };
+        let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, stream, &mut params) };
         h.ledger.launch();
         h.guard(r)?;
+        if let Some(s) = &side {
+            let done = Arc::new(Event::new()?);
+            done.record(&s.stream)?;
+            for (raw, _, _) in &self.buffers {
+                raw.side.add(s.id, done.clone());
+            }
+        }
         // A concurrent host read may have refilled an output's host copy from the old data
         // between the checks above and the launch: invalidate again now the kernel is queued.
         for (raw, range, access) in &self.buffers {

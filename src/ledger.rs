@@ -9,6 +9,19 @@ pub struct Traffic {
     pub bytes: u64,
     /// Logical copies (one chunked transfer counts once).
     pub calls: u64,
+    /// Device time of the timed copies, in nanoseconds (`HalConfig::time_transfers`).
+    pub device_ns: u64,
+}
+
+impl Traffic {
+    /// Bytes per second over the timed device time (0 when nothing was timed).
+    pub fn bandwidth(&self) -> f64 {
+        if self.device_ns == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / (self.device_ns as f64 * 1e-9)
+        }
+    }
 }
 
 /// A snapshot of a HAL's counters. Subtract two with [`LedgerSnapshot::since`].
@@ -52,6 +65,7 @@ impl LedgerSnapshot {
         let t = |a: Traffic, b: Traffic| Traffic {
             bytes: a.bytes.saturating_sub(b.bytes),
             calls: a.calls.saturating_sub(b.calls),
+            device_ns: a.device_ns.saturating_sub(b.device_ns),
         };
         LedgerSnapshot {
             h2d: t(self.h2d, earlier.h2d),
@@ -93,6 +107,7 @@ pub(crate) enum AllocKind {
 pub(crate) struct Ledger {
     bytes: [AtomicU64; 3],
     calls: [AtomicU64; 3],
+    device_ns: [AtomicU64; 3],
     driver_allocs: AtomicU64,
     pool_allocs: AtomicU64,
     cached_allocs: AtomicU64,
@@ -107,6 +122,10 @@ impl Ledger {
         let i = dir as usize;
         self.bytes[i].fetch_add(bytes as u64, Relaxed);
         self.calls[i].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn device_time(&self, dir: Dir, ns: u64) {
+        self.device_ns[dir as usize].fetch_add(ns, Relaxed);
     }
 
     pub(crate) fn alloc(&self, kind: AllocKind) {
@@ -139,6 +158,7 @@ impl Ledger {
         let t = |d: Dir| Traffic {
             bytes: self.bytes[d as usize].load(Relaxed),
             calls: self.calls[d as usize].load(Relaxed),
+            device_ns: self.device_ns[d as usize].load(Relaxed),
         };
         LedgerSnapshot {
             h2d: t(Dir::H2D),
@@ -172,21 +192,17 @@ mod tests {
         l.cache(false);
         l.cache(false);
         let s = l.snapshot();
-        assert_eq!(
-            s.h2d,
-            Traffic {
-                bytes: 128,
-                calls: 2
-            }
-        );
-        assert_eq!(s.d2h, Traffic { bytes: 4, calls: 1 });
+        assert_eq!((s.h2d.bytes, s.h2d.calls), (128, 2));
+        assert_eq!((s.d2h.bytes, s.d2h.calls), (4, 1));
+        l.device_time(Dir::D2H, 1_000_000_000);
+        assert_eq!(l.snapshot().d2h.bandwidth(), 4.0);
         assert_eq!(s.d2d, Traffic::default());
         assert_eq!((s.pool_allocs, s.driver_allocs, s.frees), (1, 1, 1));
         assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
         let before = s;
         l.copy(Dir::D2D, 8);
         let d = l.snapshot().since(&before);
-        assert_eq!(d.d2d, Traffic { bytes: 8, calls: 1 });
+        assert_eq!((d.d2d.bytes, d.d2d.calls), (8, 1));
         assert_eq!(d.bytes_moved(), 8);
         assert_eq!(d.h2d, Traffic::default());
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{gpu, Rng, MIB};
+use common::{gpu, gpu_exclusive, Rng, MIB};
 use cuda_hal::{driver, ops, CudaHal, Error, LaunchDims, PHASES};
 
 #[test]
@@ -371,7 +371,7 @@ fn allocation_kind_and_pool_statistics_follow_phase_3() {
 
 #[test]
 fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
-    let Some(hal) = gpu() else { return };
+    let Some(hal) = gpu_exclusive() else { return };
     let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
     assert!(matches!(
         b.get_at(3),

@@ -22,6 +22,28 @@ impl Event {
         Ok(Event { raw })
     }
 
+    /// Creates an event that records timestamps, for [`Event::elapsed_ms`].
+    pub fn new_timing() -> Result<Self> {
+        let mut raw: CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local.
+        unsafe { api()?.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DEFAULT.0)? };
+        Ok(Event { raw })
+    }
+
+    /// Milliseconds of device time between `start` and `self` (both timing events, both
+    /// complete).
+    pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: out-pointer is a valid local; both events are live.
+        unsafe { api()?.cuEventElapsedTime(&mut ms, start.raw, self.raw)? };
+        Ok(ms)
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> CUevent {
+        self.raw
+    }
+
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: both handles are live.

@@ -29,6 +29,13 @@ impl Stream {
         self.raw
     }
 
+    /// Makes later work on this stream wait until `event` (as last recorded) completes.
+    pub fn wait_event(&self, event: &super::Event) -> Result<()> {
+        // SAFETY: both handles are live.
+        unsafe { api()?.cuStreamWaitEvent(self.raw, event.raw(), 0)? };
+        Ok(())
+    }
+
     /// Blocks until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: raw is a live stream.

@@ -6,9 +6,46 @@ use cuda_hal::CudaHal;
 /// Environment variable that turns a missing GPU into a test failure (set on the GPU machine).
 pub const REQUIRE_GPU: &str = "CUDA_HAL_REQUIRE_GPU";
 
+/// Tests that fill the device take this exclusively; every other GPU test holds it shared,
+/// so no test runs under memory pressure another one created.
+static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A GPU test's HAL with its share of the device lock. Dereferences to [`CudaHal`].
+pub struct GpuTest {
+    hal: CudaHal,
+    _shared: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    _exclusive: Option<std::sync::RwLockWriteGuard<'static, ()>>,
+}
+
+impl std::ops::Deref for GpuTest {
+    type Target = CudaHal;
+    fn deref(&self) -> &CudaHal {
+        &self.hal
+    }
+}
+
 /// The HAL of device 0, or `None` (with the reason printed) where there is no GPU.
 /// Panics when `CUDA_HAL_REQUIRE_GPU=1`, so a skipped GPU test never passes there.
-pub fn gpu() -> Option<CudaHal> {
+pub fn gpu() -> Option<GpuTest> {
+    let shared = DEVICE.read().unwrap_or_else(|e| e.into_inner());
+    hal0().map(|hal| GpuTest {
+        hal,
+        _shared: Some(shared),
+        _exclusive: None,
+    })
+}
+
+/// As [`gpu`], with the device to itself (for tests that fill device memory).
+pub fn gpu_exclusive() -> Option<GpuTest> {
+    let excl = DEVICE.write().unwrap_or_else(|e| e.into_inner());
+    hal0().map(|hal| GpuTest {
+        hal,
+        _shared: None,
+        _exclusive: Some(excl),
+    })
+}
+
+fn hal0() -> Option<CudaHal> {
     match CudaHal::new(0) {
         Ok(h) => Some(h),
         Err(e) => {

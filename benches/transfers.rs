@@ -1,0 +1,404 @@
+//! Issue #4 benchmarks (all-features build): pinned, registered, async reads, coalescing,
+//! the double-buffered pipeline and timed-transfer bandwidth. Every row times a raw driver
+//! floor in the same run: `ROW|build|operation|crate_us|floor|floor_us|bytes|target`.
+
+use std::time::Instant;
+
+use cuda_hal::cuda_sys::{self, CUdeviceptr};
+use cuda_hal::driver::{PinnedMemory, Stream};
+use cuda_hal::{CudaHal, HalConfig, LaunchDims, PinnedFlags, PipelineMode, PHASES};
+
+const MIB: usize = 1 << 20;
+
+fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if samples.len() >= 50_000 {
+            break;
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
+    println!("ROW|transfers|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
+}
+
+fn info(msg: &str) {
+    println!("INFO|transfers|{msg}");
+}
+
+fn d() -> &'static cuda_sys::Driver {
+    cuda_sys::driver().expect("driver")
+}
+
+fn gbps(bytes: usize, us: f64) -> f64 {
+    bytes as f64 / us / 1e3
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let hal = match CudaHal::new(0) {
+        Ok(h) => h,
+        Err(e) => return println!("SKIPPED: no GPU: {e}"),
+    };
+    hal.synchronize().unwrap();
+    info(&format!("phases {} on {}", PHASES.label(), hal.info().name));
+    let stream = Stream::new_non_blocking().unwrap();
+    pinned_and_registered(&hal, &stream);
+    async_reads(&hal, &stream);
+    coalescing(&hal);
+    pipeline(&hal);
+    timed(&hal);
+}
+
+fn pinned_copy_floor(
+    stream: &Stream,
+    host: *mut u8,
+    dev: CUdeviceptr,
+    bytes: usize,
+    up: bool,
+) -> f64 {
+    median_us(10, 200, || unsafe {
+        // SAFETY: host is pinned with `bytes`; dev is a live allocation of `bytes`.
+        if up {
+            d().cuMemcpyHtoDAsync(dev, host.cast(), bytes, stream.raw())
+                .unwrap();
+        } else {
+            d().cuMemcpyDtoHAsync(host.cast(), dev, bytes, stream.raw())
+                .unwrap();
+        }
+        d().cuStreamSynchronize(stream.raw()).unwrap();
+    })
+}
+
+fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
+    let bytes = 64 * MIB;
+    let n = bytes / 4;
+    let dev = hal.alloc::<u32>("dev", n).unwrap();
+    let raw = dev.device_ptr_mut().unwrap().addr;
+    let floor_mem = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
+    hal.synchronize().unwrap();
+    let floor = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, bytes, true);
+    let mut pin = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    pin.host_mut().unwrap().fill(5);
+    let t = median_us(10, 200, || {
+        dev.copy_from_pinned(&pin).unwrap();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "PinnedBuffer upload 64 MiB",
+        t,
+        "pinned H2D 64 MiB",
+        floor,
+        bytes as i64,
+        "-",
+    );
+    let t = median_us(10, 200, || {
+        dev.copy_to_pinned(&mut pin).unwrap();
+        pin.host().unwrap();
+    });
+    let dfloor = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, bytes, false);
+    row(
+        "PinnedBuffer download 64 MiB",
+        t,
+        "pinned D2H 64 MiB",
+        dfloor,
+        bytes as i64,
+        "-",
+    );
+    for flags in [
+        PinnedFlags::default(),
+        PinnedFlags {
+            write_combined: true,
+            ..Default::default()
+        },
+    ] {
+        let mut p = hal.alloc_pinned::<u32>(n, flags).unwrap();
+        p.host_mut().unwrap().fill(1);
+        let t = median_us(5, 100, || {
+            let s: u64 = p.host().unwrap().iter().map(|x| *x as u64).sum();
+            assert_eq!(s, n as u64);
+        });
+        info(&format!(
+            "CPU read of 64 MiB pinned memory, write_combined={}: {:.1} GB/s",
+            flags.write_combined,
+            gbps(bytes, t)
+        ));
+    }
+    // Registration: what it costs, and the copies it buys.
+    let mut host = vec![7u32; n];
+    let staged = median_us(10, 200, || dev.upload_async(&host).unwrap());
+    hal.synchronize().unwrap();
+    let t0 = Instant::now();
+    let reg = hal.register_host(&mut host).unwrap();
+    let reg_us = t0.elapsed().as_secs_f64() * 1e6;
+    let t = median_us(10, 200, || dev.copy_from_registered(&reg).unwrap());
+    let t1 = Instant::now();
+    drop(reg);
+    let unreg_us = t1.elapsed().as_secs_f64() * 1e6;
+    row(
+        "registered upload 64 MiB",
+        t,
+        "pinned H2D 64 MiB",
+        floor,
+        bytes as i64,
+        "-",
+    );
+    row(
+        "staged upload 64 MiB (phase 4 path)",
+        staged,
+        "pinned H2D 64 MiB",
+        floor,
+        bytes as i64,
+        "-",
+    );
+    let saving = staged - t;
+    info(&format!(
+        "cuMemHostRegister 64 MiB: {reg_us:.0} us + unregister {unreg_us:.0} us; saves {saving:.0} us per upload, so it wins after {:.1} uploads of the same buffer",
+        (reg_us + unreg_us) / saving.max(1e-9)
+    ));
+}
+
+fn async_reads(hal: &CudaHal, stream: &Stream) {
+    let n = 64 * MIB / 4;
+    let b = hal.copy_from("b", &vec![3u32; n]).unwrap();
+    let raw = b.device_ptr().unwrap().addr;
+    let floor_mem = PinnedMemory::new(64 * MIB, PinnedFlags::default()).unwrap();
+    hal.synchronize().unwrap();
+    let floor = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, 64 * MIB, false);
+    let t = median_us(10, 300, || {
+        let _ = b.device_ptr_mut().unwrap();
+        let v = b.read_async().unwrap().wait().unwrap();
+        assert_eq!(v[n - 1], 3);
+    });
+    row(
+        "read_async + wait, 64 MiB into new Vec",
+        t,
+        "pinned D2H 64 MiB",
+        floor,
+        (64 * MIB) as i64,
+        "-",
+    );
+    let one = hal.copy_from("one", &[9u32]).unwrap();
+    let mut v = 0u32;
+    let raw1 = one.device_ptr().unwrap().addr;
+    let f4 = median_us(500, 200, || unsafe {
+        // SAFETY: reads 4 bytes of a live allocation into a local.
+        d().cuMemcpyDtoH((&mut v as *mut u32).cast(), raw1, 4)
+            .unwrap();
+    });
+    let t = median_us(500, 200, || {
+        let _ = one.device_ptr_mut().unwrap();
+        assert_eq!(one.read_async().unwrap().wait().unwrap()[0], 9);
+    });
+    row("read_async + wait, 4 B", t, "cuMemcpyDtoH 4 B", f4, 4, "-");
+}
+
+fn coalescing(hal: &CudaHal) {
+    let n = 1 << 20;
+    let data: Vec<u32> = (0..n as u32).collect();
+    let col = hal.copy_from("col", &data).unwrap();
+    let raw = col.device_ptr().unwrap().addr;
+    hal.synchronize().unwrap();
+    let idx: Vec<usize> = (0..64).map(|i| (i * 7919 * 13) % n).collect();
+    let floor = median_us(50, 200, || {
+        for i in &idx {
+            let mut v = 0u32;
+            // SAFETY: reads one in-bounds u32 into a local.
+            unsafe { d().cuMemcpyDtoH((&mut v as *mut u32).cast(), raw + (*i * 4) as u64, 4) }
+                .unwrap();
+        }
+    });
+    let batched = median_us(200, 300, || {
+        let _ = col.device_ptr_mut().unwrap();
+        let v = col.get_many(&idx).unwrap();
+        assert_eq!(v[5], data[idx[5]]);
+    });
+    let single = median_us(20, 200, || {
+        for i in &idx {
+            let _ = col.device_ptr_mut().unwrap();
+            assert_eq!(col.get_at(*i).unwrap(), data[*i]);
+        }
+    });
+    row(
+        "gather 64 elements (get_many)",
+        batched,
+        "64 x cuMemcpyDtoH 4 B",
+        floor,
+        256,
+        "-",
+    );
+    row(
+        "64 x get_at",
+        single,
+        "64 x cuMemcpyDtoH 4 B",
+        floor,
+        256,
+        "-",
+    );
+    // 256 slices of 1 KiB into 256 buffers.
+    let bufs: Vec<_> = (0..256)
+        .map(|_| hal.alloc::<u32>("small", 256).unwrap())
+        .collect();
+    let host: Vec<Vec<u32>> = (0..256).map(|k| vec![k as u32; 256]).collect();
+    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
+        bufs.iter().zip(&host).map(|(b, h)| (b, &h[..])).collect();
+    let batched = median_us(100, 300, || {
+        hal.upload_batch(&items).unwrap();
+        hal.synchronize().unwrap();
+    });
+    let each = median_us(20, 300, || {
+        for (b, h) in &items {
+            b.copy_from_slice(h).unwrap();
+        }
+        hal.synchronize().unwrap();
+    });
+    let total = 256 * 1024;
+    let pin = PinnedMemory::new(total, PinnedFlags::default()).unwrap();
+    let dst = hal.alloc::<u8>("dst", total).unwrap();
+    let draw = dst.device_ptr_mut().unwrap().addr;
+    hal.synchronize().unwrap();
+    let s = Stream::new_non_blocking().unwrap();
+    let floor = pinned_copy_floor(&s, pin.as_ptr(), draw, total, true);
+    row(
+        "upload_batch 256 x 1 KiB",
+        batched,
+        "pinned H2D 256 KiB",
+        floor,
+        total as i64,
+        "-",
+    );
+    row(
+        "256 x copy_from_slice 1 KiB",
+        each,
+        "pinned H2D 256 KiB",
+        floor,
+        total as i64,
+        "-",
+    );
+}
+
+fn pipeline(hal: &CudaHal) {
+    let n = 256 * MIB / 4;
+    let chunk = 16 * MIB / 4;
+    let input: Vec<u32> = (0..n as u32).collect();
+    let mut output = vec![0u32; n];
+    let sms = hal.info().multiprocessors;
+    let run = |rounds: u32, mode: PipelineMode, input: &[u32], output: &mut [u32]| {
+        hal.pipeline(input, output, chunk, mode, |s, i, o| {
+            hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), sms))
+                .on(s)
+                .output(o)
+                .input(i)
+                .scalar(i.len() as u64)
+                .scalar(rounds)
+                .run()
+        })
+        .unwrap()
+    };
+    // Calibrate on pinned memory, uncontended (synchronous): compute time equal to the
+    // transfer time, a balanced workload. Two refinements, as kernel time is not quite
+    // linear in the rounds.
+    let mut rounds = 256u32;
+    {
+        let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+        pin_in.host_mut().unwrap().copy_from_slice(&input);
+        let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+        for _ in 0..3 {
+            let p = run(
+                rounds,
+                PipelineMode::Synchronous,
+                pin_in.host().unwrap(),
+                pin_out.host_mut().unwrap(),
+            );
+            rounds = ((rounds as f64 * (p.h2d_ms + p.d2h_ms) / p.compute_ms) as u32).max(1);
+        }
+    }
+    for (label, pinned) in [("pageable Vec", false), ("pinned", true)] {
+        let (mut pin_in, mut pin_out);
+        let (inp, out): (&[u32], &mut [u32]) = if pinned {
+            pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+            pin_in.host_mut().unwrap().copy_from_slice(&input);
+            pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+            (pin_in.host().unwrap(), pin_out.host_mut().unwrap())
+        } else {
+            (&input, &mut output)
+        };
+        let mut best_over = None;
+        let mut best_sync = None;
+        for _ in 0..3 {
+            let o = run(rounds, PipelineMode::Overlapped, inp, out);
+            let s = run(rounds, PipelineMode::Synchronous, inp, out);
+            if best_over.is_none_or(|b: cuda_hal::PipelineReport| o.wall < b.wall) {
+                best_over = Some(o);
+            }
+            if best_sync.is_none_or(|b: cuda_hal::PipelineReport| s.wall < b.wall) {
+                best_sync = Some(s);
+            }
+        }
+        let (o, s) = (best_over.unwrap(), best_sync.unwrap());
+        let ow = o.wall.as_secs_f64() * 1e6;
+        let sw = s.wall.as_secs_f64() * 1e6;
+        row(
+            &format!("pipeline 256 MiB, {label}, overlapped"),
+            ow,
+            "ideal max(transfer, compute)",
+            o.ideal_ms() * 1e3,
+            (2 * n * 4) as i64,
+            ">=0.9 of ideal",
+        );
+        row(
+            &format!("pipeline 256 MiB, {label}, synchronous"),
+            sw,
+            "ideal max(transfer, compute)",
+            s.ideal_ms() * 1e3,
+            (2 * n * 4) as i64,
+            "-",
+        );
+        info(&format!(
+            "pipeline {label}: {rounds} LCG rounds/element, 16 chunks; h2d {:.2} ms, compute {:.2} ms, d2h {:.2} ms; overlap efficiency {:.3}; speedup over synchronous {:.2}x (targets 0.9, 1.8x)",
+            o.h2d_ms, o.compute_ms, o.d2h_ms, o.overlap_efficiency(), sw / ow
+        ));
+    }
+}
+
+fn timed(hal: &CudaHal) {
+    let _ = hal;
+    let h = CudaHal::with_config(
+        0,
+        HalConfig {
+            time_transfers: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let n = 256 * MIB / 4;
+    let data = vec![1u32; n];
+    let b = h.copy_from("timed", &data).unwrap();
+    let mut back = vec![0u32; n];
+    for _ in 0..5 {
+        b.copy_from_slice(&data).unwrap();
+        let _ = b.device_ptr_mut().unwrap();
+        b.copy_to_slice(&mut back).unwrap();
+    }
+    h.synchronize().unwrap();
+    let l = h.stats().unwrap().ledger;
+    info(&format!(
+        "ledger with time_transfers: H2D {:.1} GB/s over {:.2} ms of device time, D2H {:.1} GB/s over {:.2} ms (bytes / device time, staging included)",
+        l.h2d.bandwidth() / 1e9,
+        l.h2d.device_ns as f64 / 1e6,
+        l.d2h.bandwidth() / 1e9,
+        l.d2h.device_ns as f64 / 1e6
+    ));
+}

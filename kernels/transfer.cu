@@ -1,0 +1,52 @@
+// Kernels for coalesced transfers: scatter many segments of one staged upload to their
+// destinations, and gather many single elements into one contiguous download.
+#include <stdint.h>
+
+struct Segment {
+    uint64_t src_offset;  // byte offset in the staged data
+    uint64_t dst;         // device address
+    uint64_t len;         // bytes
+};
+
+// One block per segment (grid-stride over segments); 4-byte words when everything is
+// 4-byte aligned, bytes otherwise.
+extern "C" __global__ void scatter_segments(const Segment* segs, const uint8_t* data, uint32_t count) {
+    for (uint32_t s = blockIdx.x; s < count; s += gridDim.x) {
+        const Segment g = segs[s];
+        const uint8_t* src = data + g.src_offset;
+        uint8_t* dst = reinterpret_cast<uint8_t*>(g.dst);
+        if (((g.src_offset | g.dst | g.len) & 3) == 0) {
+            const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
+            uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+            for (uint64_t i = threadIdx.x; i < g.len / 4; i += blockDim.x) d4[i] = s4[i];
+        } else {
+            for (uint64_t i = threadIdx.x; i < g.len; i += blockDim.x) dst[i] = src[i];
+        }
+    }
+}
+
+// out[i] = *addrs[i], elem_bytes each.
+extern "C" __global__ void gather_elements(const uint64_t* addrs, uint8_t* out, uint64_t count,
+                                           uint32_t elem_bytes) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(addrs[i]);
+        uint8_t* dst = out + i * elem_bytes;
+        if (((addrs[i] | elem_bytes) & 3) == 0) {
+            for (uint32_t w = 0; w < elem_bytes / 4; ++w)
+                reinterpret_cast<uint32_t*>(dst)[w] = reinterpret_cast<const uint32_t*>(src)[w];
+        } else {
+            for (uint32_t b = 0; b < elem_bytes; ++b) dst[b] = src[b];
+        }
+    }
+}
+
+// A compute-bound map used by the pipeline benchmark and tests: `rounds` LCG steps per element.
+extern "C" __global__ void lcg_rounds_u32(uint32_t* out, const uint32_t* in, uint64_t n, uint32_t rounds) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t x = in[i];
+        for (uint32_t r = 0; r < rounds; ++r) x = x * 1664525u + 1013904223u;
+        out[i] = x;
+    }
+}

@@ -1,0 +1,468 @@
+//! Pinned host memory: typed user buffers, a pool of reusable blocks for the HAL's own
+//! asynchronous copies, and registration of existing host memory.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use parking_lot::Mutex;
+
+use crate::driver::{api, Event, PinnedFlags, PinnedMemory};
+use crate::hal::HalInner;
+use crate::{Buffer, CudaHal, Error, HalStream, Result};
+
+/// Typed page-locked host memory with selectable flags. Copies to and from device buffers
+/// are asynchronous; host access waits for the copy that last used the memory.
+///
+/// ```
+/// use cuda_hal::{CudaHal, PinnedFlags};
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let mut pinned = hal.alloc_pinned::<u32>(1024, PinnedFlags::default()).unwrap();
+/// pinned.host_mut().unwrap().fill(7);
+/// let dev = hal.alloc::<u32>("dev", 1024).unwrap();
+/// dev.copy_from_pinned(&pinned).unwrap();        // returns at once
+/// dev.copy_to_pinned(&mut pinned).unwrap();      // also asynchronous
+/// assert_eq!(pinned.host().unwrap()[5], 7);      // waits for the copy
+/// ```
+pub struct PinnedBuffer<T> {
+    hal: Arc<HalInner>,
+    mem: PinnedMemory,
+    len: usize,
+    flags: PinnedFlags,
+    /// Recorded after the last asynchronous copy that used `mem`.
+    pending: Mutex<Option<Arc<Event>>>,
+    _t: PhantomData<T>,
+}
+
+impl CudaHal {
+    /// Allocates `len` elements of pinned host memory (`cuMemHostAlloc`, about 20 ms per
+    /// 64 MiB: allocate once and reuse).
+    pub fn alloc_pinned<T: Pod>(&self, len: usize, flags: PinnedFlags) -> Result<PinnedBuffer<T>> {
+        if len == 0 {
+            return Err(Error::ZeroLength {
+                name: "pinned".into(),
+            });
+        }
+        self.inner.enter()?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+        Ok(PinnedBuffer {
+            hal: self.inner.clone(),
+            mem: self.inner.guard(PinnedMemory::new(bytes, flags))?,
+            len,
+            flags,
+            pending: Mutex::new(None),
+            _t: PhantomData,
+        })
+    }
+}
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: pinned buffers have at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> PinnedFlags {
+        self.flags
+    }
+
+    fn settle(&self) -> Result<()> {
+        let pending = self.pending.lock().take();
+        if let Some(ev) = pending {
+            self.hal.enter()?;
+            self.hal.guard(ev.synchronize())?;
+        }
+        Ok(())
+    }
+
+    /// The elements, once the last copy that used them is done.
+    pub fn host(&self) -> Result<&[T]> {
+        self.settle()?;
+        Ok(bytemuck::cast_slice(
+            &self.mem.as_slice()[..self.len * std::mem::size_of::<T>()],
+        ))
+    }
+
+    /// The elements for writing, once the last copy that used them is done.
+    pub fn host_mut(&mut self) -> Result<&mut [T]> {
+        self.settle()?;
+        let n = self.len * std::mem::size_of::<T>();
+        Ok(bytemuck::cast_slice_mut(&mut self.mem.as_mut_slice()[..n]))
+    }
+
+    pub(crate) fn set_pending(&self, ev: Arc<Event>) {
+        *self.pending.lock() = Some(ev);
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.mem.as_ptr()
+    }
+
+    pub(crate) fn hal(&self) -> &Arc<HalInner> {
+        &self.hal
+    }
+}
+
+impl<T> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        // The memory is freed after the copy that last used it.
+        if let Some(ev) = self.pending.lock().take() {
+            if let Err(e) = self.hal.ctx.bind().and_then(|()| ev.synchronize()) {
+                log::warn!("waiting for a pinned buffer's last copy: {e}");
+            }
+        }
+    }
+}
+
+/// A block of the HAL's pinned pool, with the event of the last copy that used it.
+pub(crate) struct PinnedBlock {
+    pub(crate) mem: PinnedMemory,
+    pending: Option<Arc<Event>>,
+}
+
+impl PinnedBlock {
+    pub(crate) fn set_pending(&mut self, ev: Arc<Event>) {
+        self.pending = Some(ev);
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        if let Some(ev) = self.pending.take() {
+            ev.synchronize()?;
+        }
+        Ok(())
+    }
+}
+
+/// Statistics of the pinned block pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinnedPoolStats {
+    /// Blocks handed out from the pool without allocating.
+    pub hits: u64,
+    /// Blocks that had to be allocated with `cuMemHostAlloc`.
+    pub misses: u64,
+    /// Pinned bytes held by free blocks now.
+    pub cached_bytes: u64,
+}
+
+/// Reusable pinned blocks in power-of-two sizes (64 KiB and up), bounded in bytes.
+pub(crate) struct PinnedPool {
+    free: Mutex<(Vec<PinnedBlock>, usize)>,
+    limit: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl PinnedPool {
+    pub(crate) fn new(limit: usize) -> Self {
+        PinnedPool {
+            free: Mutex::new((Vec::new(), 0)),
+            limit,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn class(bytes: usize) -> usize {
+        bytes.max(64 << 10).next_power_of_two()
+    }
+
+    /// A block of at least `bytes`, ready for the host. The context is current.
+    pub(crate) fn take(&self, bytes: usize) -> Result<PinnedBlock> {
+        let size = Self::class(bytes);
+        let found = {
+            let mut free = self.free.lock();
+            let pos = free.0.iter().position(|b| b.mem.len() == size);
+            pos.map(|i| {
+                free.1 -= size;
+                free.0.swap_remove(i)
+            })
+        };
+        match found {
+            Some(mut b) => {
+                self.hits.fetch_add(1, Relaxed);
+                b.settle()?;
+                Ok(b)
+            }
+            None => {
+                self.misses.fetch_add(1, Relaxed);
+                Ok(PinnedBlock {
+                    mem: PinnedMemory::new(size, PinnedFlags::default())?,
+                    pending: None,
+                })
+            }
+        }
+    }
+
+    /// Returns a block; its pending copy is waited for before reuse or release.
+    pub(crate) fn give(&self, mut block: PinnedBlock) {
+        let size = block.mem.len();
+        let mut free = self.free.lock();
+        if free.1 + size <= self.limit {
+            free.1 += size;
+            free.0.push(block);
+            return;
+        }
+        drop(free);
+        if let Err(e) = block.settle() {
+            log::warn!("waiting for a pinned block's last copy: {e}");
+        }
+    }
+
+    pub(crate) fn stats(&self) -> PinnedPoolStats {
+        PinnedPoolStats {
+            hits: self.hits.load(Relaxed),
+            misses: self.misses.load(Relaxed),
+            cached_bytes: self.free.lock().1 as u64,
+        }
+    }
+}
+
+impl Drop for PinnedPool {
+    fn drop(&mut self) {
+        for b in self.free.get_mut().0.iter_mut() {
+            if let Err(e) = b.settle() {
+                log::warn!("waiting for a pinned block's last copy: {e}");
+            }
+        }
+    }
+}
+
+/// Existing host memory page-locked with `cuMemHostRegister` for the borrow's lifetime, so
+/// copies to and from it run at pinned speed with no staging. Registering costs about
+/// 3 ms per 64 MiB: it pays off for a host buffer that is transferred many times.
+pub struct RegisteredHost<'a, T> {
+    hal: Arc<HalInner>,
+    data: &'a mut [T],
+}
+
+impl CudaHal {
+    /// Page-locks `data` until the returned guard is dropped.
+    pub fn register_host<'a, T: Pod>(&self, data: &'a mut [T]) -> Result<RegisteredHost<'a, T>> {
+        if data.is_empty() {
+            return Err(Error::ZeroLength {
+                name: "registered host memory".into(),
+            });
+        }
+        self.inner.enter()?;
+        // SAFETY: data is valid for its length for 'a, and unregistered in Drop before 'a
+        // ends; the guard holds the only borrow, so the memory cannot move or be freed.
+        self.inner.guard(
+            unsafe {
+                api()?.cuMemHostRegister(
+                    data.as_mut_ptr().cast(),
+                    std::mem::size_of_val(data),
+                    cuda_sys::CU_MEMHOSTREGISTER_PORTABLE,
+                )
+            }
+            .map_err(Error::from),
+        )?;
+        Ok(RegisteredHost {
+            hal: self.inner.clone(),
+            data,
+        })
+    }
+}
+
+impl<T: Pod> RegisteredHost<'_, T> {
+    /// The registered elements.
+    pub fn as_slice(&self) -> &[T] {
+        self.data
+    }
+
+    /// The registered elements, for writing.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.data
+    }
+}
+
+impl<T> Drop for RegisteredHost<'_, T> {
+    fn drop(&mut self) {
+        let r = self.hal.ctx.bind().and_then(|()| {
+            // SAFETY: the pointer was registered by `register_host`; every copy that used
+            // it completed before the copy call returned.
+            unsafe { api()?.cuMemHostUnregister(self.data.as_mut_ptr().cast())? };
+            Ok(())
+        });
+        if let Err(e) = r {
+            log::warn!("cuMemHostUnregister failed: {e}");
+        }
+    }
+}
+
+impl<T: Pod> Buffer<T> {
+    fn check_len(&self, n: usize) -> Result<()> {
+        if n != self.len() {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len(),
+                actual: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a copy from pinned memory on the main stream; returns at once. `src` cannot
+    /// be written on the host until the copy is done (`host_mut` waits).
+    pub fn copy_from_pinned(&self, src: &PinnedBuffer<T>) -> Result<()> {
+        self.copy_from_pinned_on(src, &self.hal().main_stream())
+    }
+
+    /// As [`Buffer::copy_from_pinned`], on `stream`.
+    pub fn copy_from_pinned_on(&self, src: &PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
+        self.check_len(src.len())?;
+        let h = self.raw().hal().clone();
+        if !Arc::ptr_eq(&h, src.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
+            return Err(Error::ForeignBuffer {
+                name: self.name().to_string(),
+            });
+        }
+        h.enter()?;
+        src.settle()?;
+        let r = self.byte_range();
+        self.access_on(stream, r.clone(), true)?;
+        let ev = Arc::new(Event::new()?);
+        // SAFETY: src holds size_bytes() bytes and is not written by the host until `ev`
+        // completes (host_mut and Drop wait for it); the destination range is this buffer's.
+        h.guard(unsafe {
+            api()?
+                .cuMemcpyHtoDAsync(
+                    self.raw_ptr(),
+                    src.ptr().cast(),
+                    self.size_bytes(),
+                    stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
+        ev.record(&stream.stream)?;
+        src.set_pending(ev.clone());
+        self.after_on(stream, ev, r, true);
+        Ok(())
+    }
+
+    /// Queues a copy into pinned memory on the main stream; returns at once. Reading `dst`
+    /// on the host (`host`) waits for it.
+    pub fn copy_to_pinned(&self, dst: &mut PinnedBuffer<T>) -> Result<()> {
+        self.copy_to_pinned_on(dst, &self.hal().main_stream())
+    }
+
+    /// As [`Buffer::copy_to_pinned`], on `stream`.
+    pub fn copy_to_pinned_on(&self, dst: &mut PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
+        self.check_len(dst.len())?;
+        let h = self.raw().hal().clone();
+        if !Arc::ptr_eq(&h, dst.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
+            return Err(Error::ForeignBuffer {
+                name: self.name().to_string(),
+            });
+        }
+        h.enter()?;
+        dst.settle()?;
+        let r = self.byte_range();
+        self.access_on(stream, r.clone(), false)?;
+        let ev = Arc::new(Event::new()?);
+        // SAFETY: dst has room for size_bytes() bytes and is not read or freed by the host
+        // until `ev` completes (host and Drop wait for it).
+        h.guard(unsafe {
+            api()?
+                .cuMemcpyDtoHAsync(
+                    dst.ptr().cast(),
+                    self.raw_ptr(),
+                    self.size_bytes(),
+                    stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
+        ev.record(&stream.stream)?;
+        dst.set_pending(ev.clone());
+        self.after_on(stream, ev, r, false);
+        Ok(())
+    }
+
+    /// Copies from registered host memory at pinned speed; returns when done.
+    pub fn copy_from_registered(&self, src: &RegisteredHost<'_, T>) -> Result<()> {
+        self.check_len(src.data.len())?;
+        let h = self.raw().hal().clone();
+        h.enter()?;
+        let r = self.byte_range();
+        self.raw().prepare_device_access(r.clone(), true)?;
+        // SAFETY: src is registered (pinned) and borrowed for the whole call, which waits
+        // for the copy to complete.
+        h.guard(unsafe {
+            api()?
+                .cuMemcpyHtoDAsync(
+                    self.raw_ptr(),
+                    src.data.as_ptr().cast(),
+                    self.size_bytes(),
+                    h.stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
+        h.guard(h.stream.synchronize())?;
+        self.raw().invalidate_host(r);
+        Ok(())
+    }
+
+    /// Copies into registered host memory at pinned speed; returns when done.
+    pub fn copy_to_registered(&self, dst: &mut RegisteredHost<'_, T>) -> Result<()> {
+        self.check_len(dst.data.len())?;
+        let h = self.raw().hal().clone();
+        h.enter()?;
+        self.raw().prepare_device_access(self.byte_range(), false)?;
+        // SAFETY: dst is registered and mutably borrowed for the whole call, which waits
+        // for the copy to complete.
+        h.guard(unsafe {
+            api()?
+                .cuMemcpyDtoHAsync(
+                    dst.data.as_mut_ptr().cast(),
+                    self.raw_ptr(),
+                    self.size_bytes(),
+                    h.stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
+        h.guard(h.stream.synchronize())
+    }
+
+    /// Orders `stream` for an access to `r` of this buffer (see [`HalStream`]).
+    pub(crate) fn access_on(
+        &self,
+        stream: &HalStream,
+        r: std::ops::Range<usize>,
+        write: bool,
+    ) -> Result<()> {
+        if stream.is_main() {
+            self.raw().prepare_device_access(r, write)
+        } else {
+            self.raw().prepare_side_access(r, write, stream)
+        }
+    }
+
+    /// Records `ev` (on `stream`) as a use of this buffer, and for a write that the host copy
+    /// of `r` is stale.
+    pub(crate) fn after_on(
+        &self,
+        stream: &HalStream,
+        ev: Arc<Event>,
+        r: std::ops::Range<usize>,
+        write: bool,
+    ) {
+        if !stream.is_main() {
+            self.raw().side.add(stream.id, ev);
+        }
+        if write {
+            self.raw().invalidate_host(r);
+        }
+    }
+}

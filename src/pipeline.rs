@@ -1,0 +1,258 @@
+//! A double-buffered upload -> kernel -> download pipeline over two streams.
+
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use rayon::prelude::*;
+
+use crate::driver::{api, Event};
+use crate::ledger::Dir;
+use crate::pinned::PinnedBlock;
+use crate::{Buffer, CudaHal, Error, HalStream, Result};
+
+/// Whether chunks overlap (two streams, two buffer sets) or run one after another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipelineMode {
+    /// Chunk k's upload overlaps chunk k-1's kernel and download.
+    Overlapped,
+    /// Each chunk is uploaded, computed and downloaded before the next starts (the
+    /// reference the overlapped mode is measured against).
+    Synchronous,
+}
+
+/// What a pipeline run measured. Device times come from events around each stage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PipelineReport {
+    /// Chunks processed.
+    pub chunks: usize,
+    /// Host wall-clock time of the whole run.
+    pub wall: Duration,
+    /// Device time of all uploads, in milliseconds.
+    pub h2d_ms: f64,
+    /// Device time of all kernels.
+    pub compute_ms: f64,
+    /// Device time of all downloads.
+    pub d2h_ms: f64,
+}
+
+impl PipelineReport {
+    /// The best a perfect overlap could do: the larger of transfer and compute time.
+    pub fn ideal_ms(&self) -> f64 {
+        (self.h2d_ms + self.d2h_ms).max(self.compute_ms)
+    }
+
+    /// `ideal_ms` over the measured wall time (1.0 is perfect overlap). In an overlapped
+    /// run the stage events also count time spent queued behind the other stream, so this
+    /// over-states the ideal; prefer [`PipelineReport::efficiency_against`].
+    pub fn overlap_efficiency(&self) -> f64 {
+        self.ideal_ms() / (self.wall.as_secs_f64() * 1e3)
+    }
+
+    /// The ideal of an uncontended (synchronous) run of the same work over this run's wall
+    /// time: how close the overlap came to perfect.
+    pub fn efficiency_against(&self, synchronous: &PipelineReport) -> f64 {
+        synchronous.ideal_ms() / (self.wall.as_secs_f64() * 1e3)
+    }
+}
+
+struct Set<I, O> {
+    stream: HalStream,
+    dev_in: Buffer<I>,
+    dev_out: Buffer<O>,
+    pin_in: PinnedBlock,
+    pin_out: PinnedBlock,
+    ev: [Event; 4],
+    /// The chunk in flight: (first element, length).
+    busy: Option<(usize, usize)>,
+}
+
+/// Whether `bytes` lie in page-locked (allocated or registered) host memory.
+fn is_pinned(bytes: &[u8]) -> bool {
+    let Ok(d) = api() else { return false };
+    let mut kind: u32 = 0;
+    // SAFETY: the attribute is an unsigned int written into `kind`; a pageable pointer makes
+    // the call fail, which is the answer `false`.
+    let r = unsafe {
+        d.cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            bytes.as_ptr() as u64,
+        )
+    };
+    r.is_ok() && kind == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
+}
+
+fn par_copy(dst: &mut [u8], src: &[u8]) {
+    const PIECE: usize = 1 << 20;
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+impl CudaHal {
+    /// Streams `input` through upload -> `compute` -> download in chunks of `chunk_len`
+    /// elements, writing `output` (same length). `compute` queues its work on the given
+    /// stream, reading the first buffer and writing the second (use
+    /// `hal.launch(..).on(stream)`); for the last chunk the buffers are shorter slices.
+    ///
+    /// Pageable `input`/`output` go through pinned staging (a parallel host memcpy per
+    /// chunk); page-locked ones (a [`PinnedBuffer`](crate::PinnedBuffer)'s host slice or
+    /// [`RegisteredHost`](crate::RegisteredHost) memory) are copied directly.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims, PipelineMode};
+    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let input: Vec<u32> = (0..10_000).collect();
+    /// let mut output = vec![0u32; input.len()];
+    /// let report = hal
+    ///     .pipeline(&input, &mut output, 4096, PipelineMode::Overlapped, |s, i, o| {
+    ///         hal.launch("eltwise_add_u32", LaunchDims::for_elements(i.len(), 132))
+    ///             .on(s).output(o).input(i).input(i).scalar(i.len() as u64).run()
+    ///     })
+    ///     .unwrap();
+    /// assert_eq!(output[9_999], 19_998);
+    /// assert_eq!(report.chunks, 3);
+    /// ```
+    pub fn pipeline<I, O, F>(
+        &self,
+        input: &[I],
+        output: &mut [O],
+        chunk_len: usize,
+        mode: PipelineMode,
+        mut compute: F,
+    ) -> Result<PipelineReport>
+    where
+        I: Pod + Send + Sync,
+        O: Pod + Send + Sync,
+        F: FnMut(&HalStream, &Buffer<I>, &Buffer<O>) -> Result<()>,
+    {
+        if input.len() != output.len() {
+            return Err(Error::LengthMismatch {
+                name: "pipeline output".into(),
+                expected: input.len(),
+                actual: output.len(),
+            });
+        }
+        if input.is_empty() || chunk_len == 0 {
+            return Err(Error::ZeroLength {
+                name: "pipeline".into(),
+            });
+        }
+        let h = &self.inner;
+        h.enter()?;
+        let chunk_len = chunk_len.min(input.len());
+        let (si, so) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
+        let nsets = if mode == PipelineMode::Overlapped {
+            2
+        } else {
+            1
+        };
+        let mut sets = Vec::with_capacity(nsets);
+        for _ in 0..nsets {
+            sets.push(Set {
+                stream: self.create_stream()?,
+                dev_in: self.alloc::<I>("pipeline-in", chunk_len)?,
+                dev_out: self.alloc::<O>("pipeline-out", chunk_len)?,
+                pin_in: h.guard(h.pinned.take(chunk_len * si))?,
+                pin_out: h.guard(h.pinned.take(chunk_len * so))?,
+                ev: [
+                    Event::new_timing()?,
+                    Event::new_timing()?,
+                    Event::new_timing()?,
+                    Event::new_timing()?,
+                ],
+                busy: None,
+            });
+        }
+        let d = api()?;
+        let direct_in = is_pinned(bytemuck::cast_slice(input));
+        let direct_out = is_pinned(bytemuck::cast_slice(output));
+        let out_base = output.as_mut_ptr();
+        let (mut h2d, mut comp, mut d2h) = (0f64, 0f64, 0f64);
+        let mut finish = |set: &mut Set<I, O>, output: &mut [O]| -> Result<()> {
+            let Some((start, len)) = set.busy.take() else {
+                return Ok(());
+            };
+            h.guard(set.ev[3].synchronize())?;
+            h2d += set.ev[1].elapsed_ms(&set.ev[0])? as f64;
+            comp += set.ev[2].elapsed_ms(&set.ev[1])? as f64;
+            d2h += set.ev[3].elapsed_ms(&set.ev[2])? as f64;
+            if !direct_out {
+                let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut output[start..start + len]);
+                par_copy(dst, &set.pin_out.mem.as_slice()[..len * so]);
+            }
+            Ok(())
+        };
+        let t0 = Instant::now();
+        let chunks = input.len().div_ceil(chunk_len);
+        let result = (|| -> Result<()> {
+            for k in 0..chunks {
+                let set = &mut sets[k % nsets];
+                finish(set, output)?;
+                let start = k * chunk_len;
+                let len = chunk_len.min(input.len() - start);
+                let src: &[u8] = bytemuck::cast_slice(&input[start..start + len]);
+                let host_in = if direct_in {
+                    src.as_ptr()
+                } else {
+                    par_copy(&mut set.pin_in.mem.as_mut_slice()[..len * si], src);
+                    set.pin_in.mem.as_ptr()
+                };
+                // SAFETY: start + len <= output.len(); the pointer is only used for the
+                // device copy below, while `output` stays mutably borrowed by this call.
+                let host_out = if direct_out {
+                    unsafe { out_base.add(start) }.cast::<u8>()
+                } else {
+                    set.pin_out.mem.as_ptr()
+                };
+                let (dev_in, dev_out) = (set.dev_in.slice(0, len)?, set.dev_out.slice(0, len)?);
+                let s = &set.stream;
+                set.ev[0].record(&s.stream)?;
+                // SAFETY: host_in holds len*si bytes (staged, or the caller's pinned input,
+                // borrowed for the whole call) and is rewritten only after ev[3] completes.
+                unsafe {
+                    d.cuMemcpyHtoDAsync(dev_in.raw_ptr(), host_in.cast(), len * si, s.raw())?
+                };
+                h.ledger.copy(Dir::H2D, len * si);
+                set.ev[1].record(&s.stream)?;
+                compute(s, &dev_in, &dev_out)?;
+                set.ev[2].record(&s.stream)?;
+                // SAFETY: host_out has room for len*so bytes (staging, or the caller's pinned
+                // output range of this chunk) and is read only after ev[3].
+                unsafe {
+                    d.cuMemcpyDtoHAsync(host_out.cast(), dev_out.raw_ptr(), len * so, s.raw())?
+                };
+                h.ledger.copy(Dir::D2H, len * so);
+                set.ev[3].record(&s.stream)?;
+                set.busy = Some((start, len));
+                if mode == PipelineMode::Synchronous {
+                    finish(set, output)?;
+                }
+            }
+            // Drain in chunk order.
+            let mut left: Vec<&mut Set<I, O>> =
+                sets.iter_mut().filter(|s| s.busy.is_some()).collect();
+            left.sort_by_key(|s| s.busy.map(|b| b.0));
+            for set in left {
+                finish(set, output)?;
+            }
+            Ok(())
+        })();
+        let wall = t0.elapsed();
+        // Every copy is complete (or failed): the blocks can go back to the pool.
+        let synced = sets.iter().try_for_each(|s| s.stream.synchronize());
+        for set in sets {
+            h.pinned.give(set.pin_in);
+            h.pinned.give(set.pin_out);
+        }
+        h.guard(result)?;
+        synced?;
+        Ok(PipelineReport {
+            chunks,
+            wall,
+            h2d_ms: h2d,
+            compute_ms: comp,
+            d2h_ms: d2h,
+        })
+    }
+}

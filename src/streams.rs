@@ -1,0 +1,186 @@
+//! Extra streams and events of a HAL, and the cross-stream bookkeeping that keeps a buffer
+//! from being freed, reused or read while another stream may still be using it.
+//!
+//! Rules, applied by every operation that touches a buffer:
+//! - work on a side stream first waits for everything queued on the HAL's main stream so
+//!   far (allocations, uploads of host-newer data) and for the buffer's pending side uses;
+//! - after the work, an event recorded on the side stream is attached to the buffer;
+//! - main-stream work on the buffer, and its free, first wait for those events.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::driver::{Event, Stream};
+use crate::hal::HalInner;
+use crate::{CudaHal, Result};
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A non-blocking stream of a HAL, for transfers or kernels that should overlap the HAL's
+/// main stream. Keeps the HAL alive.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let copies = hal.create_stream().unwrap();
+/// let done = hal.create_event().unwrap();
+/// done.record(&copies).unwrap();
+/// hal.main_stream().wait_event(&done).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct HalStream {
+    pub(crate) hal: Arc<HalInner>,
+    pub(crate) stream: Arc<Stream>,
+    /// 0 for the HAL's main stream.
+    pub(crate) id: u64,
+}
+
+/// An event of a HAL: record it on one stream, wait for it on another or on the host.
+pub struct HalEvent {
+    hal: Arc<HalInner>,
+    event: Event,
+}
+
+impl CudaHal {
+    /// A new non-blocking stream on this HAL's device.
+    pub fn create_stream(&self) -> Result<HalStream> {
+        self.inner.enter()?;
+        Ok(HalStream {
+            hal: self.inner.clone(),
+            stream: Arc::new(Stream::new_non_blocking()?),
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// The stream the HAL's own operations run on.
+    pub fn main_stream(&self) -> HalStream {
+        HalStream {
+            hal: self.inner.clone(),
+            stream: self.inner.stream.clone(),
+            id: 0,
+        }
+    }
+
+    /// A new event (with timing, so [`HalEvent::elapsed_ms`] works).
+    pub fn create_event(&self) -> Result<HalEvent> {
+        self.inner.enter()?;
+        Ok(HalEvent {
+            hal: self.inner.clone(),
+            event: Event::new_timing()?,
+        })
+    }
+}
+
+impl HalStream {
+    /// Whether this is the HAL's main stream.
+    pub fn is_main(&self) -> bool {
+        self.id == 0
+    }
+
+    /// The raw handle, for your own launches.
+    pub fn raw(&self) -> cuda_sys::CUstream {
+        self.stream.raw()
+    }
+
+    /// Blocks until the work queued on this stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.hal.enter()?;
+        self.hal.guard(self.stream.synchronize())
+    }
+
+    /// Later work on this stream waits until `event` completes.
+    pub fn wait_event(&self, event: &HalEvent) -> Result<()> {
+        self.hal.enter()?;
+        self.hal.guard(self.stream.wait_event(&event.event))
+    }
+
+    /// Orders this (side) stream after everything queued on the main stream so far.
+    pub(crate) fn after_main(&self) -> Result<()> {
+        if self.is_main() {
+            return Ok(());
+        }
+        let ev = Event::new()?;
+        ev.record(&self.hal.stream)?;
+        self.stream.wait_event(&ev)
+    }
+}
+
+impl HalEvent {
+    /// Records the event at the current end of `stream`.
+    pub fn record(&self, stream: &HalStream) -> Result<()> {
+        self.hal.enter()?;
+        self.hal.guard(self.event.record(&stream.stream))
+    }
+
+    /// Blocks until the recorded work is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.hal.enter()?;
+        self.hal.guard(self.event.synchronize())
+    }
+
+    /// Whether the recorded work is done, without blocking.
+    pub fn is_complete(&self) -> Result<bool> {
+        self.hal.enter()?;
+        self.hal.guard(self.event.is_complete())
+    }
+
+    /// Device milliseconds from `start` to this event (both recorded and complete).
+    pub fn elapsed_ms(&self, start: &HalEvent) -> Result<f32> {
+        self.hal.enter()?;
+        self.hal.guard(self.event.elapsed_ms(&start.event))
+    }
+}
+
+/// Events of side-stream work that may still use one allocation, newest per stream.
+#[derive(Default)]
+pub(crate) struct SideUses {
+    uses: Mutex<Vec<(u64, Arc<Event>)>>,
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl SideUses {
+    /// Makes `stream` wait for every pending side use not made on `stream` itself; with
+    /// `clear`, forgets them (the caller is the main stream or the free).
+    pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut uses = self.uses.lock();
+        for (id, ev) in uses.iter() {
+            if *id != own_id {
+                stream.wait_event(ev)?;
+            }
+        }
+        if clear {
+            uses.clear();
+            self.any.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Blocks the host until every pending side use is done, and forgets them.
+    pub(crate) fn wait_host(&self) -> Result<()> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut uses = self.uses.lock();
+        for (_, ev) in uses.iter() {
+            ev.synchronize()?;
+        }
+        uses.clear();
+        self.any.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Records that work on stream `id` up to `ev` may use the allocation.
+    pub(crate) fn add(&self, id: u64, ev: Arc<Event>) {
+        let mut uses = self.uses.lock();
+        match uses.iter_mut().find(|(i, _)| *i == id) {
+            Some(slot) => slot.1 = ev,
+            None => uses.push((id, ev)),
+        }
+        self.any.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,407 @@
+//! Asynchronous reads, explicit staged uploads and coalesced transfers.
+
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::driver::{api, Event};
+use crate::hal::HalInner;
+use crate::ledger::Dir;
+use crate::pinned::PinnedBlock;
+use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
+
+/// A device-to-host read in flight (seed 003's async GPU result).
+///
+/// `is_ready` never blocks; `try_get` fetches the data if it has arrived; `wait` blocks
+/// for it. Errors of the copy surface here. Dropping the handle early is safe: the pinned
+/// destination goes back to the HAL's pool and is reused only after the copy completes.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+/// let pending = b.read_async().unwrap();
+/// // ... other CPU work ...
+/// assert_eq!(pending.wait().unwrap(), vec![1, 2, 3]);
+/// ```
+pub struct PendingRead<T> {
+    state: ReadState<T>,
+}
+
+enum ReadState<T> {
+    Ready(Vec<T>),
+    InFlight {
+        hal: Arc<HalInner>,
+        block: Option<PinnedBlock>,
+        done: Arc<Event>,
+        len: usize,
+    },
+    Taken,
+}
+
+impl<T: Pod> PendingRead<T> {
+    /// Whether `try_get` would return the data (or an error) without blocking.
+    pub fn is_ready(&self) -> bool {
+        match &self.state {
+            ReadState::InFlight { hal, done, .. } => hal
+                .ctx
+                .bind()
+                .and_then(|()| done.is_complete())
+                .unwrap_or(true),
+            _ => true,
+        }
+    }
+
+    fn finish(&mut self) -> Result<Vec<T>> {
+        match std::mem::replace(&mut self.state, ReadState::Taken) {
+            ReadState::Ready(v) => Ok(v),
+            ReadState::InFlight {
+                hal,
+                mut block,
+                done,
+                len,
+            } => {
+                let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
+                let out = r.map(|()| {
+                    let b = block.as_ref().map(|b| b.mem.as_slice()).unwrap_or(&[]);
+                    let mut v = vec![T::zeroed(); len];
+                    bytemuck::cast_slice_mut::<T, u8>(&mut v)
+                        .copy_from_slice(&b[..len * std::mem::size_of::<T>()]);
+                    v
+                });
+                if let Some(b) = block.take() {
+                    hal.pinned.give(b);
+                }
+                out
+            }
+            ReadState::Taken => Err(Error::InvalidArgument(
+                "the read's data was already taken".into(),
+            )),
+        }
+    }
+
+    /// The data if the copy is done, `None` if it is still in flight.
+    pub fn try_get(&mut self) -> Result<Option<Vec<T>>> {
+        if !self.is_ready() {
+            return Ok(None);
+        }
+        self.finish().map(Some)
+    }
+
+    /// Blocks until the data arrives.
+    pub fn wait(mut self) -> Result<Vec<T>> {
+        self.finish()
+    }
+}
+
+impl<T> Drop for PendingRead<T> {
+    fn drop(&mut self) {
+        if let ReadState::InFlight {
+            hal, block, done, ..
+        } = &mut self.state
+        {
+            if let Some(mut b) = block.take() {
+                // The pool waits for `done` before the block is reused or freed.
+                b.set_pending(done.clone());
+                hal.pinned.give(b);
+            }
+        }
+    }
+}
+
+impl<T: Pod> Buffer<T> {
+    /// Starts copying the buffer to the host on the main stream. With phase 2 and a valid
+    /// host copy the result is ready at once and nothing moves.
+    pub fn read_async(&self) -> Result<PendingRead<T>> {
+        self.read_async_on(&self.hal().main_stream())
+    }
+
+    /// As [`Buffer::read_async`], on `stream`.
+    pub fn read_async_on(&self, stream: &HalStream) -> Result<PendingRead<T>> {
+        let h = self.raw().hal().clone();
+        if !Arc::ptr_eq(&h, &stream.hal) {
+            return Err(Error::InvalidArgument("stream of another HAL".into()));
+        }
+        h.enter()?;
+        if PHASES.host_cache {
+            if let Some(v) = self.cached_copy() {
+                return Ok(PendingRead {
+                    state: ReadState::Ready(v),
+                });
+            }
+        }
+        let r = self.byte_range();
+        self.access_on(stream, r.clone(), false)?;
+        let block = h.guard(h.pinned.take(self.size_bytes()))?;
+        let done = Arc::new(Event::new()?);
+        // SAFETY: the block has room for size_bytes(); it is handed out again only after
+        // `done` completes (PendingRead and the pool both wait for it).
+        h.guard(unsafe {
+            api()?
+                .cuMemcpyDtoHAsync(
+                    block.mem.as_ptr().cast(),
+                    self.raw_ptr(),
+                    self.size_bytes(),
+                    stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        h.ledger.copy(Dir::D2H, self.size_bytes());
+        done.record(&stream.stream)?;
+        self.after_on(stream, done.clone(), r, false);
+        Ok(PendingRead {
+            state: ReadState::InFlight {
+                hal: h,
+                block: Some(block),
+                done,
+                len: self.len(),
+            },
+        })
+    }
+
+    /// Uploads `src` through pinned staging whatever the phase features: returns once the
+    /// caller's slice is free (the data is in pinned memory and its copy queued).
+    pub fn upload_async(&self, src: &[T]) -> Result<()> {
+        if src.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len(),
+                actual: src.len(),
+            });
+        }
+        let h = self.raw().hal();
+        h.enter()?;
+        let r = self.byte_range();
+        self.raw().prepare_device_access(r.clone(), true)?;
+        h.upload_staged(self.raw_ptr(), bytemuck::cast_slice(src))?;
+        self.raw().invalidate_host(r);
+        Ok(())
+    }
+
+    /// Elements at `indices`, read with one gather kernel and one copy (a batched
+    /// `get_at`). With phase 2, elements whose host copy is valid are read from it.
+    pub fn get_many(&self, indices: &[usize]) -> Result<Vec<T>> {
+        let items: Vec<(&Buffer<T>, usize)> = indices.iter().map(|i| (self, *i)).collect();
+        self.hal().gather(&items)
+    }
+}
+
+impl CudaHal {
+    /// Reads one element from each `(buffer, index)` with a single gather kernel and a
+    /// single device-to-host copy, instead of one copy per element.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let a = hal.copy_from("a", &[10u32, 11, 12]).unwrap();
+    /// let b = hal.copy_from("b", &[20u32, 21]).unwrap();
+    /// assert_eq!(hal.gather(&[(&a, 2), (&b, 0), (&a, 0)]).unwrap(), vec![12, 20, 10]);
+    /// ```
+    pub fn gather<T: Pod>(&self, items: &[(&Buffer<T>, usize)]) -> Result<Vec<T>> {
+        let h = &self.inner;
+        if items.is_empty() {
+            return Err(Error::ZeroLength {
+                name: "gather".into(),
+            });
+        }
+        let sz = std::mem::size_of::<T>();
+        let mut out = vec![T::zeroed(); items.len()];
+        let mut todo: Vec<(usize, u64)> = Vec::with_capacity(items.len());
+        for (k, (buf, i)) in items.iter().enumerate() {
+            if !self.same(buf.raw().hal()) {
+                return Err(Error::ForeignBuffer {
+                    name: buf.name().to_string(),
+                });
+            }
+            if *i >= buf.len() {
+                return Err(Error::OutOfRange {
+                    name: buf.name().to_string(),
+                    start: *i,
+                    end: i + 1,
+                    len: buf.len(),
+                });
+            }
+            match PHASES.host_cache.then(|| buf.cached_element(*i)).flatten() {
+                Some(v) => out[k] = v,
+                None => todo.push((k, buf.raw_ptr() + (i * sz) as u64)),
+            }
+        }
+        h.enter()?;
+        if todo.is_empty() {
+            return Ok(out);
+        }
+        for (buf, i) in items {
+            buf.raw()
+                .prepare_device_access(i * sz..(i + 1) * sz, false)?;
+        }
+        let n = todo.len();
+        let table_bytes = n * 8;
+        let out_off = table_bytes.next_multiple_of(16);
+        let total = out_off + n * sz;
+        let mut block = h.guard(h.pinned.take(total))?;
+        {
+            let host = block.mem.as_mut_slice();
+            for (j, (_, addr)) in todo.iter().enumerate() {
+                host[j * 8..j * 8 + 8].copy_from_slice(&addr.to_ne_bytes());
+            }
+        }
+        let (scratch, pooled) = h.alloc_raw("gather-scratch", total)?;
+        let d = api()?;
+        let result = (|| -> Result<()> {
+            // SAFETY: the block holds the table; scratch has `total` bytes; the block is
+            // not touched by the host until the stream synchronises below.
+            unsafe {
+                d.cuMemcpyHtoDAsync(
+                    scratch,
+                    block.mem.as_ptr().cast(),
+                    table_bytes,
+                    h.stream.raw(),
+                )?
+            };
+            h.ledger.copy(Dir::H2D, table_bytes);
+            let f = h.kernels.get("gather_elements")?;
+            let dims = LaunchDims::for_elements(n, h.info_sms());
+            let (mut t, mut o, mut c, mut e) =
+                (scratch, scratch + out_off as u64, n as u64, sz as u32);
+            let mut params = [
+                (&mut t as *mut u64).cast(),
+                (&mut o as *mut u64).cast(),
+                (&mut c as *mut u64).cast(),
+                (&mut e as *mut u32).cast(),
+            ];
+            // SAFETY: the parameters match gather_elements(const u64*, u8*, u64, u32); every
+            // address in the table is an in-bounds element of a live buffer.
+            unsafe { f.launch(dims.grid, dims.block, 0, &h.stream, &mut params)? };
+            h.ledger.launch();
+            // SAFETY: reads n*sz bytes of scratch into the block, which has room for them.
+            unsafe {
+                d.cuMemcpyDtoHAsync(
+                    block.mem.as_ptr().add(out_off).cast(),
+                    scratch + out_off as u64,
+                    n * sz,
+                    h.stream.raw(),
+                )?
+            };
+            h.ledger.copy(Dir::D2H, n * sz);
+            h.stream.synchronize()
+        })();
+        h.free_raw("gather-scratch", scratch, total, pooled);
+        let result = h.guard(result);
+        if result.is_ok() {
+            let host = &block.mem.as_slice()[out_off..out_off + n * sz];
+            for (j, (k, _)) in todo.iter().enumerate() {
+                out[*k] = bytemuck::pod_read_unaligned(&host[j * sz..(j + 1) * sz]);
+            }
+        }
+        h.pinned.give(block);
+        result.map(|()| out)
+    }
+
+    /// Uploads many host slices into many buffers (or slices) with one staged copy and one
+    /// scatter kernel, instead of one copy each. Destinations must not overlap.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let a = hal.alloc::<u32>("a", 2).unwrap();
+    /// let b = hal.alloc::<u32>("b", 3).unwrap();
+    /// hal.upload_batch(&[(&a, &[1, 2][..]), (&b, &[3, 4, 5][..])]).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![3, 4, 5]);
+    /// ```
+    pub fn upload_batch<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
+        let h = &self.inner;
+        if items.is_empty() {
+            return Err(Error::ZeroLength {
+                name: "upload_batch".into(),
+            });
+        }
+        for (k, (buf, data)) in items.iter().enumerate() {
+            if !self.same(buf.raw().hal()) {
+                return Err(Error::ForeignBuffer {
+                    name: buf.name().to_string(),
+                });
+            }
+            if data.len() != buf.len() {
+                return Err(Error::LengthMismatch {
+                    name: buf.name().to_string(),
+                    expected: buf.len(),
+                    actual: data.len(),
+                });
+            }
+            for (other, _) in &items[..k] {
+                let (ra, rb) = (buf.byte_range(), other.byte_range());
+                if Arc::ptr_eq(buf.raw(), other.raw()) && ra.start < rb.end && rb.start < ra.end {
+                    return Err(Error::Aliasing {
+                        output: buf.name().to_string(),
+                        other: other.name().to_string(),
+                    });
+                }
+            }
+        }
+        h.enter()?;
+        // Layout of the staged bytes: the segment table, then each slice 16-byte aligned.
+        let table_bytes = items.len() * 24;
+        let mut offsets = Vec::with_capacity(items.len());
+        let mut cursor = table_bytes.next_multiple_of(16);
+        for (buf, _) in items {
+            offsets.push(cursor);
+            cursor = (cursor + buf.size_bytes()).next_multiple_of(16);
+        }
+        let total = cursor;
+        let data_start = table_bytes.next_multiple_of(16);
+        for (buf, _) in items {
+            buf.raw().prepare_device_access(buf.byte_range(), true)?;
+        }
+        let mut block = h.guard(h.pinned.take(total))?;
+        {
+            let host = block.mem.as_mut_slice();
+            for (k, ((buf, data), off)) in items.iter().zip(&offsets).enumerate() {
+                let seg = [
+                    (off - data_start) as u64,
+                    buf.raw_ptr(),
+                    buf.size_bytes() as u64,
+                ];
+                host[k * 24..k * 24 + 24].copy_from_slice(bytemuck::cast_slice(&seg));
+                host[*off..off + buf.size_bytes()].copy_from_slice(bytemuck::cast_slice(data));
+            }
+        }
+        let (scratch, pooled) = h.alloc_raw("upload-batch-scratch", total)?;
+        let d = api()?;
+        let done = Arc::new(Event::new()?);
+        let result = (|| -> Result<()> {
+            // SAFETY: the block holds `total` staged bytes and is reused only after `done`;
+            // scratch has `total` bytes.
+            unsafe {
+                d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), total, h.stream.raw())?
+            };
+            h.ledger.copy(Dir::H2D, total);
+            done.record(&h.stream)?;
+            let f = h.kernels.get("scatter_segments")?;
+            let blocks = (items.len() as u32).min(h.info_sms() * 8).max(1);
+            let (mut t, mut dat, mut c) =
+                (scratch, scratch + data_start as u64, items.len() as u32);
+            let mut params = [
+                (&mut t as *mut u64).cast(),
+                (&mut dat as *mut u64).cast(),
+                (&mut c as *mut u32).cast(),
+            ];
+            // SAFETY: parameters match scatter_segments(const Segment*, const u8*, u32); each
+            // segment writes exactly its destination buffer's range.
+            unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &h.stream, &mut params)? };
+            h.ledger.launch();
+            Ok(())
+        })();
+        // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
+        h.free_raw("upload-batch-scratch", scratch, total, pooled);
+        block.set_pending(done);
+        h.pinned.give(block);
+        h.guard(result)?;
+        for (buf, _) in items {
+            buf.raw().invalidate_host(buf.byte_range());
+        }
+        if !PHASES.async_copy {
+            h.guard(h.stream.synchronize())?;
+        }
+        Ok(())
+    }
+}

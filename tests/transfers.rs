@@ -1,0 +1,419 @@
+//! GPU tests of issue #4: pinned memory, registration, streams and events, async reads,
+//! staged uploads, coalescing and the pipeline. Skip without a GPU (fail with
+//! `CUDA_HAL_REQUIRE_GPU=1`).
+
+mod common;
+
+use common::{gpu, Rng, MIB};
+use cuda_hal::{CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, PHASES};
+
+const POISON: u32 = 0xDEAD_BEEF;
+
+fn lcg(x: u32, rounds: u32) -> u32 {
+    (0..rounds).fold(x, |x, _| {
+        x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
+    })
+}
+
+fn launch_lcg(
+    hal: &CudaHal,
+    on: Option<&cuda_hal::HalStream>,
+    out: &cuda_hal::Buffer<u32>,
+    inp: &cuda_hal::Buffer<u32>,
+    rounds: u32,
+) {
+    let mut l = hal.launch(
+        "lcg_rounds_u32",
+        LaunchDims::for_elements(out.len(), hal.info().multiprocessors),
+    );
+    if let Some(s) = on {
+        l = l.on(s);
+    }
+    l.output(out)
+        .input(inp)
+        .scalar(out.len() as u64)
+        .scalar(rounds)
+        .run()
+        .unwrap();
+}
+
+#[test]
+fn pinned_buffers_round_trip_with_every_flag_set() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(11);
+    let flag_sets = [
+        PinnedFlags::default(),
+        PinnedFlags {
+            portable: true,
+            ..Default::default()
+        },
+        PinnedFlags {
+            device_mapped: true,
+            ..Default::default()
+        },
+        PinnedFlags {
+            write_combined: true,
+            ..Default::default()
+        },
+    ];
+    for (k, flags) in flag_sets.into_iter().enumerate() {
+        let n = [1usize, 1001, MIB + 3, 77][k];
+        let data = rng.u32s(n);
+        let mut pin = hal.alloc_pinned::<u32>(n, flags).unwrap();
+        assert_eq!(pin.flags(), flags);
+        pin.host_mut().unwrap().copy_from_slice(&data);
+        let dev = hal.copy_from("dev", &vec![POISON; n]).unwrap();
+        dev.copy_from_pinned(&pin).unwrap();
+        assert_eq!(dev.to_vec().unwrap(), data, "{flags:?}");
+        pin.host_mut().unwrap().fill(POISON);
+        dev.copy_to_pinned(&mut pin).unwrap();
+        assert_eq!(pin.host().unwrap(), &data[..], "{flags:?}");
+    }
+    let short = hal.alloc_pinned::<u32>(3, PinnedFlags::default()).unwrap();
+    let dev = hal.alloc::<u32>("dev", 4).unwrap();
+    assert!(matches!(
+        dev.copy_from_pinned(&short),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        hal.alloc_pinned::<u32>(0, PinnedFlags::default()),
+        Err(Error::ZeroLength { .. })
+    ));
+}
+
+#[test]
+fn registered_host_memory_round_trips() {
+    let Some(hal) = gpu() else { return };
+    let mut data = Rng::new(12).u32s(3 * MIB + 1);
+    let want = data.clone();
+    let dev = hal.copy_from("dev", &vec![POISON; data.len()]).unwrap();
+    {
+        let mut reg = hal.register_host(&mut data).unwrap();
+        dev.copy_from_registered(&reg).unwrap();
+        reg.as_mut_slice().fill(0);
+        dev.copy_to_registered(&mut reg).unwrap();
+        assert_eq!(reg.as_slice(), &want[..]);
+    }
+    assert_eq!(dev.to_vec().unwrap(), want);
+    let mut empty: Vec<u32> = Vec::new();
+    assert!(matches!(
+        hal.register_host(&mut empty),
+        Err(Error::ZeroLength { .. })
+    ));
+}
+
+#[test]
+fn main_stream_work_waits_for_side_stream_writes() {
+    let Some(hal) = gpu() else { return };
+    let n = 8 * MIB / 4;
+    let input = Rng::new(13).u32s(n);
+    let a = hal.copy_from("a", &input).unwrap();
+    let out = hal.copy_from("out", &vec![POISON; n]).unwrap();
+    let side = hal.create_stream().unwrap();
+    // A slow kernel on the side stream; the main-stream read must wait for it.
+    launch_lcg(&hal, Some(&side), &out, &a, 2000);
+    let got = out.to_vec().unwrap();
+    for i in [0, n / 3, n - 1] {
+        assert_eq!(got[i], lcg(input[i], 2000), "element {i}");
+    }
+    // And get_at, a single-element read, also waits.
+    launch_lcg(&hal, Some(&side), &out, &a, 1);
+    assert_eq!(out.get_at(n - 1).unwrap(), lcg(input[n - 1], 1));
+}
+
+#[test]
+fn a_buffer_in_use_on_a_side_stream_is_not_reused_when_dropped() {
+    let Some(hal) = gpu() else { return };
+    let n = 16 * MIB / 4;
+    let input = Rng::new(14).u32s(n);
+    for _ in 0..3 {
+        let a = hal.copy_from("a", &input).unwrap();
+        let out = hal.alloc::<u32>("out", n).unwrap();
+        let side = hal.create_stream().unwrap();
+        launch_lcg(&hal, Some(&side), &out, &a, 3000);
+        drop(a);
+        // The same size again: with phase 3 the block cache would hand back a's memory.
+        let b = hal.alloc::<u32>("b", n).unwrap();
+        b.fill(POISON).unwrap();
+        side.synchronize().unwrap();
+        let got = out.to_vec().unwrap();
+        assert_eq!(got[n / 2], lcg(input[n / 2], 3000));
+        assert_eq!(got[n - 1], lcg(input[n - 1], 3000));
+    }
+}
+
+#[test]
+fn events_order_two_side_streams() {
+    let Some(hal) = gpu() else { return };
+    let n = 4 * MIB / 4;
+    let input = Rng::new(15).u32s(n);
+    let a = hal.copy_from("a", &input).unwrap();
+    let mid = hal.alloc::<u32>("mid", n).unwrap();
+    let out = hal.alloc::<u32>("out", n).unwrap();
+    let (s1, s2) = (hal.create_stream().unwrap(), hal.create_stream().unwrap());
+    let (start, done) = (hal.create_event().unwrap(), hal.create_event().unwrap());
+    start.record(&s1).unwrap();
+    launch_lcg(&hal, Some(&s1), &mid, &a, 500);
+    done.record(&s1).unwrap();
+    s2.wait_event(&done).unwrap();
+    launch_lcg(&hal, Some(&s2), &out, &mid, 7);
+    s2.synchronize().unwrap();
+    assert!(done.is_complete().unwrap());
+    assert!(done.elapsed_ms(&start).unwrap() > 0.0);
+    let got = out.to_vec().unwrap();
+    assert_eq!(got[12345], lcg(lcg(input[12345], 500), 7));
+    let other = CudaHal::new(0).unwrap();
+    let foreign = other.create_stream().unwrap();
+    let err = hal
+        .launch("lcg_rounds_u32", LaunchDims::for_elements(1, 1))
+        .on(&foreign)
+        .run()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+}
+
+#[test]
+fn async_reads_complete_fail_and_drop_safely() {
+    let Some(hal) = gpu() else { return };
+    let n = 32 * MIB / 4 + 5;
+    let data = Rng::new(16).u32s(n);
+    let b = hal.copy_from("b", &data).unwrap();
+    let mut pending = b.read_async().unwrap();
+    let mut spins = 0u64;
+    let got = loop {
+        if let Some(v) = pending.try_get().unwrap() {
+            break v;
+        }
+        spins += 1;
+        std::hint::spin_loop();
+    };
+    assert_eq!(got, data);
+    println!("try_get polled {spins} times");
+    assert!(pending.try_get().is_err(), "the data can be taken once");
+    // On a side stream, and waited for.
+    let side = hal.create_stream().unwrap();
+    assert_eq!(
+        b.slice(7, 1000)
+            .unwrap()
+            .read_async_on(&side)
+            .unwrap()
+            .wait()
+            .unwrap(),
+        data[7..1007].to_vec()
+    );
+    // Dropped while in flight, many times: the pinned blocks are reused only after their copy.
+    for _ in 0..20 {
+        let p = b.read_async().unwrap();
+        drop(p);
+    }
+    let again = b.read_async().unwrap().wait().unwrap();
+    assert_eq!(again, data);
+    let st = hal.stats().unwrap();
+    assert!(
+        st.pinned.hits > 0,
+        "pinned blocks are reused: {:?}",
+        st.pinned
+    );
+    if PHASES.host_cache {
+        b.view(|_| ()).unwrap();
+        let before = hal.ledger();
+        let p = b.read_async().unwrap();
+        assert!(p.is_ready(), "a valid host copy answers at once");
+        assert_eq!(p.wait().unwrap(), data);
+        assert_eq!(hal.ledger().since(&before).d2h.bytes, 0);
+    }
+}
+
+#[test]
+fn staged_upload_frees_the_callers_slice_at_once() {
+    let Some(hal) = gpu() else { return };
+    let mut data = Rng::new(17).u32s(8 * MIB / 4 + 3);
+    let want = data.clone();
+    let b = hal.alloc::<u32>("b", data.len()).unwrap();
+    b.upload_async(&data).unwrap();
+    data.fill(0); // the device must still get the original
+    assert_eq!(b.to_vec().unwrap(), want);
+}
+
+#[test]
+fn gather_reads_many_elements_with_one_copy() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(18);
+    let a_data = rng.u32s(100_000);
+    let b_data: Vec<u64> = (0..5000u64).map(|i| i * 0x1_0000_0001).collect();
+    let a = hal.copy_from("a", &a_data).unwrap();
+    let b = hal.copy_from("b", &b_data).unwrap();
+    let idx: Vec<usize> = (0..64).map(|_| rng.below(a_data.len())).collect();
+    let before = hal.ledger();
+    let got = a.get_many(&idx).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(got, idx.iter().map(|i| a_data[*i]).collect::<Vec<_>>());
+    if !PHASES.host_cache {
+        assert_eq!(
+            (d.d2h.calls, d.d2h.bytes),
+            (1, 64 * 4),
+            "one copy of 64 elements"
+        );
+    }
+    let slice = b.slice(1000, 3000).unwrap();
+    let got = hal
+        .gather(&[(&b, 4999), (&slice, 0), (&slice, 2999), (&b, 0)])
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![b_data[4999], b_data[1000], b_data[3999], b_data[0]]
+    );
+    // Odd element sizes use the byte path.
+    let odd: Vec<[u8; 3]> = (0..300u32).map(|i| [i as u8, (i >> 8) as u8, 7]).collect();
+    let o = hal.copy_from("odd", &odd).unwrap();
+    assert_eq!(
+        o.get_many(&[299, 1, 150]).unwrap(),
+        vec![odd[299], odd[1], odd[150]]
+    );
+    assert!(matches!(
+        a.get_many(&[100_000]),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(a.get_many(&[]), Err(Error::ZeroLength { .. })));
+}
+
+#[test]
+fn upload_batch_scatters_many_slices_with_one_copy() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(19);
+    let whole = hal.copy_from("whole", &vec![POISON; 10_000]).unwrap();
+    let parts: Vec<_> = (0..50)
+        .map(|k| whole.slice(k * 200, 1 + k).unwrap())
+        .collect();
+    let datas: Vec<Vec<u32>> = (0..50).map(|k| rng.u32s(1 + k)).collect();
+    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
+        parts.iter().zip(&datas).map(|(p, d)| (p, &d[..])).collect();
+    let before = hal.ledger();
+    hal.upload_batch(&items).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(d.h2d.calls, 1, "one staged copy");
+    let v = whole.to_vec().unwrap();
+    for k in 0..50 {
+        assert_eq!(&v[k * 200..k * 200 + 1 + k], &datas[k][..]);
+        assert_eq!(v[k * 200 + 1 + k], POISON, "neighbour untouched");
+    }
+    // Byte-sized elements at odd offsets.
+    let bytes = hal.copy_from("bytes", &[0u8; 64]).unwrap();
+    let (x, y) = (bytes.slice(1, 3).unwrap(), bytes.slice(9, 5).unwrap());
+    hal.upload_batch(&[(&x, &[1u8, 2, 3][..]), (&y, &[4u8, 5, 6, 7, 8][..])])
+        .unwrap();
+    let v = bytes.to_vec().unwrap();
+    assert_eq!(&v[..15], &[0, 1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 6, 7, 8, 0]);
+    let overlap = bytes.slice(2, 4).unwrap();
+    assert!(matches!(
+        hal.upload_batch(&[(&x, &[1u8, 2, 3][..]), (&overlap, &[1u8, 2, 3, 4][..])]),
+        Err(Error::Aliasing { .. })
+    ));
+}
+
+#[test]
+fn pipeline_matches_the_cpu_in_both_modes() {
+    let Some(hal) = gpu() else { return };
+    for (n, chunk) in [
+        (1usize, 1usize),
+        (10_000, 4096),
+        (3 * MIB / 4 + 17, MIB / 4),
+    ] {
+        let input = Rng::new(20 + n as u64).u32s(n);
+        for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
+            let mut output = vec![POISON; n];
+            let report = hal
+                .pipeline(&input, &mut output, chunk, mode, |s, i, o| {
+                    hal.launch(
+                        "lcg_rounds_u32",
+                        LaunchDims::for_elements(i.len(), hal.info().multiprocessors),
+                    )
+                    .on(s)
+                    .output(o)
+                    .input(i)
+                    .scalar(i.len() as u64)
+                    .scalar(9u32)
+                    .run()
+                })
+                .unwrap();
+            assert_eq!(report.chunks, n.div_ceil(chunk));
+            assert!(report.h2d_ms > 0.0 && report.compute_ms > 0.0 && report.d2h_ms > 0.0);
+            for (i, (o, x)) in output.iter().zip(&input).enumerate() {
+                assert_eq!(*o, lcg(*x, 9), "n={n} mode={mode:?} element {i}");
+            }
+        }
+    }
+    // Page-locked input and output are copied directly, with no staging.
+    let n = MIB / 4 + 3;
+    let data = Rng::new(99).u32s(n);
+    let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    pin_in.host_mut().unwrap().copy_from_slice(&data);
+    let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    pin_out.host_mut().unwrap().fill(POISON);
+    let before = hal.stats().unwrap().pinned;
+    hal.pipeline(
+        pin_in.host().unwrap(),
+        pin_out.host_mut().unwrap(),
+        50_000,
+        PipelineMode::Overlapped,
+        |s, i, o| {
+            hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
+                .on(s)
+                .output(o)
+                .input(i)
+                .scalar(i.len() as u64)
+                .scalar(3u32)
+                .run()
+        },
+    )
+    .unwrap();
+    assert!(pin_out
+        .host()
+        .unwrap()
+        .iter()
+        .zip(&data)
+        .all(|(o, x)| *o == lcg(*x, 3)));
+    let _ = before;
+    let mut short = vec![0u32; 3];
+    assert!(matches!(
+        hal.pipeline(
+            &[1u32, 2],
+            &mut short,
+            1,
+            PipelineMode::Overlapped,
+            |_, _, _| Ok(())
+        ),
+        Err(Error::LengthMismatch { .. })
+    ));
+}
+
+#[test]
+fn timed_transfers_report_device_time_and_bandwidth() {
+    let Some(_) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            time_transfers: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let data = vec![3u32; 64 * MIB / 4];
+    let b = hal.copy_from("timed", &data).unwrap();
+    let mut back = vec![0u32; data.len()];
+    b.copy_to_slice(&mut back).unwrap();
+    hal.synchronize().unwrap();
+    let l = hal.stats().unwrap().ledger;
+    for (dir, t) in [("h2d", l.h2d), ("d2h", l.d2h)] {
+        let gbps = t.bandwidth() / 1e9;
+        println!(
+            "{dir}: {} bytes in {} ns of device time: {gbps:.1} GB/s",
+            t.bytes, t.device_ns
+        );
+        assert!(t.device_ns > 0, "{dir} was timed");
+        assert!(
+            gbps > 1.0 && gbps < 1000.0,
+            "{dir}: {gbps} GB/s is implausible"
+        );
+    }
+}
