@@ -11,10 +11,10 @@
 set -euo pipefail
 
 # Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
-GPU_TESTS="gpu transfers"
+GPU_TESTS="gpu transfers memory multi_gpu"
 # Benches run in every build, and benches run only in the all-features build.
 GPU_BENCHES="phases"
-GPU_BENCHES_ALL_ONLY="transfers"
+GPU_BENCHES_ALL_ONLY="transfers memory"
 # Warn when the bundle is larger than this (the carry limit is 64 MiB in all).
 BUNDLE_LIMIT_MIB=60
 
@@ -95,6 +95,10 @@ echo "== prover_demo example (default features)" >&2
 exe="$(cargo build --release -p cuda-hal --example prover_demo --message-format=json \
          | pick_exe example prover_demo)"
 cp "$exe" "$bundle/prover_demo"
+# The same example with NVTX ranges, for checking them with `ncu --nvtx`.
+exe="$(cargo build --release -p cuda-hal --example prover_demo --features nvtx --message-format=json \
+         | pick_exe example prover_demo)"
+cp "$exe" "$bundle/prover_demo_nvtx"
 
 # The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
 fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"

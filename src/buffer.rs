@@ -10,7 +10,7 @@ use bytemuck::Pod;
 use cuda_sys::CUdeviceptr;
 use parking_lot::Mutex;
 
-use crate::hal::HalInner;
+use crate::hal::{DeviceAlloc, HalInner};
 use crate::host_cache::{BorrowKind, CacheState};
 use crate::kernels::DevicePtr;
 use crate::streams::{HalStream, SideUses};
@@ -69,9 +69,9 @@ struct HostCopy {
 pub struct RawBuffer {
     hal: Arc<HalInner>,
     name: Cow<'static, str>,
+    alloc: DeviceAlloc,
     ptr: CUdeviceptr,
     bytes: usize,
-    pooled: bool,
     cache: Mutex<HostCopy>,
     /// Side-stream work that may still use the allocation.
     pub(crate) side: SideUses,
@@ -192,7 +192,7 @@ impl Drop for RawBuffer {
     fn drop(&mut self) {
         // No stream may still be using the memory when it is freed or reused.
         let ordered = self.hal.ctx.bind().and_then(|()| {
-            if self.pooled {
+            if self.alloc.pooled {
                 self.side.wait_on(&self.hal.stream, 0, true)
             } else {
                 self.side.wait_host()
@@ -204,8 +204,7 @@ impl Drop for RawBuffer {
                 self.name
             );
         }
-        self.hal
-            .free_raw(&self.name, self.ptr, self.bytes, self.pooled);
+        self.hal.free_raw(&self.name, self.alloc);
     }
 }
 
@@ -261,17 +260,20 @@ impl<T: Pod> Buffer<T> {
                 .ok_or_else(|| Error::OutOfMemory {
                     name: name.to_string(),
                     requested: usize::MAX,
+                    in_use: hal.memory_report().current_bytes,
+                    limit: hal.config().memory_limit,
                     device_total: hal.info().total_memory,
+                    largest: Vec::new(),
                     driver: None,
                 })?;
-        let (ptr, pooled) = hal.inner.alloc_raw(&name, bytes)?;
+        let alloc = hal.inner.alloc_raw(&name, bytes)?;
         Ok(Buffer {
             raw: Arc::new(RawBuffer {
                 hal: hal.inner.clone(),
                 name,
-                ptr,
+                ptr: alloc.ptr,
                 bytes,
-                pooled,
+                alloc,
                 cache: Mutex::new(HostCopy::default()),
                 side: SideUses::default(),
             }),
@@ -307,9 +309,7 @@ impl<T: Pod> Buffer<T> {
 
     /// The HAL the buffer belongs to.
     pub fn hal(&self) -> CudaHal {
-        CudaHal {
-            inner: self.raw.hal.clone(),
-        }
+        CudaHal::from_inner(self.raw.hal.clone())
     }
 
     /// Byte range within the allocation.
@@ -351,9 +351,41 @@ impl<T: Pod> Buffer<T> {
         })
     }
 
+    /// A view of `len` elements of type `U` starting `byte_offset` bytes into this buffer,
+    /// sharing the allocation (and its host copy). The offset must be a multiple of
+    /// `size_of::<U>()` from the start of the allocation.
+    pub fn reinterpret<U: Pod>(&self, byte_offset: usize, len: usize) -> Result<Buffer<U>> {
+        let su = std::mem::size_of::<U>();
+        if len == 0 || su == 0 {
+            return Err(Error::ZeroLength {
+                name: self.name().to_string(),
+            });
+        }
+        let start = self.byte_range().start + byte_offset;
+        let end = len.checked_mul(su).and_then(|b| b.checked_add(start));
+        if end.is_none_or(|e| e > self.byte_range().end) || byte_offset > self.size_bytes() {
+            return Err(
+                self.out_of_range(byte_offset / std::mem::size_of::<T>().max(1), self.len + 1)
+            );
+        }
+        if start % su != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "byte offset {start} of `{}` is not a multiple of {su}",
+                self.name()
+            )));
+        }
+        Ok(Buffer {
+            raw: self.raw.clone(),
+            offset: start / su,
+            len,
+            _t: PhantomData,
+        })
+    }
+
     /// Element `i`. Phase 2 reads a valid host copy; phase 1 copies only this element;
     /// the baseline copies the whole buffer.
     pub fn get_at(&self, i: usize) -> Result<T> {
+        let _range = crate::nvtx::range(|| format!("get_at {}[{i}]", self.name()));
         if i >= self.len {
             return Err(self.out_of_range(i, i + 1));
         }
@@ -439,6 +471,7 @@ impl<T: Pod> Buffer<T> {
     /// Runs `f` over the elements on the host. Phase 2 reads the cached host copy (no
     /// transfer while it is valid); otherwise the buffer is copied into a new `Vec`.
     pub fn view<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        let _range = crate::nvtx::range(|| format!("view {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
             return Ok(f(&self.download_vec()?));
         }
@@ -462,6 +495,8 @@ impl<T: Pod> Buffer<T> {
     /// copy, which is uploaded before the device next uses the buffer; otherwise the
     /// buffer is downloaded into a `Vec` and written back at once.
     pub fn view_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        let _range =
+            crate::nvtx::range(|| format!("view_mut {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
             let mut v = self.download_vec()?;
             let out = f(&mut v);
@@ -486,6 +521,7 @@ impl<T: Pod> Buffer<T> {
 
     /// The elements of this buffer or slice (only those: not the parent's).
     pub fn to_vec(&self) -> Result<Vec<T>> {
+        let _range = crate::nvtx::range(|| format!("to_vec {}", self.name()));
         if PHASES.host_cache {
             self.view(|s| s.to_vec())
         } else {
@@ -496,6 +532,7 @@ impl<T: Pod> Buffer<T> {
     /// Copies the elements into `dst`, which must have the same length. Phase 2 serves a
     /// valid host copy; otherwise the data goes straight into `dst` (no cache fill).
     pub fn copy_to_slice(&self, dst: &mut [T]) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("copy_to_slice {}", self.name()));
         if dst.len() != self.len {
             return Err(Error::LengthMismatch {
                 name: self.name().to_string(),
@@ -528,6 +565,7 @@ impl<T: Pod> Buffer<T> {
 
     /// Overwrites the buffer with `src`, which must have the same length.
     pub fn copy_from_slice(&self, src: &[T]) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("copy_from_slice {}", self.name()));
         if src.len() != self.len {
             return Err(Error::LengthMismatch {
                 name: self.name().to_string(),
@@ -546,6 +584,8 @@ impl<T: Pod> Buffer<T> {
 
     /// Copies `src` (same length, any buffer of the same HAL) into this buffer on the device.
     pub fn copy_from_buffer(&self, src: &Buffer<T>) -> Result<()> {
+        let _range =
+            crate::nvtx::range(|| format!("copy_from_buffer {} <- {}", self.name(), src.name()));
         if src.len != self.len {
             return Err(Error::LengthMismatch {
                 name: self.name().to_string(),

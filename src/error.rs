@@ -50,10 +50,16 @@ pub enum Error {
         name: String,
         /// Bytes requested.
         requested: usize,
+        /// Bytes this HAL had allocated when the request came.
+        in_use: usize,
+        /// The HAL's limit, if one is set.
+        limit: Option<usize>,
         /// Bytes the device has in all.
         device_total: usize,
+        /// The largest live allocations of this HAL, by name.
+        largest: Vec<(String, usize)>,
         /// The driver's error, when the driver was asked and refused.
-        driver: Option<cuda_sys::Error>,
+        driver: Option<Box<cuda_sys::Error>>,
     },
     /// The crate was built without nvcc, so no kernel module is embedded.
     KernelsUnavailable,
@@ -94,6 +100,17 @@ pub enum Error {
         /// The error that poisoned the context.
         cause: cuda_sys::Error,
     },
+    /// A batch arena (or one of its slots) cannot hold the request.
+    ArenaFull {
+        /// The view or slot asked for.
+        view: String,
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes of the batch (or slot) already used.
+        used: usize,
+        /// Bytes of the arena (or slot).
+        capacity: usize,
+    },
     /// An argument is invalid for another reason, stated here.
     InvalidArgument(String),
 }
@@ -103,7 +120,7 @@ impl Error {
     pub fn driver_error(&self) -> Option<&cuda_sys::Error> {
         match self {
             Error::Cuda(e) | Error::ContextPoisoned { cause: e } => Some(e),
-            Error::OutOfMemory { driver, .. } => driver.as_ref(),
+            Error::OutOfMemory { driver, .. } => driver.as_deref(),
             _ => None,
         }
     }
@@ -131,11 +148,27 @@ impl fmt::Display for Error {
                 "buffer `{name}` needs {expected} elements but was given {actual}"
             ),
             Error::ZeroLength { name } => write!(f, "buffer `{name}`: zero-length request"),
-            Error::OutOfMemory { name, requested, device_total, driver } => {
+            Error::OutOfMemory {
+                name,
+                requested,
+                in_use,
+                limit,
+                device_total,
+                largest,
+                driver,
+            } => {
                 write!(
                     f,
-                    "out of device memory allocating `{name}`: {requested} bytes requested, device has {device_total}"
+                    "out of device memory allocating `{name}`: {requested} bytes requested, {in_use} in use"
                 )?;
+                match limit {
+                    Some(l) => write!(f, ", limit {l}")?,
+                    None => write!(f, ", device has {device_total}")?,
+                }
+                if !largest.is_empty() {
+                    let l: Vec<String> = largest.iter().map(|(n, b)| format!("{n} {b} B")).collect();
+                    write!(f, "; largest live: {}", l.join(", "))?;
+                }
                 if let Some(d) = driver {
                     write!(f, " ({d})")?;
                 }
@@ -160,6 +193,10 @@ impl fmt::Display for Error {
             Error::ContextPoisoned { cause } => write!(
                 f,
                 "the CUDA context is unusable after a device fault ({cause}); create a new HAL"
+            ),
+            Error::ArenaFull { view, requested, used, capacity } => write!(
+                f,
+                "arena cannot hold `{view}`: {requested} bytes requested, {used} of {capacity} used"
             ),
             Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
         }

@@ -12,6 +12,7 @@ use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
 use crate::pinned::{PinnedPool, PinnedPoolStats};
 use crate::staging::{StagingConfig, StagingPool, StagingStats};
+use crate::tracking::{MemoryReport, Tracker};
 use crate::{Error, Result, PHASES};
 
 /// Settings of a [`CudaHal`].
@@ -29,6 +30,12 @@ pub struct HalConfig {
     pub block_cache_bytes: usize,
     /// Most bytes of pinned blocks kept for async reads and coalesced transfers.
     pub pinned_pool_bytes: usize,
+    /// A cap on the bytes this HAL may have allocated at once; an allocation past it fails
+    /// with `OutOfMemory` before the driver is asked. `None`: only the device limits.
+    pub memory_limit: Option<usize>,
+    /// Keep the name and size of every live allocation ([`CudaHal::memory_report`]); the
+    /// limit needs it and turns it on.
+    pub track_allocations: bool,
     /// Time every transfer on the device with events, so the ledger reports device time and
     /// bandwidth per direction. Costs two event records per copy (about 1 us), so it is off
     /// by default.
@@ -42,6 +49,8 @@ impl Default for HalConfig {
             staging: StagingConfig::default(),
             block_cache_bytes: 1 << 30,
             pinned_pool_bytes: 256 << 20,
+            memory_limit: None,
+            track_allocations: true,
             time_transfers: false,
         }
     }
@@ -74,9 +83,33 @@ pub struct HalStats {
 /// let a = hal.copy_from("a", &[1u32, 2, 3]).unwrap();
 /// assert_eq!(a.get_at(1).unwrap(), 2);
 /// ```
-#[derive(Clone)]
 pub struct CudaHal {
     pub(crate) inner: Arc<HalInner>,
+}
+
+impl Clone for CudaHal {
+    fn clone(&self) -> Self {
+        CudaHal::from_inner(self.inner.clone())
+    }
+}
+
+impl Drop for CudaHal {
+    fn drop(&mut self) {
+        let left = self
+            .inner
+            .handles
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            - 1;
+        if left == 0 {
+            let report = self.inner.tracker.report();
+            if !report.live.is_empty() {
+                log::warn!(
+                    "the last handle of the HAL of device {} is gone while buffers remain: {report}",
+                    self.inner.info.ordinal
+                );
+            }
+        }
+    }
 }
 
 pub(crate) struct HalInner {
@@ -90,6 +123,10 @@ pub(crate) struct HalInner {
     pub(crate) ledger: Ledger,
     poisoned: Mutex<Option<cuda_sys::Error>>,
     timings: Mutex<Timings>,
+    pub(crate) tracker: Tracker,
+    last_reserved: std::sync::atomic::AtomicU64,
+    /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
+    handles: std::sync::atomic::AtomicUsize,
     info: DeviceInfo,
     config: HalConfig,
     pub(crate) ctx: PrimaryContext,
@@ -122,6 +159,9 @@ impl CudaHal {
                 ledger: Ledger::default(),
                 poisoned: Mutex::new(None),
                 timings: Mutex::new(Timings::default()),
+                tracker: Tracker::default(),
+                last_reserved: std::sync::atomic::AtomicU64::new(0),
+                handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
                 config,
                 ctx,
@@ -141,6 +181,7 @@ impl CudaHal {
 
     /// Waits for all work queued on the HAL's stream.
     pub fn synchronize(&self) -> Result<()> {
+        let _range = crate::nvtx::range(|| "synchronize".to_string());
         let h = &self.inner;
         h.enter()?;
         h.guard(h.stream.synchronize())
@@ -221,6 +262,23 @@ impl CudaHal {
         Ok(b)
     }
 
+    pub(crate) fn from_inner(inner: Arc<HalInner>) -> Self {
+        inner
+            .handles
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        CudaHal { inner }
+    }
+
+    /// Every live allocation by name and size, with totals per name and overall.
+    pub fn memory_report(&self) -> MemoryReport {
+        self.inner.tracker.report()
+    }
+
+    /// The live allocations, largest first (same as `memory_report().live`).
+    pub fn live_allocations(&self) -> Vec<crate::LiveAllocation> {
+        self.inner.tracker.report().live
+    }
+
     pub(crate) fn same(&self, other: &Arc<HalInner>) -> bool {
         Arc::ptr_eq(&self.inner, other)
     }
@@ -249,16 +307,47 @@ impl HalInner {
     }
 
     /// Allocates `bytes` (> 0): with phase 3 from the block cache or the pool on the stream,
-    /// else `cuMemAlloc`. Out of memory flushes the cache, trims the pool and retries once.
-    pub(crate) fn alloc_raw(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool)> {
+    /// else `cuMemAlloc`. Refused before the driver is asked when it would pass the HAL's
+    /// limit or the device's size. Out of memory flushes the cache, trims the pool and
+    /// retries once.
+    // A `&Cow` (not `&str`): cloning it keeps a static name borrowed, with no allocation.
+    #[allow(clippy::ptr_arg)]
+    pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
         self.enter()?;
+        let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
         if bytes > self.info.total_memory {
             return Err(self.oom(name, bytes, None));
         }
+        let track_id = if self.config.track_allocations || self.config.memory_limit.is_some() {
+            let limit = self.config.memory_limit.unwrap_or(usize::MAX);
+            match self.tracker.track_within(name, bytes, limit) {
+                Some(id) => Some(id),
+                None => return Err(self.oom(name, bytes, None)),
+            }
+        } else {
+            None
+        };
+        let result = self.alloc_untracked(name, bytes);
+        if result.is_err() {
+            if let Some(id) = track_id {
+                self.tracker.untrack(id);
+            }
+        }
+        let (ptr, pooled) = result?;
+        Ok(DeviceAlloc {
+            ptr,
+            bytes,
+            pooled,
+            track_id,
+        })
+    }
+
+    fn alloc_untracked(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool)> {
         let pooled = PHASES.pool_alloc;
         if pooled {
             if let Some(ptr) = self.blocks.lock().take(bytes) {
                 self.ledger.alloc(AllocKind::Cached);
+                self.ledger.pool_hit(true);
                 log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
                 return Ok((ptr, true));
             }
@@ -271,11 +360,17 @@ impl HalInner {
         }
         match result {
             Ok(ptr) => {
-                self.ledger.alloc(if pooled {
-                    AllocKind::Pool
+                if pooled {
+                    self.ledger.alloc(AllocKind::Pool);
+                    // A hit: the pool served the request without growing.
+                    let reserved = self.pool.stats().map(|s| s.reserved_current).unwrap_or(0);
+                    let before = self
+                        .last_reserved
+                        .swap(reserved, std::sync::atomic::Ordering::Relaxed);
+                    self.ledger.pool_hit(reserved <= before);
                 } else {
-                    AllocKind::Driver
-                });
+                    self.ledger.alloc(AllocKind::Driver);
+                }
                 log::trace!(
                     "alloc `{name}`: {bytes} bytes at {ptr:#x} ({})",
                     if pooled { "pool" } else { "driver" }
@@ -315,17 +410,28 @@ impl HalInner {
     }
 
     fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
+        let report = self.tracker.report();
         Error::OutOfMemory {
             name: name.to_string(),
             requested: bytes,
+            in_use: report.current_bytes,
+            limit: self.config.memory_limit,
             device_total: self.info.total_memory,
-            driver,
+            largest: report.largest(5),
+            driver: driver.map(Box::new),
         }
     }
 
     /// Frees an allocation of `alloc_raw`: stream-ordered when pooled; otherwise after the
     /// stream has drained, since `cuMemFree` is not ordered with it.
-    pub(crate) fn free_raw(&self, name: &str, ptr: CUdeviceptr, bytes: usize, pooled: bool) {
+    pub(crate) fn free_raw(&self, name: &str, a: DeviceAlloc) {
+        let DeviceAlloc {
+            ptr,
+            bytes,
+            pooled,
+            track_id,
+        } = a;
+        let _range = crate::nvtx::range(|| format!("free {name} ({bytes} B)"));
         let result = self.ctx.bind().and_then(|()| {
             let d = api()?;
             if pooled
@@ -348,6 +454,9 @@ impl HalInner {
             }
             Ok(())
         });
+        if let Some(id) = track_id {
+            self.tracker.untrack(id);
+        }
         self.ledger.free();
         log::trace!("free `{name}`: {bytes} bytes at {ptr:#x}");
         if let Err(e) = result {
@@ -415,6 +524,14 @@ impl HalInner {
         self.guard(r)
     }
 
+    pub(crate) fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub(crate) fn config(&self) -> &HalConfig {
+        &self.config
+    }
+
     /// Multiprocessor count, for launch shapes.
     pub(crate) fn info_sms(&self) -> u32 {
         self.info.multiprocessors
@@ -460,6 +577,15 @@ impl HalInner {
         t.pending = kept;
         Ok(())
     }
+}
+
+/// A device allocation made by [`HalInner::alloc_raw`], freed by [`HalInner::free_raw`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceAlloc {
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) bytes: usize,
+    pub(crate) pooled: bool,
+    track_id: Option<u64>,
 }
 
 /// Timing events of transfers whose device time is not yet in the ledger, and spares.

@@ -200,6 +200,23 @@ impl<'h> Launch<'h> {
     /// Checks the arguments, brings host-newer inputs to the device, invalidates the host
     /// copies of the outputs and queues the kernel on the HAL's stream.
     pub fn run(mut self) -> Result<()> {
+        let _range = crate::nvtx::range(|| {
+            let names = |want: &[Access]| -> String {
+                let v: Vec<&str> = self
+                    .buffers
+                    .iter()
+                    .filter(|b| want.contains(&b.2))
+                    .map(|b| b.0.name())
+                    .collect();
+                v.join(",")
+            };
+            format!(
+                "launch {} out={} in={}",
+                self.kernel,
+                names(&[Access::Write, Access::ReadWrite]),
+                names(&[Access::Read, Access::ReadWrite])
+            )
+        });
         if let Some(e) = self.error.take() {
             return Err(e);
         }

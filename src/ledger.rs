@@ -47,6 +47,10 @@ pub struct LedgerSnapshot {
     pub cache_misses: u64,
     /// Kernel launches.
     pub launches: u64,
+    /// Pooled allocations served without the pool growing (block-cache hits included).
+    pub pool_hits: u64,
+    /// Pooled allocations that made the pool reserve more memory.
+    pub pool_misses: u64,
 }
 
 impl LedgerSnapshot {
@@ -78,6 +82,8 @@ impl LedgerSnapshot {
             cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
             cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
             launches: self.launches.saturating_sub(earlier.launches),
+            pool_hits: self.pool_hits.saturating_sub(earlier.pool_hits),
+            pool_misses: self.pool_misses.saturating_sub(earlier.pool_misses),
         }
     }
 
@@ -115,6 +121,8 @@ pub(crate) struct Ledger {
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     launches: AtomicU64,
+    pool_hits: AtomicU64,
+    pool_misses: AtomicU64,
 }
 
 impl Ledger {
@@ -150,6 +158,15 @@ impl Ledger {
         .fetch_add(1, Relaxed);
     }
 
+    pub(crate) fn pool_hit(&self, hit: bool) {
+        if hit {
+            &self.pool_hits
+        } else {
+            &self.pool_misses
+        }
+        .fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn launch(&self) {
         self.launches.fetch_add(1, Relaxed);
     }
@@ -171,6 +188,8 @@ impl Ledger {
             cache_hits: self.cache_hits.load(Relaxed),
             cache_misses: self.cache_misses.load(Relaxed),
             launches: self.launches.load(Relaxed),
+            pool_hits: self.pool_hits.load(Relaxed),
+            pool_misses: self.pool_misses.load(Relaxed),
         }
     }
 }

@@ -24,6 +24,7 @@
 //! assert_eq!(out.to_vec().unwrap(), vec![0.5, 1.0, 1.5]);
 //! ```
 
+mod arena;
 mod buffer;
 pub mod driver;
 mod error;
@@ -32,14 +33,20 @@ mod hal;
 pub mod host_cache;
 mod kernels;
 mod ledger;
+mod managed;
+mod multi;
+pub mod nvtx;
 pub mod ops;
 mod phases;
 mod pinned;
 mod pipeline;
+mod resize;
 mod staging;
 mod streams;
+mod tracking;
 mod transfer;
 
+pub use arena::{ArenaLayout, ArenaStats, ArenaView, Batch, BatchArena};
 pub use buffer::{Buffer, RawBuffer};
 pub use cuda_sys;
 pub use driver::{DeviceInfo, PinnedFlags, PoolStats};
@@ -47,9 +54,13 @@ pub use error::{Error, Result};
 pub use hal::{CudaHal, HalConfig, HalStats};
 pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
 pub use ledger::{LedgerSnapshot, Traffic};
+pub use managed::{ManagedAdvice, ManagedBuffer};
+pub use multi::HalSet;
 pub use phases::{Phases, PHASES};
 pub use pinned::{PinnedBuffer, PinnedPoolStats, RegisteredHost};
 pub use pipeline::{PipelineMode, PipelineReport};
+pub use resize::GrowableBuffer;
 pub use staging::{StagingConfig, StagingStats};
 pub use streams::{HalEvent, HalStream};
+pub use tracking::{LiveAllocation, MemoryReport, NameTotals};
 pub use transfer::PendingRead;

@@ -187,6 +187,7 @@ impl CudaHal {
         let chunks = input.len().div_ceil(chunk_len);
         let result = (|| -> Result<()> {
             for k in 0..chunks {
+                let _range = crate::nvtx::range(|| format!("pipeline chunk {k}/{chunks}"));
                 let set = &mut sets[k % nsets];
                 finish(set, output)?;
                 let start = k * chunk_len;

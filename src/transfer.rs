@@ -118,6 +118,7 @@ impl<T: Pod> Buffer<T> {
 
     /// As [`Buffer::read_async`], on `stream`.
     pub fn read_async_on(&self, stream: &HalStream) -> Result<PendingRead<T>> {
+        let _range = crate::nvtx::range(|| format!("read_async {}", self.name()));
         let h = self.raw().hal().clone();
         if !Arc::ptr_eq(&h, &stream.hal) {
             return Err(Error::InvalidArgument("stream of another HAL".into()));
@@ -198,6 +199,7 @@ impl CudaHal {
     /// assert_eq!(hal.gather(&[(&a, 2), (&b, 0), (&a, 0)]).unwrap(), vec![12, 20, 10]);
     /// ```
     pub fn gather<T: Pod>(&self, items: &[(&Buffer<T>, usize)]) -> Result<Vec<T>> {
+        let _range = crate::nvtx::range(|| format!("gather {} elements", items.len()));
         let h = &self.inner;
         if items.is_empty() {
             return Err(Error::ZeroLength {
@@ -245,7 +247,8 @@ impl CudaHal {
                 host[j * 8..j * 8 + 8].copy_from_slice(&addr.to_ne_bytes());
             }
         }
-        let (scratch, pooled) = h.alloc_raw("gather-scratch", total)?;
+        let scratch_alloc = h.alloc_raw(&std::borrow::Cow::Borrowed("gather-scratch"), total)?;
+        let scratch = scratch_alloc.ptr;
         let d = api()?;
         let result = (|| -> Result<()> {
             // SAFETY: the block holds the table; scratch has `total` bytes; the block is
@@ -285,7 +288,7 @@ impl CudaHal {
             h.ledger.copy(Dir::D2H, n * sz);
             h.stream.synchronize()
         })();
-        h.free_raw("gather-scratch", scratch, total, pooled);
+        h.free_raw("gather-scratch", scratch_alloc);
         let result = h.guard(result);
         if result.is_ok() {
             let host = &block.mem.as_slice()[out_off..out_off + n * sz];
@@ -309,6 +312,7 @@ impl CudaHal {
     /// assert_eq!(b.to_vec().unwrap(), vec![3, 4, 5]);
     /// ```
     pub fn upload_batch<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("upload_batch {} slices", items.len()));
         let h = &self.inner;
         if items.is_empty() {
             return Err(Error::ZeroLength {
@@ -365,7 +369,9 @@ impl CudaHal {
                 host[*off..off + buf.size_bytes()].copy_from_slice(bytemuck::cast_slice(data));
             }
         }
-        let (scratch, pooled) = h.alloc_raw("upload-batch-scratch", total)?;
+        let scratch_alloc =
+            h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total)?;
+        let scratch = scratch_alloc.ptr;
         let d = api()?;
         let done = Arc::new(Event::new()?);
         let result = (|| -> Result<()> {
@@ -392,7 +398,7 @@ impl CudaHal {
             Ok(())
         })();
         // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
-        h.free_raw("upload-batch-scratch", scratch, total, pooled);
+        h.free_raw("upload-batch-scratch", scratch_alloc);
         block.set_pending(done);
         h.pinned.give(block);
         h.guard(result)?;

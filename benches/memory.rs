@@ -1,0 +1,168 @@
+//! Issue #5 benchmarks (all-features build): tracking overhead, resize, arena batches.
+//! `ROW|memory|operation|crate_us|floor|floor_us|bytes|target`.
+
+use std::time::Instant;
+
+use cuda_hal::cuda_sys;
+use cuda_hal::{ArenaLayout, CudaHal, HalConfig};
+
+const MIB: usize = 1 << 20;
+
+fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if samples.len() >= 200_000 {
+            break;
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
+    println!("ROW|memory|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let Ok(hal) = CudaHal::new(0) else {
+        return println!("SKIPPED: no GPU");
+    };
+    hal.synchronize().unwrap();
+    tracking_overhead();
+    resize(&hal);
+    arena(&hal);
+}
+
+/// Alloc+free of mixed sizes with tracking on and off, interleaved in rounds so drift in
+/// the machine's speed hits both alike; the overhead is the ratio of the medians.
+fn tracking_overhead() {
+    let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
+    let on = CudaHal::with_config(
+        0,
+        HalConfig {
+            track_allocations: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let off = CudaHal::with_config(
+        0,
+        HalConfig {
+            track_allocations: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+    for _ in 0..9 {
+        for (hal, out) in [(&on, &mut t_on), (&off, &mut t_off)] {
+            let mut k = 0usize;
+            out.push(median_us(20_000, 100, || {
+                let b = hal.alloc::<u8>("mixed", sizes[k % sizes.len()]).unwrap();
+                k += 1;
+                drop(b);
+            }));
+        }
+    }
+    t_on.sort_by(|a, b| a.total_cmp(b));
+    t_off.sort_by(|a, b| a.total_cmp(b));
+    let (a, b) = (t_on[4], t_off[4]);
+    row(
+        "alloc+free mixed, tracking on",
+        a,
+        "same, tracking off",
+        b,
+        -1,
+        "<1% overhead",
+    );
+    println!("INFO|memory|tracking overhead on alloc+free: {:+.1}% ({a:.3} us vs {b:.3} us, median of 9 interleaved rounds)", (a / b - 1.0) * 100.0);
+}
+
+fn resize(hal: &CudaHal) {
+    let n = 256 * MIB / 4;
+    let b = hal.alloc::<u32>("resize-src", n).unwrap();
+    b.fill(3).unwrap();
+    let dst = hal.alloc::<u32>("resize-dst", 2 * n).unwrap();
+    let (s, d) = (
+        b.device_ptr().unwrap().addr,
+        dst.device_ptr_mut().unwrap().addr,
+    );
+    hal.synchronize().unwrap();
+    let stream = hal.main_stream();
+    let floor = median_us(20, 300, || unsafe {
+        // SAFETY: both ranges are live allocations of at least 256 MiB.
+        cuda_sys::driver()
+            .unwrap()
+            .cuMemcpyDtoDAsync(d, s, 256 * MIB, stream.raw())
+            .unwrap();
+        cuda_sys::driver()
+            .unwrap()
+            .cuStreamSynchronize(stream.raw())
+            .unwrap();
+    });
+    drop(dst);
+    let t = median_us(20, 300, || {
+        let g = b.resized(2 * n).unwrap();
+        hal.synchronize().unwrap();
+        drop(g);
+    });
+    row(
+        "resize 256 MiB -> 512 MiB (alloc + D2D + sync)",
+        t,
+        "D2D 256 MiB",
+        floor,
+        (256 * MIB) as i64,
+        "<1000us, aim 300us",
+    );
+    let t = median_us(20, 300, || {
+        let g = b.resized(n / 2).unwrap();
+        hal.synchronize().unwrap();
+        drop(g);
+    });
+    row(
+        "shrink 256 MiB -> 128 MiB",
+        t,
+        "D2D 256 MiB",
+        floor,
+        (128 * MIB) as i64,
+        "-",
+    );
+}
+
+fn arena(hal: &CudaHal) {
+    let parts: Vec<Vec<u32>> = (0..8).map(|k| vec![k; 64 * 1024]).collect();
+    let mut arena = hal
+        .batch_arena("bench-arena", 4 * MIB, ArenaLayout::Bump)
+        .unwrap();
+    let t = median_us(200, 300, || {
+        let batch = arena.begin_batch();
+        let items: Vec<(&str, &[u32])> = parts.iter().map(|p| ("part", &p[..])).collect();
+        let v = batch.upload(&items).unwrap();
+        drop(v);
+    });
+    let t_alloc = median_us(200, 300, || {
+        let bufs: Vec<_> = parts
+            .iter()
+            .map(|p| hal.copy_from("part", p).unwrap())
+            .collect();
+        drop(bufs);
+    });
+    row(
+        "arena batch: 8 x 256 KiB views + one upload",
+        t,
+        "8 x copy_from (alloc + upload)",
+        t_alloc,
+        (8 * 256 * 1024) as i64,
+        "-",
+    );
+}

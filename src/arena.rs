@@ -1,0 +1,265 @@
+//! A batch arena (seed 000's `GpuBufferPool`, generalised): one device region allocated up
+//! front and carved into per-batch views, so processing a batch allocates nothing.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+use bytemuck::Pod;
+
+use crate::{Buffer, CudaHal, Error, Result};
+
+/// How an arena hands out its region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArenaLayout {
+    /// A fixed capacity in bytes per named slot; a batch takes each slot at most once.
+    Slots(Vec<(String, usize)>),
+    /// A bump allocator over the whole region, reset for every batch.
+    Bump,
+}
+
+/// Counters of an arena.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Batches begun.
+    pub batches: u64,
+    /// Views handed out; each would have been an allocation without the arena.
+    pub reallocations_avoided: u64,
+    /// Most bytes one batch used.
+    pub peak_bytes: usize,
+    /// Most bytes one batch used per slot (slot layout), by slot order.
+    pub slot_peaks: Vec<usize>,
+}
+
+/// Over-capacity request: the numbers say by how much.
+fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
+    Error::ArenaFull {
+        view: slot.to_string(),
+        requested,
+        used,
+        capacity,
+    }
+}
+
+/// One device region carved per batch. See [`CudaHal::batch_arena`].
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let mut arena = hal.batch_arena("batch", 1 << 20, ArenaLayout::Bump).unwrap();
+/// for round in 0..3u32 {
+///     let batch = arena.begin_batch();
+///     let views = batch.upload(&[("atoms", &[round; 100][..]), ("ids", &[7; 10][..])]).unwrap();
+///     assert_eq!(views[0].get_at(99).unwrap(), round);
+/// }
+/// assert_eq!(arena.stats().batches, 3);
+/// ```
+pub struct BatchArena {
+    region: Buffer<u8>,
+    layout: ArenaLayout,
+    /// Byte offset of each slot (slot layout).
+    slot_starts: Vec<usize>,
+    stats: ArenaStats,
+}
+
+/// A batch in progress: views it hands out live no longer than it.
+pub struct Batch<'a> {
+    arena: &'a mut BatchArena,
+    cursor: std::cell::Cell<usize>,
+    slot_used: std::cell::RefCell<Vec<usize>>,
+    views: std::cell::Cell<u64>,
+}
+
+/// A typed view of arena memory, valid for its batch. Dereferences to [`Buffer`].
+pub struct ArenaView<'b, T> {
+    buffer: Buffer<T>,
+    _batch: PhantomData<&'b ()>,
+}
+
+impl<T> Deref for ArenaView<'_, T> {
+    type Target = Buffer<T>;
+    fn deref(&self) -> &Buffer<T> {
+        &self.buffer
+    }
+}
+
+impl CudaHal {
+    /// Allocates an arena of `capacity` bytes (rounded up to the slots' total for the slot
+    /// layout) with one driver allocation.
+    pub fn batch_arena(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        capacity: usize,
+        layout: ArenaLayout,
+    ) -> Result<BatchArena> {
+        let mut slot_starts = Vec::new();
+        let capacity = match &layout {
+            ArenaLayout::Bump => capacity,
+            ArenaLayout::Slots(slots) => {
+                let mut off = 0usize;
+                for (_, cap) in slots {
+                    slot_starts.push(off);
+                    off += cap.next_multiple_of(256);
+                }
+                off.max(capacity)
+            }
+        };
+        let slots = slot_starts.len();
+        Ok(BatchArena {
+            region: self.alloc::<u8>(name, capacity)?,
+            layout,
+            slot_starts,
+            stats: ArenaStats {
+                slot_peaks: vec![0; slots],
+                ..Default::default()
+            },
+        })
+    }
+}
+
+impl BatchArena {
+    /// The region's size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.region.len()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &ArenaStats {
+        &self.stats
+    }
+
+    /// Whether a batch of these requests (bytes each; per slot in slot order for the slot
+    /// layout) fits.
+    pub fn can_fit(&self, bytes: &[usize]) -> bool {
+        match &self.layout {
+            ArenaLayout::Bump => {
+                bytes.iter().map(|b| b.next_multiple_of(256)).sum::<usize>() <= self.capacity()
+            }
+            ArenaLayout::Slots(slots) => {
+                bytes.len() <= slots.len() && bytes.iter().zip(slots).all(|(b, (_, cap))| b <= cap)
+            }
+        }
+    }
+
+    /// Starts a batch: everything handed out by the previous one is reused.
+    pub fn begin_batch(&mut self) -> Batch<'_> {
+        self.stats.batches += 1;
+        let n = self.slot_starts.len();
+        Batch {
+            arena: self,
+            cursor: std::cell::Cell::new(0),
+            slot_used: std::cell::RefCell::new(vec![0; n]),
+            views: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl Batch<'_> {
+    /// Bytes used so far in this batch.
+    pub fn used(&self) -> usize {
+        match self.arena.layout {
+            ArenaLayout::Bump => self.cursor.get(),
+            ArenaLayout::Slots(_) => self.slot_used.borrow().iter().sum(),
+        }
+    }
+
+    /// A view of `len` elements: the next free bytes (bump) or slot `name` (slots).
+    pub fn alloc<T: Pod>(&self, name: &str, len: usize) -> Result<ArenaView<'_, T>> {
+        let sz = std::mem::size_of::<T>();
+        if len == 0 || sz == 0 {
+            return Err(Error::ZeroLength {
+                name: name.to_string(),
+            });
+        }
+        let bytes = len
+            .checked_mul(sz)
+            .ok_or_else(|| full(name, usize::MAX, self.used(), self.arena.capacity()))?;
+        // Offsets are 256-byte aligned and a multiple of the element size.
+        let align = |x: usize| x.next_multiple_of(256).next_multiple_of(sz);
+        let start = match &self.arena.layout {
+            ArenaLayout::Bump => {
+                let start = align(self.cursor.get());
+                if start + bytes > self.arena.capacity() {
+                    return Err(full(name, bytes, self.cursor.get(), self.arena.capacity()));
+                }
+                self.cursor.set(start + bytes);
+                start
+            }
+            ArenaLayout::Slots(slots) => {
+                let i = slots
+                    .iter()
+                    .position(|(n, _)| n == name)
+                    .ok_or_else(|| Error::InvalidArgument(format!("arena has no slot `{name}`")))?;
+                let cap = slots[i].1;
+                let mut used = self.slot_used.borrow_mut();
+                if used[i] != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "slot `{name}` already used in this batch"
+                    )));
+                }
+                if bytes > cap {
+                    return Err(full(name, bytes, 0, cap));
+                }
+                used[i] = bytes;
+                let start = self.arena.slot_starts[i];
+                if start % sz != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "slot `{name}` is not aligned for {sz}-byte elements"
+                    )));
+                }
+                start
+            }
+        };
+        let buffer = self.arena.region.reinterpret::<T>(start, len)?;
+        self.views.set(self.views.get() + 1);
+        Ok(ArenaView {
+            buffer,
+            _batch: PhantomData,
+        })
+    }
+
+    /// Uploads each host slice into a new view with one copy: the views are laid out in
+    /// the region, so the slices are gathered into pinned memory in the same layout and
+    /// copied as one range. No device memory is allocated.
+    pub fn upload<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
+        let views = items
+            .iter()
+            .map(|(name, data)| self.alloc::<T>(name, data.len()))
+            .collect::<Result<Vec<_>>>()?;
+        let region = &self.arena.region;
+        let base = region.byte_range().start;
+        let start = views
+            .iter()
+            .map(|v| v.byte_range().start)
+            .min()
+            .unwrap_or(base);
+        let end = views
+            .iter()
+            .map(|v| v.byte_range().end)
+            .max()
+            .unwrap_or(base);
+        if end > start {
+            let mut staged = vec![0u8; end - start];
+            for (v, (_, data)) in views.iter().zip(items) {
+                let r = v.byte_range();
+                staged[r.start - start..r.end - start].copy_from_slice(bytemuck::cast_slice(data));
+            }
+            region
+                .reinterpret::<u8>(start - base, end - start)?
+                .upload_async(&staged)?;
+        }
+        Ok(views)
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let used = self.used();
+        let s = &mut self.arena.stats;
+        s.peak_bytes = s.peak_bytes.max(used);
+        for (p, u) in s.slot_peaks.iter_mut().zip(self.slot_used.borrow().iter()) {
+            *p = (*p).max(*u);
+        }
+        s.reallocations_avoided += self.views.get();
+    }
+}

@@ -1,0 +1,238 @@
+//! Managed (unified) memory with prefetch and advice.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_sys::{CUdeviceptr, CUmemLocation, CUmemLocationType, CUmem_advise};
+
+use crate::driver::api;
+use crate::hal::HalInner;
+use crate::kernels::DevicePtr;
+use crate::{CudaHal, Error, Result};
+
+/// Where managed memory should live or be read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManagedAdvice {
+    /// Mostly read: the driver may keep read-only copies on each processor.
+    ReadMostly,
+    /// Prefer the HAL's device as the home of the pages.
+    PreferDevice,
+    /// Prefer host memory as the home of the pages.
+    PreferHost,
+    /// The HAL's device will access the pages (keeps a mapping to avoid faults).
+    AccessedByDevice,
+}
+
+/// A buffer in managed memory (`cuMemAllocManaged`): one address for CPU and GPU, pages
+/// migrating on demand or by [`ManagedBuffer::prefetch_to_device`]. On coherent devices
+/// (GB10, Grace Hopper) the CPU and GPU share the same physical memory.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let mut m = hal.alloc_managed::<u32>("shared", 1000).unwrap();
+/// m.host_mut().unwrap().fill(3);
+/// m.prefetch_to_device().unwrap();
+/// assert_eq!(m.host().unwrap()[999], 3);
+/// ```
+pub struct ManagedBuffer<T> {
+    hal: Arc<HalInner>,
+    name: String,
+    ptr: CUdeviceptr,
+    len: usize,
+    track_id: Option<u64>,
+    _t: PhantomData<T>,
+}
+
+impl CudaHal {
+    /// Allocates `len` elements of managed memory. Refused with `OutOfMemory` when the
+    /// device reports less free memory than that (managed memory can oversubscribe; the
+    /// HAL never asks it to), or past the HAL's limit.
+    pub fn alloc_managed<T: Pod>(&self, name: &str, len: usize) -> Result<ManagedBuffer<T>> {
+        let h = &self.inner;
+        if len == 0 {
+            return Err(Error::ZeroLength {
+                name: name.to_string(),
+            });
+        }
+        h.enter()?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid locals.
+        h.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
+        let oom = || {
+            let r = h.tracker.report();
+            Error::OutOfMemory {
+                name: name.to_string(),
+                requested: bytes,
+                in_use: r.current_bytes,
+                limit: h.config().memory_limit,
+                device_total: total,
+                largest: r.largest(5),
+                driver: None,
+            }
+        };
+        if bytes > free {
+            return Err(oom());
+        }
+        let limit = h.config().memory_limit.unwrap_or(usize::MAX);
+        let track_id =
+            match h
+                .tracker
+                .track_within(&std::borrow::Cow::Owned(name.to_string()), bytes, limit)
+            {
+                Some(id) => Some(id),
+                None => return Err(oom()),
+            };
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: out-pointer is a valid local.
+        let r = unsafe {
+            api()?.cuMemAllocManaged(
+                &mut ptr,
+                bytes,
+                cuda_sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0,
+            )
+        };
+        if let Err(e) = r {
+            if let Some(id) = track_id {
+                h.tracker.untrack(id);
+            }
+            return h.guard(Err(e.into()));
+        }
+        log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
+        Ok(ManagedBuffer {
+            hal: h.clone(),
+            name: name.to_string(),
+            ptr,
+            len,
+            track_id,
+            _t: PhantomData,
+        })
+    }
+}
+
+impl<T: Pod> ManagedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: managed buffers have at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The name given at creation.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device address, for kernels (pass it as a scalar argument).
+    pub fn device_ptr(&self) -> DevicePtr {
+        DevicePtr {
+            addr: self.ptr,
+            bytes: self.bytes(),
+        }
+    }
+
+    fn device_location(&self) -> CUmemLocation {
+        CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.hal.info().ordinal as i32,
+        }
+    }
+
+    fn host_location() -> CUmemLocation {
+        CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            ..Default::default()
+        }
+    }
+
+    fn prefetch(&self, loc: CUmemLocation) -> Result<()> {
+        let h = &self.hal;
+        h.enter()?;
+        // SAFETY: the range is this live managed allocation; the prefetch is stream-ordered.
+        h.guard(
+            unsafe { api()?.cuMemPrefetchAsync(self.ptr, self.bytes(), loc, 0, h.stream.raw()) }
+                .map_err(Error::from),
+        )
+    }
+
+    /// Migrates the pages to the device, ordered on the HAL's stream.
+    pub fn prefetch_to_device(&self) -> Result<()> {
+        self.prefetch(self.device_location())
+    }
+
+    /// Migrates the pages to host memory, ordered on the HAL's stream.
+    pub fn prefetch_to_host(&self) -> Result<()> {
+        self.prefetch(Self::host_location())
+    }
+
+    /// Gives the driver a hint about how the memory is used.
+    pub fn advise(&self, advice: ManagedAdvice) -> Result<()> {
+        let h = &self.hal;
+        h.enter()?;
+        let (a, loc) = match advice {
+            ManagedAdvice::ReadMostly => (
+                CUmem_advise::CU_MEM_ADVISE_SET_READ_MOSTLY,
+                self.device_location(),
+            ),
+            ManagedAdvice::PreferDevice => (
+                CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                self.device_location(),
+            ),
+            ManagedAdvice::PreferHost => (
+                CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                Self::host_location(),
+            ),
+            ManagedAdvice::AccessedByDevice => (
+                CUmem_advise::CU_MEM_ADVISE_SET_ACCESSED_BY,
+                self.device_location(),
+            ),
+        };
+        // SAFETY: the range is this live managed allocation.
+        h.guard(unsafe { api()?.cuMemAdvise(self.ptr, self.bytes(), a, loc) }.map_err(Error::from))
+    }
+
+    /// The elements on the host, once the HAL's stream (which may be using them) is idle.
+    pub fn host(&self) -> Result<&[T]> {
+        self.hal.enter()?;
+        self.hal.guard(self.hal.stream.synchronize())?;
+        // SAFETY: managed memory is host-addressable; the stream is idle, and writers need
+        // `&mut self` (host) or are queued by this HAL only after this borrow ends.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) })
+    }
+
+    /// The elements on the host for writing, once the HAL's stream is idle.
+    pub fn host_mut(&mut self) -> Result<&mut [T]> {
+        self.hal.enter()?;
+        self.hal.guard(self.hal.stream.synchronize())?;
+        // SAFETY: as in `host`, with the unique borrow of `self`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) })
+    }
+}
+
+impl<T> Drop for ManagedBuffer<T> {
+    fn drop(&mut self) {
+        let r = self.hal.ctx.bind().and_then(|()| {
+            self.hal.stream.synchronize()?;
+            // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream.
+            unsafe { api()?.cuMemFree(self.ptr)? };
+            Ok(())
+        });
+        if let Some(id) = self.track_id {
+            self.hal.tracker.untrack(id);
+        }
+        if let Err(e) = r {
+            log::warn!("freeing managed `{}` failed: {e}", self.name);
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Several devices: peer access, copies between devices, and a set of HALs handed out
+//! round-robin (seed 000's option 3).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_sys::CUresult;
+
+use crate::driver::{api, device_count, Event};
+use crate::{Buffer, CudaHal, Error, HalConfig, Result};
+
+impl CudaHal {
+    /// Whether this HAL's device can access `other`'s memory directly (NVLink or PCIe P2P).
+    pub fn can_access_peer(&self, other: &CudaHal) -> Result<bool> {
+        if self.info().ordinal == other.info().ordinal {
+            return Ok(true);
+        }
+        let mut can = 0;
+        // SAFETY: out-pointer is a valid local; both device handles are valid.
+        unsafe {
+            api()?.cuDeviceCanAccessPeer(
+                &mut can,
+                self.inner.ctx.device(),
+                other.inner.ctx.device(),
+            )?
+        };
+        Ok(can != 0)
+    }
+
+    /// Lets kernels and copies of this HAL's context read and write `other`'s memory.
+    /// Returns false when the devices cannot access each other (copies are then staged
+    /// through the host). Enabling twice is fine.
+    pub fn enable_peer_access(&self, other: &CudaHal) -> Result<bool> {
+        if self.info().ordinal == other.info().ordinal {
+            return Ok(true);
+        }
+        if !self.can_access_peer(other)? {
+            return Ok(false);
+        }
+        self.inner.enter()?;
+        // SAFETY: the peer context is a live retained primary context.
+        match unsafe { api()?.cuCtxEnablePeerAccess(other.inner.ctx.raw(), 0) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl<T: Pod> Buffer<T> {
+    /// Copies `src` (same length) from any HAL, on any device, into this buffer: a device
+    /// copy on one device, a peer copy between devices that can access each other, and a
+    /// copy staged through the host otherwise. Returns once the data is in place or queued
+    /// on this buffer's stream in order with its later work.
+    pub fn copy_from_device(&self, src: &Buffer<T>) -> Result<()> {
+        if src.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len(),
+                actual: src.len(),
+            });
+        }
+        let (dst_hal, src_hal) = (self.hal(), src.hal());
+        if dst_hal.same(src.raw().hal()) {
+            return self.copy_from_buffer(src);
+        }
+        let _range = crate::nvtx::range(|| {
+            format!(
+                "copy_from_device {} (dev {}) <- {} (dev {})",
+                self.name(),
+                dst_hal.info().ordinal,
+                src.name(),
+                src_hal.info().ordinal
+            )
+        });
+        let same_device = dst_hal.info().ordinal == src_hal.info().ordinal;
+        if !same_device && !dst_hal.can_access_peer(&src_hal)? {
+            // Staged through the host.
+            let v = src.to_vec()?;
+            return self.copy_from_slice(&v);
+        }
+        if !same_device {
+            dst_hal.enable_peer_access(&src_hal)?;
+        }
+        let (d, s) = (&dst_hal.inner, &src_hal.inner);
+        // The source's stream must be done writing it; the destination's queue waits.
+        src.raw().prepare_device_access(src.byte_range(), false)?;
+        s.enter()?;
+        let ready = Event::new()?;
+        ready.record(&s.stream)?;
+        d.enter()?;
+        let r = self.byte_range();
+        self.raw().prepare_device_access(r.clone(), true)?;
+        d.stream.wait_event(&ready)?;
+        // SAFETY: both ranges lie in live allocations of their contexts; the copy is queued
+        // after the source's writes (event) and before the destination's later work.
+        d.guard(unsafe {
+            api()?
+                .cuMemcpyPeerAsync(
+                    self.raw_ptr(),
+                    d.ctx.raw(),
+                    src.raw_ptr(),
+                    s.ctx.raw(),
+                    self.size_bytes(),
+                    d.stream.raw(),
+                )
+                .map_err(Error::from)
+        })?;
+        d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
+        // The source is not freed or overwritten until the copy has read it.
+        let done = Arc::new(Event::new()?);
+        done.record(&d.stream)?;
+        src.raw().side.add(u64::MAX - d.info().ordinal as u64, done);
+        self.raw().invalidate_host(r);
+        if !crate::PHASES.async_copy {
+            d.guard(d.stream.synchronize())?;
+        }
+        Ok(())
+    }
+}
+
+/// One HAL per device, handed out round-robin, with peer access enabled between every pair
+/// of devices that supports it.
+///
+/// ```
+/// use cuda_hal::HalSet;
+/// let Ok(set) = HalSet::all() else { return };
+/// let hal = set.next();                  // device 0, then 1, ..., then 0 again
+/// println!("{} devices, using {}", set.len(), hal.info().name);
+/// ```
+pub struct HalSet {
+    hals: Vec<CudaHal>,
+    peer: Vec<Vec<bool>>,
+    next: AtomicUsize,
+}
+
+impl HalSet {
+    /// A HAL on every device, with the default configuration.
+    pub fn all() -> Result<Self> {
+        Self::with_config(HalConfig::default())
+    }
+
+    /// A HAL on every device with `config`.
+    pub fn with_config(config: HalConfig) -> Result<Self> {
+        let n = device_count()?;
+        if n == 0 {
+            return Err(Error::NoDevice {
+                ordinal: 0,
+                count: 0,
+            });
+        }
+        let hals = (0..n)
+            .map(|i| CudaHal::with_config(i, config.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut peer = vec![vec![false; n]; n];
+        for i in 0..n {
+            for j in 0..n {
+                peer[i][j] = hals[i].enable_peer_access(&hals[j])?;
+            }
+        }
+        Ok(HalSet {
+            hals,
+            peer,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Number of devices.
+    pub fn len(&self) -> usize {
+        self.hals.len()
+    }
+
+    /// Always false: a set has at least one device.
+    pub fn is_empty(&self) -> bool {
+        self.hals.is_empty()
+    }
+
+    /// The HAL of device `i`.
+    pub fn get(&self, i: usize) -> Option<&CudaHal> {
+        self.hals.get(i)
+    }
+
+    /// The next HAL in round-robin order (thread-safe).
+    pub fn next(&self) -> CudaHal {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.hals.len();
+        self.hals[i].clone()
+    }
+
+    /// Whether device `i` can access device `j`'s memory directly.
+    pub fn peer_access(&self, i: usize, j: usize) -> bool {
+        self.peer
+            .get(i)
+            .and_then(|r| r.get(j))
+            .copied()
+            .unwrap_or(false)
+    }
+}

@@ -1,0 +1,119 @@
+//! NVTX ranges for Nsight Systems and Nsight Compute (`nvtx` feature).
+//!
+//! With the feature on, `libnvToolsExt.so.1` is opened at run time (`CUDA_HAL_NVTX_LIB`
+//! names another path), and every HAL operation and kernel launch pushes a range named
+//! after the operation and its buffers, such as `get_at column-3[17]` or
+//! `launch eltwise_add_u32 out=acc in=tmp,column-0`. The name is only formatted when a
+//! profiler library is present. Without the feature, or without the library, a range costs
+//! nothing.
+
+/// Pops the range when dropped.
+#[must_use]
+pub struct Range {
+    #[cfg(feature = "nvtx")]
+    active: bool,
+}
+
+/// Pushes a range named by `name()` (called only when NVTX is active).
+#[inline]
+pub fn range(name: impl FnOnce() -> String) -> Range {
+    #[cfg(feature = "nvtx")]
+    {
+        if let Some(lib) = imp::lib() {
+            let c = std::ffi::CString::new(name().replace('\0', " ")).unwrap_or_default();
+            // SAFETY: c is a valid C string for the duration of the call; the library copies it.
+            unsafe { (lib.push)(c.as_ptr()) };
+            return Range { active: true };
+        }
+        Range { active: false }
+    }
+    #[cfg(not(feature = "nvtx"))]
+    {
+        let _ = name;
+        Range {}
+    }
+}
+
+/// Whether ranges are being recorded (the feature is on and the library was found).
+pub fn enabled() -> bool {
+    #[cfg(feature = "nvtx")]
+    {
+        imp::lib().is_some()
+    }
+    #[cfg(not(feature = "nvtx"))]
+    {
+        false
+    }
+}
+
+impl Drop for Range {
+    #[inline]
+    fn drop(&mut self) {
+        #[cfg(feature = "nvtx")]
+        if self.active {
+            if let Some(lib) = imp::lib() {
+                // SAFETY: pops the range this guard pushed, on the same thread.
+                unsafe { (lib.pop)() };
+            }
+        }
+    }
+}
+
+#[cfg(feature = "nvtx")]
+mod imp {
+    use std::ffi::{c_char, c_int, CString};
+
+    use once_cell::sync::OnceCell;
+
+    pub(super) struct Lib {
+        pub(super) push: unsafe extern "C" fn(*const c_char) -> c_int,
+        pub(super) pop: unsafe extern "C" fn() -> c_int,
+    }
+
+    pub(super) fn lib() -> Option<&'static Lib> {
+        static LIB: OnceCell<Option<Lib>> = OnceCell::new();
+        LIB.get_or_init(load).as_ref()
+    }
+
+    fn load() -> Option<Lib> {
+        let mut names: Vec<String> = Vec::new();
+        if let Ok(p) = std::env::var("CUDA_HAL_NVTX_LIB") {
+            names.push(p);
+        }
+        names.extend(["libnvToolsExt.so.1", "libnvToolsExt.so"].map(String::from));
+        for name in names {
+            let c = CString::new(name.clone()).ok()?;
+            // SAFETY: c is a valid C string; the handle is kept for the process's life.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if h.is_null() {
+                continue;
+            }
+            // SAFETY: h is a live handle and the names are C strings.
+            let (push, pop) = unsafe {
+                (
+                    libc::dlsym(h, c"nvtxRangePushA".as_ptr()),
+                    libc::dlsym(h, c"nvtxRangePop".as_ptr()),
+                )
+            };
+            if push.is_null() || pop.is_null() {
+                log::warn!("{name} lacks nvtxRangePushA/nvtxRangePop");
+                continue;
+            }
+            log::debug!("NVTX ranges through {name}");
+            // SAFETY: both symbols have these C signatures in every NVTX v2/v3 library.
+            return Some(unsafe {
+                Lib {
+                    push: std::mem::transmute::<
+                        *mut libc::c_void,
+                        unsafe extern "C" fn(*const c_char) -> c_int,
+                    >(push),
+                    pop: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> c_int>(
+                        pop,
+                    ),
+                }
+            });
+        }
+        log::warn!("nvtx feature on but libnvToolsExt.so.1 not found (set CUDA_HAL_NVTX_LIB)");
+        None
+    }
+}

@@ -1,0 +1,139 @@
+//! Growing and shrinking buffers while keeping their contents (one device-to-device copy).
+
+use bytemuck::Pod;
+
+use crate::{Buffer, CudaHal, Error, Result};
+
+impl<T: Pod> Buffer<T> {
+    /// A new buffer of `new_len` elements (same name) holding this buffer's first
+    /// `min(len, new_len)` elements, copied on the device. The caller drops the old one.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+    /// let b = b.resized(5).unwrap();
+    /// assert_eq!(b.slice(0, 3).unwrap().to_vec().unwrap(), vec![1, 2, 3]);
+    /// ```
+    pub fn resized(&self, new_len: usize) -> Result<Buffer<T>> {
+        let _range =
+            crate::nvtx::range(|| format!("resize {} {} -> {new_len}", self.name(), self.len()));
+        let hal = self.hal();
+        let out = hal.alloc::<T>(self.name().to_string(), new_len)?;
+        let keep = self.len().min(new_len);
+        out.slice(0, keep)?
+            .copy_from_buffer(&self.slice(0, keep)?)?;
+        Ok(out)
+    }
+}
+
+/// A buffer with a length and a larger capacity that grows by a factor, like `Vec`
+/// (seed 004's dynamic buffer). Growing copies the contents on the device.
+///
+/// ```
+/// use cuda_hal::{CudaHal, GrowableBuffer};
+/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let mut g = GrowableBuffer::<u32>::new(&hal, "rows", 4, 2.0).unwrap();
+/// g.extend_from_slice(&[1, 2, 3, 4, 5]).unwrap();
+/// assert_eq!(g.capacity(), 8);
+/// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), vec![1, 2, 3, 4, 5]);
+/// ```
+pub struct GrowableBuffer<T> {
+    buf: Buffer<T>,
+    len: usize,
+    growth: f64,
+    reallocations: u64,
+}
+
+impl<T: Pod> GrowableBuffer<T> {
+    /// An empty buffer with room for `capacity` (> 0) elements, growing by `growth` (>= 1.0).
+    pub fn new(hal: &CudaHal, name: &str, capacity: usize, growth: f64) -> Result<Self> {
+        if !(growth >= 1.0 && growth.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "growth factor {growth} (must be >= 1)"
+            )));
+        }
+        Ok(GrowableBuffer {
+            buf: hal.alloc::<T>(name.to_string(), capacity)?,
+            len: 0,
+            growth,
+            reallocations: 0,
+        })
+    }
+
+    /// Elements in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no element is in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements that fit without growing.
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Times the buffer was reallocated.
+    pub fn reallocations(&self) -> u64 {
+        self.reallocations
+    }
+
+    /// The elements in use (a slice of the allocation); `ZeroLength` while empty.
+    pub fn buffer(&self) -> Result<Buffer<T>> {
+        self.buf.slice(0, self.len)
+    }
+
+    fn regrow(&mut self, capacity: usize) -> Result<()> {
+        let next = self.buf.resized(capacity)?;
+        self.buf = next;
+        self.reallocations += 1;
+        Ok(())
+    }
+
+    /// Makes room for `additional` more elements, growing by the factor (at least enough).
+    pub fn reserve(&mut self, additional: usize) -> Result<()> {
+        let need = self
+            .len
+            .checked_add(additional)
+            .ok_or_else(|| Error::InvalidArgument("capacity overflow".into()))?;
+        if need <= self.capacity() {
+            return Ok(());
+        }
+        let grown = (self.capacity() as f64 * self.growth).ceil() as usize;
+        self.regrow(need.max(grown))
+    }
+
+    /// Sets the length; new elements are unspecified until written.
+    pub fn resize(&mut self, new_len: usize) -> Result<()> {
+        if new_len > self.capacity() {
+            self.reserve(new_len - self.len)?;
+        }
+        self.len = new_len;
+        Ok(())
+    }
+
+    /// Appends `data`, growing if needed.
+    pub fn extend_from_slice(&mut self, data: &[T]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.reserve(data.len())?;
+        self.buf
+            .slice(self.len, data.len())?
+            .copy_from_slice(data)?;
+        self.len += data.len();
+        Ok(())
+    }
+
+    /// Reallocates to exactly the length (at least one element).
+    pub fn shrink_to_fit(&mut self) -> Result<()> {
+        let target = self.len.max(1);
+        if target < self.capacity() {
+            self.regrow(target)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,395 @@
+//! GPU tests of issue #5: tracking, limits, pool statistics, arena, resize, managed memory
+//! and log traces. Skip without a GPU (fail with `CUDA_HAL_REQUIRE_GPU=1`).
+
+mod common;
+
+use std::sync::{Mutex, Once};
+
+use common::{gpu, gpu_exclusive, Rng, MIB};
+use cuda_hal::{
+    ArenaLayout, CudaHal, Error, GrowableBuffer, HalConfig, LaunchDims, ManagedAdvice, PHASES,
+};
+
+/// Captures log records so tests can read the allocation traces and the leak report.
+struct Capture;
+static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record) {
+        if r.target().starts_with("cuda_hal") {
+            LINES
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", r.level(), r.args()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn capture_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        static CAPTURE: Capture = Capture;
+        log::set_logger(&CAPTURE).unwrap();
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
+fn logged(needle: &str) -> bool {
+    logged_both(needle, needle)
+}
+
+fn logged_both(a: &str, b: &str) -> bool {
+    LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains(a) && l.contains(b))
+}
+
+#[test]
+fn live_allocations_are_tracked_by_name_with_peaks() {
+    let Some(hal) = gpu() else { return };
+    capture_logs();
+    let base = hal.memory_report();
+    assert!(base.live.is_empty());
+    let a = hal.alloc::<u8>("trace-column", MIB).unwrap();
+    let b = hal.alloc::<u8>("trace-column", 2 * MIB).unwrap();
+    let c = hal.alloc::<u32>(format!("trace-tree-{}", 3), 1000).unwrap();
+    let live = hal.live_allocations();
+    assert_eq!(live.len(), 3);
+    assert_eq!(
+        (live[0].name.as_str(), live[0].bytes),
+        ("trace-column", 2 * MIB)
+    );
+    drop(b);
+    let r = hal.memory_report();
+    assert_eq!(r.current_bytes, MIB + 4000);
+    assert_eq!(r.peak_bytes, 3 * MIB + 4000);
+    let col = r.by_name.iter().find(|n| n.name == "trace-column").unwrap();
+    assert_eq!(
+        (col.live, col.current_bytes, col.peak_bytes, col.allocations),
+        (1, MIB, 3 * MIB, 2)
+    );
+    assert!(r.to_string().contains("trace-tree-3"));
+    assert!(
+        logged("alloc `trace-column`: 1048576 bytes"),
+        "allocation traces are logged"
+    );
+    assert!(logged("free `trace-column`: 2097152 bytes"));
+    drop((a, c));
+    assert_eq!(hal.memory_report().current_bytes, 0);
+}
+
+#[test]
+fn the_last_handle_going_away_reports_what_is_still_alive() {
+    let Some(hal) = gpu() else { return };
+    capture_logs();
+    let own = CudaHal::new(0).unwrap();
+    let leak = own.alloc::<u8>("leaky-buffer", 12345).unwrap();
+    let second = own.clone();
+    drop(own);
+    assert!(
+        !logged_both("buffers remain", "leaky-buffer"),
+        "a handle is still alive"
+    );
+    drop(second);
+    assert!(
+        logged_both("buffers remain", "leaky-buffer"),
+        "{:?}",
+        LINES.lock().unwrap()
+    );
+    // The buffer still works: it keeps the HAL's state alive.
+    assert_eq!(leak.len(), 12345);
+    leak.fill(1).unwrap();
+    assert_eq!(leak.get_at(12344).unwrap(), 1);
+    drop(hal);
+}
+
+#[test]
+fn the_limit_refuses_before_the_driver_is_asked() {
+    let Some(_g) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            memory_limit: Some(64 * MIB),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let big = hal.alloc::<u8>("big", 40 * MIB).unwrap();
+    let before = hal.ledger();
+    match hal.alloc::<u8>("too-much", 30 * MIB) {
+        Err(Error::OutOfMemory {
+            requested,
+            in_use,
+            limit,
+            largest,
+            driver,
+            ..
+        }) => {
+            assert_eq!(
+                (requested, in_use, limit),
+                (30 * MIB, 40 * MIB, Some(64 * MIB))
+            );
+            assert_eq!(largest, vec![("big".to_string(), 40 * MIB)]);
+            assert!(driver.is_none(), "refused before the driver");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let d = hal.ledger().since(&before);
+    assert_eq!(d.driver_allocs + d.pool_allocs + d.cached_allocs, 0);
+    let fits = hal.alloc::<u8>("fits", 24 * MIB).unwrap();
+    drop((big, fits));
+    let again = hal.alloc::<u8>("after", 60 * MIB).unwrap();
+    assert_eq!(again.len(), 60 * MIB);
+}
+
+#[test]
+fn pool_hits_and_misses_follow_pool_growth() {
+    let Some(_g) = gpu() else { return };
+    if !PHASES.pool_alloc {
+        return println!("pool statistics need phase 3");
+    }
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            block_cache_bytes: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s0 = hal.ledger();
+    let a = hal.alloc::<u8>("a", 32 * MIB).unwrap();
+    hal.synchronize().unwrap();
+    let s1 = hal.ledger().since(&s0);
+    assert_eq!(
+        (s1.pool_hits, s1.pool_misses),
+        (0, 1),
+        "the first allocation grows the pool"
+    );
+    drop(a);
+    hal.synchronize().unwrap();
+    let s2 = hal.ledger();
+    let b = hal.alloc::<u8>("b", 32 * MIB).unwrap();
+    let d = hal.ledger().since(&s2);
+    assert_eq!(
+        (d.pool_hits, d.pool_misses),
+        (1, 0),
+        "reuse without growing"
+    );
+    drop(b);
+    let reserved = hal.stats().unwrap().pool.reserved_current;
+    hal.trim_pool(0).unwrap();
+    assert!(
+        hal.stats().unwrap().pool.reserved_current < reserved,
+        "trim returns memory"
+    );
+}
+
+#[test]
+fn filling_the_device_then_freeing_returns_the_pool_to_where_it_started() {
+    let Some(hal) = gpu_exclusive() else { return };
+    hal.synchronize().unwrap();
+    let start = hal.stats().unwrap().pool.used_current;
+    let chunk = 2048 * MIB;
+    let mut held = Vec::new();
+    let err = loop {
+        match hal.alloc::<u8>(format!("fill-{}", held.len()), chunk) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 1000, "never ran out");
+    };
+    match &err {
+        Error::OutOfMemory {
+            in_use,
+            largest,
+            driver,
+            ..
+        } => {
+            assert_eq!(*in_use, held.len() * chunk);
+            assert_eq!(largest.len(), 5.min(held.len()));
+            assert!(driver.is_some(), "the driver ran out: {err}");
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    println!("filled {} GiB before: {err}", held.len() * 2);
+    assert!(held.len() * chunk > hal.info().total_memory / 2);
+    // Still usable while full (small allocations may fail; reads work).
+    held[0].fill(7).unwrap();
+    assert_eq!(held[0].get_at(chunk - 1).unwrap(), 7);
+    drop(held);
+    hal.trim_pool(0).unwrap();
+    assert_eq!(hal.stats().unwrap().pool.used_current, start);
+    assert_eq!(hal.memory_report().current_bytes, 0);
+    let again = hal.alloc::<u8>("after-fill", 8 * chunk).unwrap();
+    again.fill(1).unwrap();
+}
+
+#[test]
+fn batch_arena_reuses_one_region() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(31);
+    let mut arena = hal
+        .batch_arena("arena", 4 * MIB, ArenaLayout::Bump)
+        .unwrap();
+    assert!(arena.can_fit(&[MIB, MIB, MIB]));
+    assert!(!arena.can_fit(&[3 * MIB, 2 * MIB]));
+    let before = hal.ledger();
+    for round in 0..10 {
+        let atoms = rng.u32s(1000 + round);
+        let ids = rng.u32s(77);
+        let batch = arena.begin_batch();
+        let views = batch
+            .upload(&[("atoms", &atoms[..]), ("ids", &ids[..])])
+            .unwrap();
+        assert_eq!(views[0].to_vec().unwrap(), atoms);
+        assert_eq!(views[1].to_vec().unwrap(), ids);
+        let scratch = batch.alloc::<u64>("scratch", 100).unwrap();
+        scratch.fill(round as u64).unwrap();
+        assert_eq!(scratch.get_at(99).unwrap(), round as u64);
+        match batch.alloc::<u8>("huge", 4 * MIB) {
+            Err(Error::ArenaFull {
+                requested,
+                capacity,
+                used,
+                ..
+            }) => {
+                assert_eq!((requested, capacity), (4 * MIB, 4 * MIB));
+                assert!(used > 0);
+            }
+            other => panic!("expected ArenaFull, got {:?}", other.map(|_| ())),
+        }
+    }
+    let d = hal.ledger().since(&before);
+    assert_eq!(
+        d.driver_allocs + d.pool_allocs + d.cached_allocs,
+        0,
+        "no allocation per batch"
+    );
+    let st = arena.stats();
+    assert_eq!(st.batches, 10);
+    assert_eq!(st.reallocations_avoided, 30);
+    assert!(st.peak_bytes >= 1009 * 4 + 77 * 4 + 800);
+
+    let mut slots = hal
+        .batch_arena(
+            "slots",
+            0,
+            ArenaLayout::Slots(vec![("x".into(), 4096), ("y".into(), 1000)]),
+        )
+        .unwrap();
+    assert!(slots.can_fit(&[4096, 1000]) && !slots.can_fit(&[4097]));
+    let b = slots.begin_batch();
+    let x = b.upload(&[("x", &[1u32; 1024][..])]).unwrap();
+    assert_eq!(x[0].get_at(1023).unwrap(), 1);
+    assert!(matches!(
+        b.alloc::<u8>("y", 1001),
+        Err(Error::ArenaFull { .. })
+    ));
+    assert!(
+        matches!(b.alloc::<u8>("x", 1), Err(Error::InvalidArgument(_))),
+        "a slot once per batch"
+    );
+    assert!(matches!(
+        b.alloc::<u8>("z", 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    drop(x);
+    drop(b);
+    assert_eq!(slots.stats().slot_peaks, vec![4096, 0]);
+}
+
+#[test]
+fn resize_keeps_contents_and_grows_by_the_factor() {
+    let Some(hal) = gpu() else { return };
+    let data = Rng::new(32).u32s(100_001);
+    let b = hal.copy_from("resize", &data).unwrap();
+    let grown = b.resized(250_000).unwrap();
+    assert_eq!(grown.slice(0, data.len()).unwrap().to_vec().unwrap(), data);
+    let shrunk = grown.resized(10).unwrap();
+    assert_eq!(shrunk.to_vec().unwrap(), data[..10].to_vec());
+    let mut g = GrowableBuffer::<u32>::new(&hal, "grow", 100, 1.5).unwrap();
+    let mut want = Vec::new();
+    for k in 0..20 {
+        let part = Rng::new(k).u32s(37 * (k as usize + 1));
+        g.extend_from_slice(&part).unwrap();
+        want.extend_from_slice(&part);
+    }
+    assert_eq!(g.len(), want.len());
+    assert_eq!(g.buffer().unwrap().to_vec().unwrap(), want);
+    assert!(
+        g.reallocations() >= 5 && g.reallocations() <= 12,
+        "{} reallocations",
+        g.reallocations()
+    );
+    g.shrink_to_fit().unwrap();
+    assert_eq!(g.capacity(), want.len());
+    assert_eq!(
+        g.buffer().unwrap().get_at(want.len() - 1).unwrap(),
+        *want.last().unwrap()
+    );
+    assert!(matches!(
+        GrowableBuffer::<u32>::new(&hal, "bad", 1, 0.5),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn managed_memory_is_shared_prefetched_and_advised() {
+    let Some(hal) = gpu() else { return };
+    let info = hal.info().clone();
+    println!(
+        "integrated {} pageable_memory_access {} concurrent_managed_access {} coherent {}",
+        info.integrated,
+        info.pageable_memory_access,
+        info.concurrent_managed_access,
+        info.is_coherent_unified()
+    );
+    let n = 1_000_003;
+    let x = Rng::new(33).u32s(n);
+    let mut a = hal.alloc_managed::<u32>("m-a", n).unwrap();
+    let mut out = hal.alloc_managed::<u32>("m-out", n).unwrap();
+    a.host_mut().unwrap().copy_from_slice(&x);
+    out.host_mut().unwrap().fill(0xDEAD_BEEF);
+    a.advise(ManagedAdvice::ReadMostly).unwrap();
+    a.advise(ManagedAdvice::AccessedByDevice).unwrap();
+    out.advise(ManagedAdvice::PreferDevice).unwrap();
+    a.prefetch_to_device().unwrap();
+    out.prefetch_to_device().unwrap();
+    hal.launch(
+        "eltwise_add_u32",
+        LaunchDims::for_elements(n, info.multiprocessors),
+    )
+    .scalar(out.device_ptr().addr)
+    .scalar(a.device_ptr().addr)
+    .scalar(a.device_ptr().addr)
+    .scalar(n as u64)
+    .run()
+    .unwrap();
+    out.prefetch_to_host().unwrap();
+    out.advise(ManagedAdvice::PreferHost).unwrap();
+    let got = out.host().unwrap();
+    assert!(got.iter().zip(&x).all(|(o, v)| *o == v.wrapping_add(*v)));
+    assert_eq!(
+        hal.memory_report()
+            .by_name
+            .iter()
+            .filter(|t| t.name.starts_with("m-"))
+            .count(),
+        2
+    );
+    let too_big = info.total_memory * 2;
+    assert!(matches!(
+        hal.alloc_managed::<u8>("too-big", too_big),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        hal.alloc_managed::<u8>("empty", 0),
+        Err(Error::ZeroLength { .. })
+    ));
+}

@@ -1,0 +1,89 @@
+//! Several GPUs in one process. Needs two devices: skips with fewer, and fails instead when
+//! `CUDA_HAL_REQUIRE_GPUS` asks for more than the machine has.
+
+mod common;
+
+use common::{Rng, MIB};
+use cuda_hal::{driver, CudaHal, HalSet, PHASES};
+
+fn need_two() -> Option<HalSet> {
+    let n = driver::device_count().unwrap_or(0);
+    let required: usize = std::env::var("CUDA_HAL_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if n < 2 {
+        assert!(
+            required < 2,
+            "CUDA_HAL_REQUIRE_GPUS={required} but {n} device(s)"
+        );
+        eprintln!("SKIPPED: {n} device(s); these tests need two");
+        return None;
+    }
+    Some(HalSet::all().unwrap())
+}
+
+#[test]
+fn one_hal_per_device_round_robin() {
+    let Some(set) = need_two() else { return };
+    let n = set.len();
+    let order: Vec<usize> = (0..2 * n).map(|_| set.next().info().ordinal).collect();
+    let want: Vec<usize> = (0..2 * n).map(|i| i % n).collect();
+    assert_eq!(order, want);
+    for i in 0..n {
+        assert_eq!(set.get(i).unwrap().info().ordinal, i);
+        assert!(set.peer_access(i, i));
+        for j in 0..n {
+            println!("peer access {i} -> {j}: {}", set.peer_access(i, j));
+        }
+    }
+    // Each device works on its own, concurrently.
+    std::thread::scope(|s| {
+        for i in 0..n {
+            let hal = set.get(i).unwrap().clone();
+            s.spawn(move || {
+                let data = Rng::new(i as u64).u32s(MIB);
+                let b = hal.copy_from("per-device", &data).unwrap();
+                b.view_mut(|v| v[0] = 1).unwrap();
+                cuda_hal::ops::add(
+                    &b,
+                    &hal.copy_from("x", &data).unwrap(),
+                    &hal.copy_from("y", &data).unwrap(),
+                )
+                .unwrap();
+                assert_eq!(b.get_at(5).unwrap(), data[5].wrapping_add(data[5]));
+            });
+        }
+    });
+}
+
+#[test]
+fn buffers_copy_between_devices_both_ways() {
+    let Some(set) = need_two() else { return };
+    let (h0, h1) = (set.get(0).unwrap(), set.get(1).unwrap());
+    for n in [1usize, 1000, 16 * MIB / 4 + 3] {
+        let data = Rng::new(n as u64).u32s(n);
+        let a = h0.copy_from("on-0", &data).unwrap();
+        let b = h1.copy_from("on-1", &vec![0xDEAD_BEEFu32; n]).unwrap();
+        b.copy_from_device(&a).unwrap();
+        assert_eq!(b.to_vec().unwrap(), data, "0 -> 1, n = {n}");
+        let c = h0.alloc::<u32>("back-on-0", n).unwrap();
+        // The source buffer can be dropped right after: the copy keeps it alive in order.
+        let tmp = h1.copy_from("tmp-on-1", &data).unwrap();
+        c.copy_from_device(&tmp).unwrap();
+        drop(tmp);
+        assert_eq!(c.to_vec().unwrap(), data, "1 -> 0, n = {n}");
+    }
+    // A host-newer source (phase 2) is uploaded before the peer copy reads it.
+    let a = h0.copy_from("edited", &[1u32; 64]).unwrap();
+    a.view_mut(|v| v[63] = 99).unwrap();
+    let b = h1.alloc::<u32>("dst", 64).unwrap();
+    b.copy_from_device(&a).unwrap();
+    assert_eq!(b.get_at(63).unwrap(), 99);
+    println!("phases {}", PHASES.label());
+    // Two HALs on one device copy directly.
+    let other = CudaHal::new(1).unwrap();
+    let d = other.alloc::<u32>("same-device", 64).unwrap();
+    d.copy_from_device(&b).unwrap();
+    assert_eq!(d.get_at(63).unwrap(), 99);
+}
