@@ -11,12 +11,14 @@ set -euo pipefail
 CUDA_WHEEL_VERSION="${CUDA_WHEEL_VERSION:-13.0.88}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dest="${CUDA_HAL_TOOLCHAIN_DIR:-$root/.toolchain}"
-stamp="$dest/.installed-$CUDA_WHEEL_VERSION"
+stamp="$dest/.installed-$CUDA_WHEEL_VERSION-nvtx"
 packages=(
   "nvidia-cuda-nvcc==$CUDA_WHEEL_VERSION"
   "nvidia-nvvm==$CUDA_WHEEL_VERSION"
   "nvidia-cuda-crt==$CUDA_WHEEL_VERSION"
   "nvidia-cuda-runtime==$CUDA_WHEEL_VERSION"
+  # NVTX as a shared library (libnvtx3interop.so.1) for the `nvtx` feature.
+  "nvidia-nvtx-cu12==12.9.79"
 )
 
 if [ ! -f "$stamp" ]; then
@@ -41,3 +43,5 @@ chmod +x "$cuda_root"/bin/* "$cuda_root"/nvvm/bin/* 2>/dev/null || true
 echo "export CUDA_PATH=\"$cuda_root\""
 echo "export NVCC=\"$cuda_root/bin/nvcc\""
 echo "export PATH=\"$cuda_root/bin:\$PATH\""
+nvtx_lib="$dest/site/nvidia/nvtx/lib/libnvtx3interop.so.1"
+if [ -f "$nvtx_lib" ]; then echo "export CUDA_HAL_NVTX_LIB=\"$nvtx_lib\""; fi

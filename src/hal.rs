@@ -333,7 +333,12 @@ impl HalInner {
                 self.tracker.untrack(id);
             }
         }
-        let (ptr, pooled) = result?;
+        let (ptr, pooled) = match result {
+            Ok(ok) => ok,
+            // Built after the untrack, so `in_use` does not count the refused request.
+            Err(AllocFail::OutOfMemory(e)) => return Err(self.oom(name, bytes, Some(e))),
+            Err(AllocFail::Other(e)) => return Err(e),
+        };
         Ok(DeviceAlloc {
             ptr,
             bytes,
@@ -342,7 +347,7 @@ impl HalInner {
         })
     }
 
-    fn alloc_untracked(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool)> {
+    fn alloc_untracked(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool), AllocFail> {
         let pooled = PHASES.pool_alloc;
         if pooled {
             if let Some(ptr) = self.blocks.lock().take(bytes) {
@@ -355,7 +360,7 @@ impl HalInner {
         let mut result = self.driver_alloc(bytes, pooled);
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
-            self.trim(0)?;
+            self.trim(0).map_err(AllocFail::Other)?;
             result = self.driver_alloc(bytes, pooled);
         }
         match result {
@@ -377,8 +382,11 @@ impl HalInner {
                 );
                 Ok((ptr, pooled))
             }
-            Err(e) if e.is_out_of_memory() => Err(self.oom(name, bytes, Some(e))),
-            Err(e) => self.guard(Err(e.into())),
+            Err(e) if e.is_out_of_memory() => Err(AllocFail::OutOfMemory(e)),
+            Err(e) => Err(AllocFail::Other(match self.guard::<()>(Err(e.into())) {
+                Err(e) => e,
+                Ok(()) => Error::InvalidArgument("unreachable".into()),
+            })),
         }
     }
 
@@ -470,7 +478,8 @@ impl HalInner {
         if PHASES.async_copy {
             return self.upload_staged(dst, src);
         }
-        let r = self.timed(Dir::H2D, || {
+        let r = self.timed(Dir::H2D, |start| {
+            start()?;
             // SAFETY: src is valid for its length for the whole call, which ends only after
             // the stream (and so the copy) has completed.
             unsafe {
@@ -484,8 +493,9 @@ impl HalInner {
 
     /// Uploads through pinned staging whatever the phase: returns once `src` is free.
     pub(crate) fn upload_staged(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
-        let r = self.timed(Dir::H2D, || {
-            self.staging.upload(&self.ctx, &self.stream, dst, src)
+        let r = self.timed(Dir::H2D, |start| {
+            self.staging
+                .upload(&self.ctx, &self.stream, dst, src, start)
         });
         self.ledger.copy(Dir::H2D, src.len());
         self.guard(r)
@@ -494,10 +504,13 @@ impl HalInner {
     /// Copies device bytes to the host; returns when `dst` holds them.
     pub(crate) fn download(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
         let len = dst.len();
-        let r = self.timed(Dir::D2H, || {
+        let r = self.timed(Dir::D2H, |start| {
             if PHASES.async_copy {
-                return self.staging.download(&self.ctx, &self.stream, dst, src);
+                return self
+                    .staging
+                    .download(&self.ctx, &self.stream, dst, src, start);
             }
+            start()?;
             // SAFETY: dst is valid for writes of its length until the stream completes,
             // which this call waits for.
             unsafe {
@@ -511,7 +524,8 @@ impl HalInner {
 
     /// Copies between device ranges on the stream (synchronous without phase 4).
     pub(crate) fn copy_d2d(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
-        let r = self.timed(Dir::D2D, || {
+        let r = self.timed(Dir::D2D, |start| {
+            start()?;
             // SAFETY: both ranges lie inside live allocations (checked by the buffer layer).
             unsafe { api()?.cuMemcpyDtoDAsync(dst, src, bytes, self.stream.raw())? };
             if PHASES.async_copy {
@@ -539,16 +553,21 @@ impl HalInner {
 
     /// Runs `enqueue` between two timing events on the main stream when transfer timing is
     /// on; the device time is added to the ledger once the events complete.
-    fn timed<R>(&self, dir: Dir, enqueue: impl FnOnce() -> Result<R>) -> Result<R> {
+    /// `enqueue` gets the hook that records the start; it calls it right before its first
+    /// copy (after any set-up such as taking staging memory).
+    fn timed<R>(
+        &self,
+        dir: Dir,
+        enqueue: impl FnOnce(&dyn Fn() -> Result<()>) -> Result<R>,
+    ) -> Result<R> {
         if !self.config.time_transfers {
-            return enqueue();
+            return enqueue(&|| Ok(()));
         }
         let (start, stop) = {
             let mut t = self.timings.lock();
             (t.event()?, t.event()?)
         };
-        start.record(&self.stream)?;
-        let r = enqueue();
+        let r = enqueue(&|| start.record(&self.stream));
         stop.record(&self.stream)?;
         self.timings.lock().pending.push_back((dir, start, stop));
         self.harvest_timings(false)?;
@@ -577,6 +596,12 @@ impl HalInner {
         t.pending = kept;
         Ok(())
     }
+}
+
+/// Why `alloc_untracked` failed.
+enum AllocFail {
+    OutOfMemory(cuda_sys::Error),
+    Other(Error),
 }
 
 /// A device allocation made by [`HalInner::alloc_raw`], freed by [`HalInner::free_raw`].

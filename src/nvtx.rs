@@ -1,7 +1,8 @@
 //! NVTX ranges for Nsight Systems and Nsight Compute (`nvtx` feature).
 //!
-//! With the feature on, `libnvToolsExt.so.1` is opened at run time (`CUDA_HAL_NVTX_LIB`
-//! names another path), and every HAL operation and kernel launch pushes a range named
+//! With the feature on, `libnvToolsExt.so.1` (or `libnvtx3interop.so.1` from the
+//! `nvidia-nvtx-cu12` wheel, which the toolchain script installs) is opened at run time
+//! (`CUDA_HAL_NVTX_LIB` names another path), and every HAL operation and kernel launch pushes a range named
 //! after the operation and its buffers, such as `get_at column-3[17]` or
 //! `launch eltwise_add_u32 out=acc in=tmp,column-0`. The name is only formatted when a
 //! profiler library is present. Without the feature, or without the library, a range costs
@@ -80,7 +81,15 @@ mod imp {
         if let Ok(p) = std::env::var("CUDA_HAL_NVTX_LIB") {
             names.push(p);
         }
-        names.extend(["libnvToolsExt.so.1", "libnvToolsExt.so"].map(String::from));
+        // NVTX v2's library, or the compiled NVTX v3 of the `nvidia-nvtx-cu12` wheel.
+        names.extend(
+            [
+                "libnvToolsExt.so.1",
+                "libnvToolsExt.so",
+                "libnvtx3interop.so.1",
+            ]
+            .map(String::from),
+        );
         for name in names {
             let c = CString::new(name.clone()).ok()?;
             // SAFETY: c is a valid C string; the handle is kept for the process's life.

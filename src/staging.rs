@@ -177,8 +177,9 @@ impl StagingPool {
         stream: &Stream,
         dst: CUdeviceptr,
         src: &[u8],
+        on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        self.run(ctx, src.len(), |slots, chunks| {
+        self.run(ctx, src.len(), on_start, |slots, chunks| {
             upload_worker(stream, dst, src, self.cfg, slots, chunks)
         })
     }
@@ -190,13 +191,14 @@ impl StagingPool {
         stream: &Stream,
         dst: &mut [u8],
         src: CUdeviceptr,
+        on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         let chunk = self.cfg.chunk_bytes;
         // Split dst into per-chunk pieces so each worker owns the chunks it writes.
         let len = dst.len();
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
-        self.run(ctx, len, |slots, chunks| {
+        self.run(ctx, len, on_start, |slots, chunks| {
             let mine: Vec<(usize, &mut [u8])> = {
                 let mut all = pieces.lock();
                 chunks
@@ -209,7 +211,13 @@ impl StagingPool {
 
     /// Splits `bytes` into chunks and runs `work` for each worker with its slots and its
     /// chunk indices (worker w gets chunks w, w + n, w + 2n, ...).
-    fn run<F>(&self, ctx: &PrimaryContext, bytes: usize, work: F) -> Result<()>
+    fn run<F>(
+        &self,
+        ctx: &PrimaryContext,
+        bytes: usize,
+        on_start: &dyn Fn() -> Result<()>,
+        work: F,
+    ) -> Result<()>
     where
         F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>) -> Result<()> + Sync,
     {
@@ -217,6 +225,10 @@ impl StagingPool {
         let workers = self.cfg.workers.min(chunks);
         let per_worker = if chunks > 1 { 2 } else { 1 };
         let mut slots = self.take(workers * per_worker)?;
+        if let Err(e) = on_start() {
+            self.give_back(slots);
+            return Err(e);
+        }
         let workers = workers.min(slots.len()).max(1);
         let per_worker = slots.len() / workers;
         let result = if workers == 1 {
