@@ -7,6 +7,7 @@
 //! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
 //!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
 //! - [`ops`]: operations on buffers built from the embedded kernels.
+//! - [`field`]: BabyBear and its quartic extension, as `Pod` types for device buffers.
 //!
 //! The four phases of the GB10 plan are cargo features (see [`PHASES`]); with none enabled
 //! the crate behaves like the original HAL, so each phase's gain can be measured.
@@ -28,6 +29,7 @@ mod buffer;
 pub mod driver;
 mod error;
 mod fastcopy;
+pub mod field;
 mod hal;
 pub mod host_cache;
 mod kernels;
