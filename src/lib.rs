@@ -7,7 +7,8 @@
 //! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
 //!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
 //! - [`ops`]: operations on buffers built from the embedded kernels.
-//! - [`field`]: BabyBear and its quartic extension, as `Pod` types for device buffers.
+//! - [`field`] (BabyBear and its quartic extension) and [`poseidon2`] (the HorizenLabs
+//!   BabyBear instances, the row hash and the Merkle compression).
 //!
 //! The four phases of the GB10 plan are cargo features (see [`PHASES`]); with none enabled
 //! the crate behaves like the original HAL, so each phase's gain can be measured.
@@ -36,6 +37,7 @@ mod kernels;
 mod ledger;
 pub mod ops;
 mod phases;
+pub mod poseidon2;
 mod staging;
 
 pub use buffer::{Buffer, RawBuffer};
@@ -46,4 +48,5 @@ pub use hal::{CudaHal, HalConfig, HalStats};
 pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
 pub use ledger::{LedgerSnapshot, Traffic};
 pub use phases::{Phases, PHASES};
+pub use poseidon2::Digest;
 pub use staging::{StagingConfig, StagingStats};
