@@ -7,8 +7,8 @@
 //! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
 //!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
 //! - [`ops`]: operations on buffers built from the embedded kernels.
-//! - [`field`] (BabyBear and its quartic extension) and [`poseidon2`] (the HorizenLabs
-//!   BabyBear instances, the row hash and the Merkle compression).
+//! - [`field`] (BabyBear and its quartic extension), [`poseidon2`] and [`cpu_ops`] (the
+//!   reference operations every backend must match).
 //!
 //! The four phases of the GB10 plan are cargo features (see [`PHASES`]); with none enabled
 //! the crate behaves like the original HAL, so each phase's gain can be measured.
@@ -27,6 +27,7 @@
 //! ```
 
 mod buffer;
+pub mod cpu_ops;
 pub mod driver;
 mod error;
 mod fastcopy;
