@@ -7,6 +7,9 @@
 //! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
 //!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
 //! - [`ops`]: operations on buffers built from the embedded kernels.
+//! - [`Hal`] and [`HalBuffer`]: the backend-neutral interface prover code is written against
+//!   (element-wise field arithmetic, batched NTT and bit reversal, coset LDE, Poseidon2 row
+//!   hashing and Merkle layers), with [`CpuHal`], a host implementation that runs anywhere.
 //! - [`field`] (BabyBear and its quartic extension), [`poseidon2`] and [`cpu_ops`] (the
 //!   reference operations every backend must match).
 //!
@@ -27,12 +30,14 @@
 //! ```
 
 mod buffer;
+mod cpu_hal;
 pub mod cpu_ops;
 pub mod driver;
 mod error;
 mod fastcopy;
 pub mod field;
 mod hal;
+mod hal_trait;
 pub mod host_cache;
 mod kernels;
 mod ledger;
@@ -42,10 +47,12 @@ pub mod poseidon2;
 mod staging;
 
 pub use buffer::{Buffer, RawBuffer};
+pub use cpu_hal::{CpuBuffer, CpuHal};
 pub use cuda_sys;
 pub use driver::{DeviceInfo, PoolStats};
 pub use error::{Error, Result};
 pub use hal::{CudaHal, HalConfig, HalStats};
+pub use hal_trait::{Hal, HalBuffer};
 pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
 pub use ledger::{LedgerSnapshot, Traffic};
 pub use phases::{Phases, PHASES};
