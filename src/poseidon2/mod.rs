@@ -20,9 +20,21 @@
 //! `2·M4·x_i + Σ_{j≠i} M4·x_j`, and the internal layer computing
 //! `y_i = μ_i·x_i + Σ_j x_j`.
 //!
-//! The round constants and the `μ_i` are **not** copied from a table: [`grain`] regenerates
-//! them with the Grain LFSR procedure of the authors' parameter script
-//! (`poseidon2_rust_params.sage`), including its rule for choosing the internal diagonal.
+//! The round constants and the `μ_i` are **not** copied from a table: they are regenerated
+//! on first use with the procedure of the authors' parameter script
+//! (`poseidon2_rust_params.sage`, same commit):
+//!
+//! 1. An 80-bit Grain LFSR (taps 62, 51, 38, 23, 13, 0) is seeded with `FIELD = 1` (2 bits),
+//!    `SBOX = 0` (4 bits), `n = 31` (12 bits), `t` (12 bits), `R_F` (10 bits), `R_P`
+//!    (10 bits) and thirty 1s, most significant bit first, and clocked 160 times; output
+//!    bits come in pairs, the second kept when the first is 1.
+//! 2. `R_F·t + R_P` round constants of 31 bits (MSB first), each redrawn while `>= p`: the
+//!    initial full rounds, the partial rounds (one each), the final full rounds.
+//! 3. Candidate diagonals `d` (`t` further 31-bit draws, reduced mod `p`) until the matrix
+//!    `M = 1 + diag(d - 1)` passes the script's test: the characteristic polynomials of
+//!    `M^k`, `k = 1..=2t`, are irreducible. The 19th candidate passes for width 16, the 5th
+//!    for width 24; `μ = d - 1`.
+//!
 //! The tests compare the result with the published tables and check known answers:
 //!
 //! - width 24, input `0..24`: HorizenLabs' own test `kats()` in
