@@ -7,6 +7,11 @@
 //! - [`CudaHal`] and [`Buffer`]: one device's context, stream, own memory pool and kernels;
 //!   typed buffers with a host cache, `get_at` by offset and stream-ordered allocation.
 //! - [`ops`]: operations on buffers built from the embedded kernels.
+//! - [`Hal`] and [`HalBuffer`]: the backend-neutral interface prover code is written against
+//!   (element-wise field arithmetic, batched NTT and bit reversal, coset LDE, Poseidon2 row
+//!   hashing and Merkle layers), with [`CpuHal`], a host implementation that runs anywhere.
+//! - [`field`] (BabyBear and its quartic extension), [`poseidon2`] and [`cpu_ops`] (the
+//!   reference operations every backend must match).
 //!
 //! The four phases of the GB10 plan are cargo features (see [`PHASES`]); with none enabled
 //! the crate behaves like the original HAL, so each phase's gain can be measured.
@@ -26,10 +31,14 @@
 
 mod arena;
 mod buffer;
+mod cpu_hal;
+pub mod cpu_ops;
 pub mod driver;
 mod error;
 mod fastcopy;
+pub mod field;
 mod hal;
+mod hal_trait;
 pub mod host_cache;
 mod kernels;
 mod ledger;
@@ -40,6 +49,7 @@ pub mod ops;
 mod phases;
 mod pinned;
 mod pipeline;
+pub mod poseidon2;
 mod resize;
 mod staging;
 mod streams;
@@ -48,10 +58,12 @@ mod transfer;
 
 pub use arena::{ArenaLayout, ArenaStats, ArenaView, Batch, BatchArena};
 pub use buffer::{Buffer, RawBuffer};
+pub use cpu_hal::{CpuBuffer, CpuHal};
 pub use cuda_sys;
 pub use driver::{DeviceInfo, PinnedFlags, PoolStats};
 pub use error::{Error, Result};
 pub use hal::{CudaHal, HalConfig, HalStats};
+pub use hal_trait::{Hal, HalBuffer};
 pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
 pub use ledger::{LedgerSnapshot, Traffic};
 pub use managed::{ManagedAdvice, ManagedBuffer};
@@ -59,6 +71,7 @@ pub use multi::HalSet;
 pub use phases::{Phases, PHASES};
 pub use pinned::{PinnedBuffer, PinnedPoolStats, RegisteredHost};
 pub use pipeline::{PipelineMode, PipelineReport};
+pub use poseidon2::Digest;
 pub use resize::GrowableBuffer;
 pub use staging::{StagingConfig, StagingStats};
 pub use streams::{HalEvent, HalStream};

@@ -1,0 +1,525 @@
+//! Differential tests of the prover operations: every [`Hal`] backend against the
+//! `cpu_ops` reference functions, called directly (not through a HAL).
+//!
+//! `suite` runs each operation on random inputs of several shapes, with every output
+//! poisoned (filled with a value that is not a field element) before each run, so an
+//! element a backend fails to write cannot pass. It then checks the errors for bad input
+//! and that the HAL is still usable after them.
+
+mod common;
+
+use bytemuck::Pod;
+use common::Rng;
+use cuda_hal::field::{Elem, ExtElem, FieldElement};
+use cuda_hal::{cpu_ops, CpuHal, Digest, Error, Hal, HalBuffer};
+
+/// Not a field element (`>= p`): marks output a backend did not write.
+const POISON: u32 = 0xDEAD_BEEF;
+
+fn poison_elem() -> Elem {
+    bytemuck::cast(POISON)
+}
+
+fn poison_digest() -> Digest {
+    Digest([poison_elem(); 8])
+}
+
+trait Random: FieldElement {
+    fn random(rng: &mut Rng) -> Self;
+    fn poison() -> Self;
+}
+
+impl Random for Elem {
+    fn random(rng: &mut Rng) -> Self {
+        Elem::from_u64(rng.next_u64())
+    }
+    fn poison() -> Self {
+        poison_elem()
+    }
+}
+
+impl Random for ExtElem {
+    fn random(rng: &mut Rng) -> Self {
+        ExtElem::new(std::array::from_fn(|_| Elem::random(rng)))
+    }
+    fn poison() -> Self {
+        ExtElem::new([poison_elem(); 4])
+    }
+}
+
+fn randoms<F: Random>(rng: &mut Rng, n: usize) -> Vec<F> {
+    (0..n).map(|_| F::random(rng)).collect()
+}
+
+fn random_digests(rng: &mut Rng, n: usize) -> Vec<Digest> {
+    (0..n)
+        .map(|_| Digest(std::array::from_fn(|_| Elem::random(rng))))
+        .collect()
+}
+
+/// A buffer of `len` elements, all `poison`.
+fn poisoned<H: Hal, T: Pod + Send + Sync>(
+    hal: &H,
+    name: &'static str,
+    len: usize,
+    poison: T,
+) -> H::Buffer<T> {
+    let b = hal.alloc::<T>(name, len).unwrap();
+    b.copy_from_slice(&vec![poison; len]).unwrap();
+    b
+}
+
+fn assert_same<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: first difference at element {i} of {}: got {:?}, want {:?}",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// The whole differential suite, for any backend.
+fn suite<H: Hal>(hal: &H) {
+    let t = std::time::Instant::now();
+    let mut rng = Rng::new(0x5eed);
+    eltwise::<H, Elem>(hal, &mut rng, &[1, 2, 1000, 1_000_003]);
+    eltwise::<H, ExtElem>(hal, &mut rng, &[1, 3, 4097, 100_003]);
+    eltwise_on_slices_of_one_allocation(hal, &mut rng);
+    bit_reverse(hal, &mut rng);
+    ntt(hal, &mut rng);
+    coset_lde(hal, &mut rng);
+    hash_rows(hal, &mut rng);
+    merkle(hal, &mut rng);
+    threads(hal, &mut rng);
+    bad_input(hal);
+    eprintln!("prover_ops suite on `{}`: {:?}", hal.name(), t.elapsed());
+}
+
+fn eltwise<H: Hal, F: Random>(hal: &H, rng: &mut Rng, lens: &[usize]) {
+    type Op<F> = fn(&mut [F], &[F], &[F]);
+    for &n in lens {
+        let (av, bv) = (randoms::<F>(rng, n), randoms::<F>(rng, n));
+        let scalar = F::random(rng);
+        let a = hal.copy_from("a", &av).unwrap();
+        let b = hal.copy_from("b", &bv).unwrap();
+        let mut want = vec![F::ZERO; n];
+        let ops: [(&str, Op<F>); 3] = [
+            ("add", cpu_ops::eltwise_add),
+            ("sub", cpu_ops::eltwise_sub),
+            ("mul", cpu_ops::eltwise_mul),
+        ];
+        for (name, reference) in ops {
+            let out = poisoned(hal, "out", n, F::poison());
+            match name {
+                "add" => hal.eltwise_add(&out, &a, &b),
+                "sub" => hal.eltwise_sub(&out, &a, &b),
+                _ => hal.eltwise_mul(&out, &a, &b),
+            }
+            .unwrap();
+            reference(&mut want, &av, &bv);
+            assert_same(
+                &format!("eltwise_{name}_{} n={n}", F::TAG),
+                &out.to_vec().unwrap(),
+                &want,
+            );
+        }
+        let out = poisoned(hal, "out", n, F::poison());
+        hal.eltwise_mul_scalar(&out, &a, scalar).unwrap();
+        cpu_ops::eltwise_mul_scalar(&mut want, &av, scalar);
+        assert_same(
+            &format!("eltwise_mul_scalar_{} n={n}", F::TAG),
+            &out.to_vec().unwrap(),
+            &want,
+        );
+        // The same input twice is not aliasing.
+        let out = poisoned(hal, "out", n, F::poison());
+        hal.eltwise_mul(&out, &a, &a).unwrap();
+        cpu_ops::eltwise_mul(&mut want, &av, &av);
+        assert_same("eltwise a*a", &out.to_vec().unwrap(), &want);
+    }
+}
+
+/// Inputs and output as disjoint slices of one allocation, at odd offsets.
+fn eltwise_on_slices_of_one_allocation<H: Hal>(hal: &H, rng: &mut Rng) {
+    let n = 1001;
+    let arena = poisoned(hal, "arena", 3 * n + 7, poison_elem());
+    let (a, b, out) = (
+        arena.slice(1, n).unwrap(),
+        arena.slice(n + 3, n).unwrap(),
+        arena.slice(2 * n + 5, n).unwrap(),
+    );
+    let (av, bv) = (randoms::<Elem>(rng, n), randoms::<Elem>(rng, n));
+    a.copy_from_slice(&av).unwrap();
+    b.copy_from_slice(&bv).unwrap();
+    hal.eltwise_sub(&out, &a, &b).unwrap();
+    let mut want = vec![Elem::ZERO; n];
+    cpu_ops::eltwise_sub(&mut want, &av, &bv);
+    assert_same("eltwise on slices", &out.to_vec().unwrap(), &want);
+    // Nothing outside the three slices was touched.
+    let all = arena.to_vec().unwrap();
+    for i in [0, n + 1, n + 2, 2 * n + 3, 2 * n + 4, 3 * n + 5, 3 * n + 6] {
+        assert_eq!(all[i], poison_elem(), "arena element {i}");
+    }
+}
+
+fn bit_reverse<H: Hal>(hal: &H, rng: &mut Rng) {
+    for log_n in 0..=12 {
+        for cols in [1, 3] {
+            let v = randoms::<Elem>(rng, cols << log_n);
+            let io = hal.copy_from("io", &v).unwrap();
+            hal.batch_bit_reverse(&io, log_n).unwrap();
+            let mut want = v.clone();
+            cpu_ops::bit_reverse(&mut want, log_n);
+            assert_same(
+                &format!("bit_reverse log_n={log_n} cols={cols}"),
+                &io.to_vec().unwrap(),
+                &want,
+            );
+        }
+    }
+}
+
+fn ntt<H: Hal>(hal: &H, rng: &mut Rng) {
+    for log_n in 1..=12 {
+        for cols in [1, 2, 5] {
+            let v = randoms::<Elem>(rng, cols << log_n);
+            let io = hal.copy_from("io", &v).unwrap();
+            hal.batch_ntt(&io, log_n, false).unwrap();
+            let mut want = v.clone();
+            cpu_ops::ntt(&mut want, log_n, false);
+            let what = format!("ntt log_n={log_n} cols={cols}");
+            assert_same(&what, &io.to_vec().unwrap(), &want);
+            hal.batch_ntt(&io, log_n, true).unwrap();
+            assert_same(&format!("inverse {what}"), &io.to_vec().unwrap(), &v);
+            // The inverse on its own, on fresh random evaluations.
+            let e = randoms::<Elem>(rng, cols << log_n);
+            io.copy_from_slice(&e).unwrap();
+            hal.batch_ntt(&io, log_n, true).unwrap();
+            let mut want = e;
+            cpu_ops::ntt(&mut want, log_n, true);
+            assert_same(
+                &format!("inverse-only {what}"),
+                &io.to_vec().unwrap(),
+                &want,
+            );
+        }
+    }
+    // A column in the middle of a larger buffer: only that slice changes.
+    let v = randoms::<Elem>(rng, 3 << 6);
+    let whole = hal.copy_from("whole", &v).unwrap();
+    hal.batch_ntt(&whole.slice(1 << 6, 1 << 6).unwrap(), 6, false)
+        .unwrap();
+    let mut want = v.clone();
+    cpu_ops::ntt(&mut want[1 << 6..2 << 6], 6, false);
+    assert_same("ntt on a slice", &whole.to_vec().unwrap(), &want);
+}
+
+fn coset_lde<H: Hal>(hal: &H, rng: &mut Rng) {
+    for (log_n, log_blowup) in [(0, 1), (1, 1), (4, 2), (8, 3), (10, 1), (6, 0)] {
+        for cols in [1, 3] {
+            let c = randoms::<Elem>(rng, cols << log_n);
+            let coeffs = hal.copy_from("coeffs", &c).unwrap();
+            let big = cols << (log_n + log_blowup);
+            let out = poisoned(hal, "lde", big, poison_elem());
+            hal.coset_lde(&out, &coeffs, log_n, log_blowup).unwrap();
+            let mut want = vec![Elem::ZERO; big];
+            cpu_ops::coset_lde(&mut want, &c, log_n, log_blowup);
+            assert_same(
+                &format!("coset_lde log_n={log_n} log_blowup={log_blowup} cols={cols}"),
+                &out.to_vec().unwrap(),
+                &want,
+            );
+            // The input is left as it was.
+            assert_same("lde input", &coeffs.to_vec().unwrap(), &c);
+        }
+    }
+}
+
+fn hash_rows<H: Hal>(hal: &H, rng: &mut Rng) {
+    for (rows, cols) in [
+        (1, 1),
+        (3, 8),
+        (5, 9),
+        (64, 16),
+        (1000, 3),
+        (257, 24),
+        (2, 100),
+    ] {
+        let m = randoms::<Elem>(rng, rows * cols);
+        let matrix = hal.copy_from("matrix", &m).unwrap();
+        let out = poisoned(hal, "digests", rows, poison_digest());
+        hal.poseidon2_hash_rows(&out, &matrix, rows, cols).unwrap();
+        let mut want = vec![Digest::default(); rows];
+        cpu_ops::hash_rows(&mut want, &m, rows, cols);
+        assert_same(
+            &format!("hash_rows {rows}x{cols}"),
+            &out.to_vec().unwrap(),
+            &want,
+        );
+    }
+}
+
+fn merkle<H: Hal>(hal: &H, rng: &mut Rng) {
+    // Whole trees over 2^k leaves, layer by layer, in one buffer of 2^(k+1) - 1 nodes
+    // (leaves first, root last): each layer reads one slice and writes the next.
+    for k in [0u32, 1, 5, 8] {
+        let leaves = random_digests(rng, 1 << k);
+        let nodes = poisoned(hal, "tree", (2 << k) - 1, poison_digest());
+        nodes
+            .slice(0, 1 << k)
+            .unwrap()
+            .copy_from_slice(&leaves)
+            .unwrap();
+        let mut want = leaves;
+        let mut at = 0;
+        for level in (0..k).rev() {
+            let width = 2 << level;
+            let input = nodes.slice(at, width).unwrap();
+            let out = nodes.slice(at + width, width / 2).unwrap();
+            hal.merkle_layer(&out, &input).unwrap();
+            let mut next = vec![Digest::default(); width / 2];
+            cpu_ops::merkle_layer(&mut next, &want);
+            assert_same(
+                &format!("merkle k={k} level={level}"),
+                &out.to_vec().unwrap(),
+                &next,
+            );
+            want = next;
+            at += width;
+        }
+        assert_eq!(nodes.get_at((2 << k) - 2).unwrap(), want[0], "root, k={k}");
+    }
+    // A layer whose width is not a power of two.
+    let input = random_digests(rng, 10);
+    let inb = hal.copy_from("in", &input).unwrap();
+    let out = poisoned(hal, "out", 5, poison_digest());
+    hal.merkle_layer(&out, &inb).unwrap();
+    let mut want = vec![Digest::default(); 5];
+    cpu_ops::merkle_layer(&mut want, &input);
+    assert_same("merkle 10 -> 5", &out.to_vec().unwrap(), &want);
+}
+
+/// Several threads share the HAL and one allocation (disjoint slices).
+fn threads<H: Hal>(hal: &H, rng: &mut Rng) {
+    let (log_n, parts) = (8, 4);
+    let v = randoms::<Elem>(rng, parts << log_n);
+    let io = hal.copy_from("shared", &v).unwrap();
+    std::thread::scope(|s| {
+        for p in 0..parts {
+            let part = io.slice(p << log_n, 1 << log_n).unwrap();
+            s.spawn(move || {
+                for _ in 0..4 {
+                    hal.batch_ntt(&part, log_n, false).unwrap();
+                    hal.batch_ntt(&part, log_n, true).unwrap();
+                }
+                hal.batch_ntt(&part, log_n, false).unwrap();
+            });
+        }
+    });
+    let mut want = v;
+    cpu_ops::ntt(&mut want, log_n, false);
+    assert_same("threads", &io.to_vec().unwrap(), &want);
+}
+
+fn bad_input<H: Hal>(hal: &H) {
+    fn expect(r: cuda_hal::Result<()>, what: &str, ok: impl Fn(&Error) -> bool) {
+        match r {
+            Err(e) if ok(&e) => {}
+            Err(e) => panic!("{what}: wrong error {e:?}"),
+            Ok(()) => panic!("{what}: accepted"),
+        }
+    }
+    let e = hal.alloc::<Elem>("empty", 0).unwrap_err();
+    assert!(
+        matches!(&e, Error::ZeroLength { name } if name == "empty"),
+        "{e:?}"
+    );
+
+    let a = hal.copy_from("a", &[Elem::ONE; 8]).unwrap();
+    let short = hal.copy_from("short", &[Elem::ONE; 7]).unwrap();
+    let out = hal.alloc::<Elem>("out", 8).unwrap();
+    assert!(matches!(a.slice(0, 0), Err(Error::ZeroLength { .. })));
+    assert!(matches!(
+        a.slice(5, 10),
+        Err(Error::OutOfRange {
+            start: 5,
+            end: 15,
+            len: 8,
+            ..
+        })
+    ));
+    assert!(matches!(
+        a.slice(usize::MAX, 2),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        a.get_at(8),
+        Err(Error::OutOfRange {
+            start: 8,
+            end: 9,
+            len: 8,
+            ..
+        })
+    ));
+    expect(a.copy_from_slice(&[Elem::ONE; 3]), "copy_from_slice", |e| {
+        matches!(
+            e,
+            Error::LengthMismatch {
+                expected: 8,
+                actual: 3,
+                ..
+            }
+        )
+    });
+    let mut dst = [Elem::ZERO; 9];
+    expect(a.copy_to_slice(&mut dst), "copy_to_slice", |e| {
+        matches!(
+            e,
+            Error::LengthMismatch {
+                expected: 8,
+                actual: 9,
+                ..
+            }
+        )
+    });
+
+    // Element-wise: lengths and aliasing.
+    expect(
+        hal.eltwise_add(&out, &a, &short),
+        "eltwise length",
+        |e| matches!(e, Error::LengthMismatch { name, expected: 8, actual: 7 } if name == "short"),
+    );
+    expect(
+        hal.eltwise_mul_scalar(&short, &a, Elem::ONE),
+        "scalar length",
+        |e| {
+            matches!(
+                e,
+                Error::LengthMismatch {
+                    expected: 7,
+                    actual: 8,
+                    ..
+                }
+            )
+        },
+    );
+    expect(hal.eltwise_add(&a, &a, &out), "out = a", |e| {
+        matches!(e, Error::Aliasing { .. })
+    });
+    let arena = hal.alloc::<Elem>("arena", 12).unwrap();
+    let (x, y) = (arena.slice(0, 8).unwrap(), arena.slice(4, 8).unwrap());
+    expect(hal.eltwise_sub(&y, &out, &x), "overlapping slices", |e| {
+        matches!(e, Error::Aliasing { .. })
+    });
+    expect(
+        hal.eltwise_mul_scalar(&x, &y, Elem::ONE),
+        "scalar aliasing",
+        |e| matches!(e, Error::Aliasing { .. }),
+    );
+
+    // Transforms: whole columns, at most 2^27 points.
+    let io = hal.alloc::<Elem>("io", 12).unwrap();
+    expect(hal.batch_ntt(&io, 3, false), "ntt columns", |e| {
+        matches!(
+            e,
+            Error::LengthMismatch {
+                expected: 16,
+                actual: 12,
+                ..
+            }
+        )
+    });
+    expect(hal.batch_bit_reverse(&io, 4), "bit reverse columns", |e| {
+        matches!(
+            e,
+            Error::LengthMismatch {
+                expected: 16,
+                actual: 12,
+                ..
+            }
+        )
+    });
+    expect(hal.batch_ntt(&io, 28, true), "ntt size", |e| {
+        matches!(e, Error::InvalidArgument(_))
+    });
+    let coeffs = hal.alloc::<Elem>("coeffs", 8).unwrap();
+    let lde = hal.alloc::<Elem>("lde", 16).unwrap();
+    expect(
+        hal.coset_lde(&lde, &coeffs, 2, 2),
+        "lde output",
+        |e| matches!(e, Error::LengthMismatch { name, expected: 32, actual: 16 } if name == "lde"),
+    );
+    expect(hal.coset_lde(&lde, &coeffs, 3, 25), "lde size", |e| {
+        matches!(e, Error::InvalidArgument(_))
+    });
+    expect(
+        hal.coset_lde(&lde, &io, 3, 1),
+        "lde columns",
+        |e| matches!(e, Error::LengthMismatch { name, .. } if name == "io"),
+    );
+    let big = hal.alloc::<Elem>("big", 24).unwrap();
+    expect(
+        hal.coset_lde(&big.slice(4, 16).unwrap(), &big.slice(0, 8).unwrap(), 3, 1),
+        "lde aliasing",
+        |e| matches!(e, Error::Aliasing { .. }),
+    );
+
+    // Hashing.
+    let digests = hal.alloc::<Digest>("digests", 4).unwrap();
+    let matrix = hal.alloc::<Elem>("matrix", 12).unwrap();
+    expect(
+        hal.poseidon2_hash_rows(&digests, &matrix, 4, 2),
+        "matrix",
+        |e| matches!(e, Error::LengthMismatch { name, expected: 8, actual: 12 } if name == "matrix"),
+    );
+    expect(
+        hal.poseidon2_hash_rows(&digests, &matrix, 3, 4),
+        "rows",
+        |e| matches!(e, Error::LengthMismatch { name, expected: 3, actual: 4 } if name == "digests"),
+    );
+    expect(
+        hal.poseidon2_hash_rows(&digests, &matrix, 4, 0),
+        "cols",
+        |e| matches!(e, Error::ZeroLength { .. }),
+    );
+    let layer = hal.alloc::<Digest>("layer", 3).unwrap();
+    expect(hal.merkle_layer(&layer, &digests), "merkle", |e| {
+        matches!(
+            e,
+            Error::LengthMismatch {
+                expected: 6,
+                actual: 4,
+                ..
+            }
+        )
+    });
+    expect(
+        hal.merkle_layer(&digests.slice(1, 2).unwrap(), &digests),
+        "merkle aliasing",
+        |e| matches!(e, Error::Aliasing { .. }),
+    );
+
+    // Still usable.
+    hal.eltwise_add(&out, &a, &a).unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![Elem::new(2); 8]);
+    hal.poseidon2_hash_rows(&digests, &matrix, 4, 3).unwrap();
+    hal.synchronize().unwrap();
+}
+
+#[test]
+fn cpu_suite() {
+    suite(&CpuHal::new());
+}
+
+// TODO(lead): remove the `cfg(any())` once `impl Hal for CudaHal` lands. `gpu()` skips
+// without a GPU and fails under CUDA_HAL_REQUIRE_GPU=1, as for the other GPU tests.
+#[cfg(any())]
+#[test]
+fn cuda_suite() {
+    if let Some(hal) = common::gpu() {
+        suite(&hal);
+    }
+}
