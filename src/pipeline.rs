@@ -66,19 +66,16 @@ struct Set<I, O> {
     busy: Option<(usize, usize)>,
 }
 
-/// Whether `bytes` lie in page-locked (allocated or registered) host memory.
+/// Whether `bytes` lie in page-locked (allocated or registered) host memory. Uses
+/// `cuPointerGetAttributes`, which answers "unknown" for pageable memory instead of failing.
 fn is_pinned(bytes: &[u8]) -> bool {
     let Ok(d) = api() else { return false };
     let mut kind: u32 = 0;
-    // SAFETY: the attribute is an unsigned int written into `kind`; a pageable pointer makes
-    // the call fail, which is the answer `false`.
-    let r = unsafe {
-        d.cuPointerGetAttribute(
-            (&mut kind as *mut u32).cast(),
-            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            bytes.as_ptr() as u64,
-        )
-    };
+    let mut attr = cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    let mut data = [(&mut kind as *mut u32).cast::<std::ffi::c_void>()];
+    // SAFETY: one attribute, whose value (an unsigned int) goes into `kind`.
+    let r =
+        unsafe { d.cuPointerGetAttributes(1, &mut attr, data.as_mut_ptr(), bytes.as_ptr() as u64) };
     r.is_ok() && kind == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
 }
 

@@ -2,15 +2,15 @@
 //! overall (current and peak), and the leak report.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 /// One live allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveAllocation {
-    /// Allocation id, unique within the HAL.
+    /// Allocation id, unique among the HAL's live allocations (ids of freed ones are reused).
     pub id: u64,
     /// The buffer's name.
     pub name: String,
@@ -77,13 +77,46 @@ impl fmt::Display for MemoryReport {
     }
 }
 
+/// The live table is a slab (slot index = allocation id) and names are interned to small
+/// ids, so a free does no hashing and an allocation hashes a name at most once (a static
+/// name is found by its address).
 #[derive(Default)]
 struct State {
-    next_id: u64,
-    live: HashMap<u64, (Cow<'static, str>, usize)>,
-    names: HashMap<Cow<'static, str>, NameTotals>,
+    slots: Vec<Option<(u32, usize)>>,
+    free_slots: Vec<u32>,
+    names: Vec<NameTotals>,
+    by_addr: FxHashMap<(usize, usize), u32>,
+    by_name: FxHashMap<String, u32>,
     current: usize,
     peak: usize,
+}
+
+impl State {
+    #[allow(clippy::ptr_arg)] // a borrowed name is keyed by its address
+    fn name_id(&mut self, name: &Cow<'static, str>) -> u32 {
+        let key = (name.as_ptr() as usize, name.len());
+        if let Cow::Borrowed(_) = name {
+            if let Some(id) = self.by_addr.get(&key) {
+                return *id;
+            }
+        }
+        let id = match self.by_name.get(name.as_ref()) {
+            Some(id) => *id,
+            None => {
+                let id = self.names.len() as u32;
+                self.names.push(NameTotals {
+                    name: name.to_string(),
+                    ..Default::default()
+                });
+                self.by_name.insert(name.to_string(), id);
+                id
+            }
+        };
+        if let Cow::Borrowed(_) = name {
+            self.by_addr.insert(key, id);
+        }
+        id
+    }
 }
 
 /// The tracker of one HAL.
@@ -107,7 +140,7 @@ impl Tracker {
     }
 
     /// Records an allocation if the bytes alive stay within `limit`; its id, or `None`.
-    /// (A `&Cow`: cloning it keeps a static name borrowed, with no allocation.)
+    /// (A `&Cow`: a static name is found by its address, with no hashing of its text.)
     #[allow(clippy::ptr_arg)]
     pub(crate) fn track_within(
         &self,
@@ -119,50 +152,62 @@ impl Tracker {
         if s.current.saturating_add(bytes) > limit {
             return None;
         }
-        s.next_id += 1;
-        let id = s.next_id;
+        let name_id = s.name_id(name);
         s.current += bytes;
         s.peak = s.peak.max(s.current);
-        let t = match s.names.get_mut(name.as_ref()) {
-            Some(t) => t,
-            None => s.names.entry(name.clone()).or_insert_with(|| NameTotals {
-                name: name.to_string(),
-                ..Default::default()
-            }),
-        };
+        let t = &mut s.names[name_id as usize];
         t.live += 1;
         t.current_bytes += bytes;
         t.peak_bytes = t.peak_bytes.max(t.current_bytes);
         t.allocations += 1;
-        s.live.insert(id, (name.clone(), bytes));
-        Some(id)
+        let slot = match s.free_slots.pop() {
+            Some(i) => {
+                s.slots[i as usize] = Some((name_id, bytes));
+                i
+            }
+            None => {
+                s.slots.push(Some((name_id, bytes)));
+                (s.slots.len() - 1) as u32
+            }
+        };
+        Some(slot as u64)
     }
 
     /// Records that allocation `id` was freed.
     pub(crate) fn untrack(&self, id: u64) {
         let mut s = self.state.lock();
-        if let Some((name, bytes)) = s.live.remove(&id) {
-            s.current -= bytes;
-            if let Some(t) = s.names.get_mut(name.as_ref()) {
-                t.live -= 1;
-                t.current_bytes -= bytes;
-            }
-        }
+        let Some(entry) = s.slots.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        let (name_id, bytes) = entry;
+        s.current -= bytes;
+        let t = &mut s.names[name_id as usize];
+        t.live -= 1;
+        t.current_bytes -= bytes;
+        s.free_slots.push(id as u32);
     }
 
     pub(crate) fn report(&self) -> MemoryReport {
         let s = self.state.lock();
         let mut live: Vec<LiveAllocation> = s
-            .live
+            .slots
             .iter()
-            .map(|(id, (name, bytes))| LiveAllocation {
-                id: *id,
-                name: name.to_string(),
-                bytes: *bytes,
+            .enumerate()
+            .filter_map(|(id, e)| {
+                e.map(|(name_id, bytes)| LiveAllocation {
+                    id: id as u64,
+                    name: s.names[name_id as usize].name.clone(),
+                    bytes,
+                })
             })
             .collect();
         live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.id.cmp(&b.id)));
-        let mut by_name: Vec<NameTotals> = s.names.values().cloned().collect();
+        let mut by_name: Vec<NameTotals> = s
+            .names
+            .iter()
+            .filter(|n| n.allocations > 0)
+            .cloned()
+            .collect();
         by_name.sort_by(|a, b| {
             b.current_bytes
                 .cmp(&a.current_bytes)
