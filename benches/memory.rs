@@ -49,7 +49,11 @@ fn main() {
 fn tracking_overhead() {
     let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
     for cache in [1usize << 30, 0] {
-        let cfg = |track| HalConfig { track_allocations: track, block_cache_bytes: cache, ..Default::default() };
+        let cfg = |track| HalConfig {
+            track_allocations: track,
+            block_cache_bytes: cache,
+            ..Default::default()
+        };
         let on = CudaHal::with_config(0, cfg(true)).unwrap();
         let off = CudaHal::with_config(0, cfg(false)).unwrap();
         let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
@@ -66,8 +70,19 @@ fn tracking_overhead() {
         t_on.sort_by(|a, b| a.total_cmp(b));
         t_off.sort_by(|a, b| a.total_cmp(b));
         let (a, b) = (t_on[4], t_off[4]);
-        let label = if cache > 0 { "block cache on" } else { "block cache off" };
-        row(&format!("alloc+free mixed, {label}, tracking on"), a, "same, tracking off", b, -1, "<1% overhead");
+        let label = if cache > 0 {
+            "block cache on"
+        } else {
+            "block cache off"
+        };
+        row(
+            &format!("alloc+free mixed, {label}, tracking on"),
+            a,
+            "same, tracking off",
+            b,
+            -1,
+            "<1% overhead",
+        );
         println!(
             "INFO|memory|tracking overhead on alloc+free ({label}): {:+.1}% ({a:.3} us vs {b:.3} us, median of 9 interleaved rounds)",
             (a / b - 1.0) * 100.0

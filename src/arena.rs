@@ -239,14 +239,13 @@ impl Batch<'_> {
             .max()
             .unwrap_or(base);
         if end > start {
-            let mut staged = vec![0u8; end - start];
-            for (v, (_, data)) in views.iter().zip(items) {
-                let r = v.byte_range();
-                staged[r.start - start..r.end - start].copy_from_slice(bytemuck::cast_slice(data));
-            }
-            region
-                .reinterpret::<u8>(start - base, end - start)?
-                .upload_async(&staged)?;
+            region.upload_layout(start - base, end - start, |staged| {
+                for (v, (_, data)) in views.iter().zip(items) {
+                    let r = v.byte_range();
+                    staged[r.start - start..r.end - start]
+                        .copy_from_slice(bytemuck::cast_slice(data));
+                }
+            })?;
         }
         Ok(views)
     }

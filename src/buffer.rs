@@ -87,6 +87,11 @@ impl RawBuffer {
         &self.name
     }
 
+    /// Device address of the allocation's first byte.
+    pub(crate) fn base_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
     /// Size in bytes.
     pub fn size_bytes(&self) -> usize {
         self.bytes

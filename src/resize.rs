@@ -86,8 +86,17 @@ impl<T: Pod> GrowableBuffer<T> {
         self.buf.slice(0, self.len)
     }
 
+    /// Moves the elements in use (only those: the rest was never written) into a new
+    /// allocation of `capacity` elements.
     fn regrow(&mut self, capacity: usize) -> Result<()> {
-        let next = self.buf.resized(capacity)?;
+        let next = self
+            .buf
+            .hal()
+            .alloc::<T>(self.buf.name().to_string(), capacity)?;
+        if self.len > 0 {
+            next.slice(0, self.len)?
+                .copy_from_buffer(&self.buf.slice(0, self.len)?)?;
+        }
         self.buf = next;
         self.reallocations += 1;
         Ok(())

@@ -179,6 +179,52 @@ impl<T: Pod> Buffer<T> {
         Ok(())
     }
 
+    /// Uploads `len` bytes at byte `offset` of this buffer from a pinned block that `fill`
+    /// writes (zeroed first), with one copy and no device allocation.
+    pub(crate) fn upload_layout(
+        &self,
+        offset: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        let h = self.raw().hal().clone();
+        h.enter()?;
+        let r = self.byte_range().start + offset..self.byte_range().start + offset + len;
+        if r.end > self.byte_range().end {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {offset} overrun `{}`",
+                self.name()
+            )));
+        }
+        self.raw().prepare_device_access(r.clone(), true)?;
+        let mut block = h.guard(h.pinned.take(len))?;
+        let staged = &mut block.mem.as_mut_slice()[..len];
+        staged.fill(0);
+        fill(staged);
+        let done = Arc::new(Event::new()?);
+        // SAFETY: the block holds `len` staged bytes and is reused only after `done`; the
+        // destination range lies inside this buffer (checked above).
+        let res = unsafe {
+            api()?.cuMemcpyHtoDAsync(
+                self.raw().base_ptr() + r.start as u64,
+                block.mem.as_ptr().cast(),
+                len,
+                h.stream.raw(),
+            )
+        }
+        .map_err(Error::from)
+        .and_then(|()| done.record(&h.stream));
+        h.ledger.copy(Dir::H2D, len);
+        block.set_pending(done);
+        h.pinned.give(block);
+        h.guard(res)?;
+        self.raw().invalidate_host(r);
+        if !PHASES.async_copy {
+            h.guard(h.stream.synchronize())?;
+        }
+        Ok(())
+    }
+
     /// Elements at `indices`, read with one gather kernel and one copy (a batched
     /// `get_at`). With phase 2, elements whose host copy is valid are read from it.
     pub fn get_many(&self, indices: &[usize]) -> Result<Vec<T>> {
