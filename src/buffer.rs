@@ -106,6 +106,8 @@ impl RawBuffer {
     /// Before the main stream reads or writes `r`: orders it after pending side-stream uses,
     /// uploads host-newer bytes, and for a write marks the host copy of `r` stale.
     pub(crate) fn prepare_device_access(&self, r: Range<usize>, write: bool) -> Result<()> {
+        // The caller may have another HAL's context current (copies between devices).
+        self.hal.ctx.bind()?;
         self.side.wait_on(&self.hal.stream, 0, true)?;
         self.flush_host(r, write)
     }

@@ -542,6 +542,11 @@ impl HalInner {
         &self.info
     }
 
+    /// Lets device `ordinal` access this HAL's pool allocations.
+    pub(crate) fn pool_grant_access(&self, ordinal: usize) -> Result<()> {
+        self.guard(self.pool.grant_access(ordinal))
+    }
+
     pub(crate) fn config(&self) -> &HalConfig {
         &self.config
     }

@@ -41,12 +41,16 @@ impl CudaHal {
         self.inner.enter()?;
         // SAFETY: the peer context is a live retained primary context.
         match unsafe { api()?.cuCtxEnablePeerAccess(other.inner.ctx.raw(), 0) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {
-                Ok(true)
-            }
-            Err(e) => Err(e.into()),
+            Ok(()) => {}
+            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {}
+            Err(e) => return Err(e.into()),
         }
+        // Pool allocations are not covered by context peer access: `other`'s pool must
+        // grant this device access too.
+        other.inner.enter()?;
+        other.inner.pool_grant_access(self.info().ordinal)?;
+        self.inner.enter()?;
+        Ok(true)
     }
 }
 
@@ -87,8 +91,8 @@ impl<T: Pod> Buffer<T> {
         }
         let (d, s) = (&dst_hal.inner, &src_hal.inner);
         // The source's stream must be done writing it; the destination's queue waits.
-        src.raw().prepare_device_access(src.byte_range(), false)?;
         s.enter()?;
+        src.raw().prepare_device_access(src.byte_range(), false)?;
         let ready = Event::new()?;
         ready.record(&s.stream)?;
         d.enter()?;

@@ -86,6 +86,20 @@ impl MemPool {
         })
     }
 
+    /// Lets device `ordinal` read and write this pool's allocations (peer access).
+    pub fn grant_access(&self, ordinal: usize) -> Result<()> {
+        let desc = cuda_sys::CUmemAccessDesc {
+            location: cuda_sys::CUmemLocation {
+                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal as i32,
+            },
+            flags: cuda_sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one valid access descriptor.
+        unsafe { api()?.cuMemPoolSetAccess(self.raw, &desc, 1)? };
+        Ok(())
+    }
+
     /// Returns reserved memory above `keep_bytes` to the OS (after the frees have completed).
     pub fn trim_to(&self, keep_bytes: usize) -> Result<()> {
         // SAFETY: raw is a live pool.
