@@ -442,6 +442,64 @@ fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
 }
 
 #[test]
+fn misaligned_and_zero_length_requests_are_typed_errors() {
+    let Some(hal) = gpu() else { return };
+    let bytes = hal.copy_from("bytes", &[0u8; 64]).unwrap();
+    assert!(
+        matches!(
+            bytes.reinterpret::<u32>(2, 4),
+            Err(Error::InvalidArgument(_))
+        ),
+        "misaligned view"
+    );
+    assert!(
+        matches!(
+            bytes.reinterpret::<u32>(4, 16),
+            Err(Error::OutOfRange { .. })
+        ),
+        "past the end"
+    );
+    assert!(matches!(
+        bytes.reinterpret::<u32>(0, 0),
+        Err(Error::ZeroLength { .. })
+    ));
+    let words = bytes.reinterpret::<u32>(4, 15).unwrap();
+    words.fill(0x0101_0101).unwrap();
+    assert_eq!(bytes.get_at(3).unwrap(), 0);
+    assert_eq!(bytes.get_at(4).unwrap(), 1);
+    assert!(matches!(bytes.get_many(&[]), Err(Error::ZeroLength { .. })));
+    assert!(matches!(
+        hal.upload_batch::<u8>(&[]),
+        Err(Error::ZeroLength { .. })
+    ));
+    assert!(matches!(
+        hal.alloc_pinned::<u8>(0, Default::default()),
+        Err(Error::ZeroLength { .. })
+    ));
+    assert!(matches!(
+        hal.alloc_managed::<u8>("m", 0),
+        Err(Error::ZeroLength { .. })
+    ));
+    let mut out = vec![0u8; 3];
+    assert!(matches!(
+        bytes.copy_to_slice(&mut out),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        hal.pipeline(
+            &[1u32],
+            &mut [0u32],
+            0,
+            cuda_hal::PipelineMode::Overlapped,
+            |_, _, _| Ok(())
+        ),
+        Err(Error::ZeroLength { .. })
+    ));
+    // Still usable.
+    assert_eq!(bytes.to_vec().unwrap()[4..8], [1, 1, 1, 1]);
+}
+
+#[test]
 fn buffers_of_another_hal_are_rejected() {
     let Some(h1) = gpu() else { return };
     let h2 = CudaHal::new(0).unwrap();

@@ -1,0 +1,75 @@
+//! Concurrency stress (issue #7): N threads on one HAL and M HALs on one device, each
+//! looping alloc, upload, kernel, get_at, view and free. Prints operations per second; the
+//! floor is the same loop on one thread.
+
+use std::time::{Duration, Instant};
+
+use cuda_hal::{ops, CudaHal};
+
+fn round(hal: &CudaHal, data: &[u32]) {
+    let a = hal.copy_from("stress-a", data).unwrap();
+    let out = hal.alloc::<u32>("stress-out", data.len()).unwrap();
+    ops::add(&out, &a, &a).unwrap();
+    assert_eq!(out.get_at(7).unwrap(), data[7].wrapping_mul(2));
+    assert_eq!(
+        out.view(|s| s[data.len() - 1]).unwrap(),
+        data[data.len() - 1].wrapping_mul(2)
+    );
+}
+
+/// Rounds per second with `threads` threads spread over `hals`, for `dur`.
+fn throughput(hals: &[CudaHal], threads: usize, dur: Duration) -> f64 {
+    let data: Vec<u32> = (0..64 * 1024).collect();
+    let start = Instant::now();
+    let done: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let hal = hals[t % hals.len()].clone();
+                let data = &data;
+                s.spawn(move || {
+                    let mut n = 0usize;
+                    while start.elapsed() < dur {
+                        round(&hal, data);
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    done as f64 / start.elapsed().as_secs_f64()
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let Ok(hal) = CudaHal::new(0) else {
+        return println!("SKIPPED: no GPU");
+    };
+    let dur = Duration::from_millis(1500);
+    let one = throughput(std::slice::from_ref(&hal), 1, dur);
+    let one_us = 1e6 / one;
+    for threads in [4usize, 8, 16] {
+        let r = throughput(std::slice::from_ref(&hal), threads, dur);
+        println!(
+            "ROW|stress|{threads} threads, one HAL (us per round)|{:.3}|1 thread|{one_us:.3}|-1|-",
+            1e6 / r
+        );
+        println!(
+            "INFO|stress|{threads} threads on one HAL: {r:.0} rounds/s ({:.2}x one thread)",
+            r / one
+        );
+    }
+    let hals: Vec<CudaHal> = (0..4).map(|_| CudaHal::new(0).unwrap()).collect();
+    for threads in [4usize, 16] {
+        let r = throughput(&hals, threads, dur);
+        println!("ROW|stress|{threads} threads, 4 HALs on one device (us per round)|{:.3}|1 thread|{one_us:.3}|-1|-", 1e6 / r);
+        println!(
+            "INFO|stress|{threads} threads over 4 HALs: {r:.0} rounds/s ({:.2}x one thread)",
+            r / one
+        );
+    }
+    println!("INFO|stress|a round: alloc + 256 KiB upload + add kernel + get_at + view + 2 frees; one thread: {one:.0} rounds/s");
+}
