@@ -79,7 +79,8 @@ fn is_pinned(bytes: &[u8]) -> bool {
     r.is_ok() && kind == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
 }
 
-fn par_copy(dst: &mut [u8], src: &[u8]) {
+/// Copies with the rayon pool in 1 MiB pieces (page faults of a fresh destination included).
+pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
     const PIECE: usize = 1 << 20;
     dst.par_chunks_mut(PIECE)
         .zip(src.par_chunks(PIECE))

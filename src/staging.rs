@@ -8,6 +8,7 @@
 //! copy, so an upload returns as soon as the caller's bytes are in pinned memory.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use cuda_sys::CUdeviceptr;
 use parking_lot::{Condvar, Mutex};
@@ -57,11 +58,32 @@ pub struct StagingStats {
     pub waits: u64,
 }
 
+/// One chunk of a pinned block: slots allocated together share one `cuMemHostAlloc`.
 struct Slot {
-    mem: PinnedMemory,
-    /// Recorded after the last copy that reads or writes `mem`.
+    block: Arc<PinnedMemory>,
+    offset: usize,
+    len: usize,
+    /// Recorded after the last copy that reads or writes the slot.
     done: Event,
     in_flight: bool,
+}
+
+impl Slot {
+    fn as_ptr(&self) -> *mut u8 {
+        // SAFETY: offset + len lies inside the block (set by `take`).
+        unsafe { self.block.as_ptr().add(self.offset) }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the slot's bytes lie inside the live block and no other slot overlaps
+        // them; the host touches them only after `settle`.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, with the slot borrowed uniquely.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
 }
 
 impl Slot {
@@ -134,21 +156,30 @@ impl StagingPool {
             if can_grow > 0 {
                 guard.1 += can_grow;
                 drop(guard);
-                // Allocate outside the lock: cuMemHostAlloc takes milliseconds.
-                for _ in 0..can_grow {
-                    match PinnedMemory::new(self.cfg.chunk_bytes, PinnedFlags::default())
-                        .and_then(|mem| Ok((mem, Event::new()?)))
-                    {
-                        Ok((mem, done)) => got.push(Slot {
-                            mem,
-                            done,
-                            in_flight: false,
-                        }),
-                        Err(e) => {
-                            self.free.lock().1 -= 1;
-                            if got.is_empty() {
-                                return Err(e);
-                            }
+                // Allocate outside the lock, and all new slots in one block: cuMemHostAlloc
+                // takes milliseconds and its cost is mostly per call and per page.
+                let chunk = self.cfg.chunk_bytes;
+                let made =
+                    PinnedMemory::new(chunk * can_grow, PinnedFlags::default()).and_then(|mem| {
+                        let block = Arc::new(mem);
+                        (0..can_grow)
+                            .map(|i| {
+                                Ok(Slot {
+                                    block: block.clone(),
+                                    offset: i * chunk,
+                                    len: chunk,
+                                    done: Event::new()?,
+                                    in_flight: false,
+                                })
+                            })
+                            .collect::<Result<Vec<Slot>>>()
+                    });
+                match made {
+                    Ok(slots) => got.extend(slots),
+                    Err(e) => {
+                        self.free.lock().1 -= can_grow;
+                        if got.is_empty() {
+                            return Err(e);
                         }
                     }
                 }
@@ -280,7 +311,7 @@ fn upload_worker(
         let slot = &mut slots[i % slots.len()];
         slot.settle()?;
         crate::fastcopy::copy(
-            &mut slot.mem.as_mut_slice()[..part.len()],
+            &mut slot.as_mut_slice()[..part.len()],
             part,
             cfg.streaming_stores,
         );
@@ -289,7 +320,7 @@ fn upload_worker(
         unsafe {
             d.cuMemcpyHtoDAsync(
                 dst + start as u64,
-                slot.mem.as_ptr().cast(),
+                slot.as_ptr().cast(),
                 part.len(),
                 stream.raw(),
             )?
@@ -316,7 +347,7 @@ fn download_worker(
         // until its event completes; src + c*chunk is inside the source allocation.
         unsafe {
             d.cuMemcpyDtoHAsync(
-                slot.mem.as_ptr().cast(),
+                slot.as_ptr().cast(),
                 src + (c * chunk) as u64,
                 len,
                 stream.raw(),
@@ -337,7 +368,7 @@ fn download_worker(
         slot.settle()?;
         let piece = &mut mine[i].1;
         let len = piece.len();
-        crate::fastcopy::copy(piece, &slot.mem.as_slice()[..len], cfg.streaming_stores);
+        crate::fastcopy::copy(piece, &slot.as_slice()[..len], cfg.streaming_stores);
         if i + n < total {
             let (c, len) = (mine[i + n].0, mine[i + n].1.len());
             enqueue(slot, c, len)?;

@@ -65,8 +65,11 @@ impl<T: Pod> PendingRead<T> {
                 let out = r.map(|()| {
                     let b = block.as_ref().map(|b| b.mem.as_slice()).unwrap_or(&[]);
                     let mut v = vec![T::zeroed(); len];
-                    bytemuck::cast_slice_mut::<T, u8>(&mut v)
-                        .copy_from_slice(&b[..len * std::mem::size_of::<T>()]);
+                    // A fresh Vec faults its pages in on first write: copy in parallel.
+                    crate::pipeline::par_copy(
+                        bytemuck::cast_slice_mut::<T, u8>(&mut v),
+                        &b[..len * std::mem::size_of::<T>()],
+                    );
                     v
                 });
                 if let Some(b) = block.take() {
