@@ -15,12 +15,8 @@ fn compiler() -> Option<String> {
         .ok()
         .into_iter()
         .chain(["c++", "g++", "clang++"].map(String::from));
-    for c in candidates {
-        if Command::new(&c).arg("--version").output().is_ok() {
-            return Some(c);
-        }
-    }
-    None
+    let mut candidates = candidates;
+    candidates.find(|c| Command::new(c).arg("--version").output().is_ok())
 }
 
 fn to_mont(x: u32) -> u32 {
