@@ -11,10 +11,10 @@
 set -euo pipefail
 
 # Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
-GPU_TESTS="gpu transfers memory multi_gpu model"
+GPU_TESTS="gpu transfers memory multi_gpu model prover_ops"
 # Benches run in every build, and benches run only in the all-features build.
 GPU_BENCHES="phases"
-GPU_BENCHES_ALL_ONLY="transfers memory stress"
+GPU_BENCHES_ALL_ONLY="transfers memory stress prover"
 # Warn when the bundle is larger than this (the carry limit is 64 MiB in all).
 BUNDLE_LIMIT_MIB=60
 

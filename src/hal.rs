@@ -101,6 +101,9 @@ impl Drop for CudaHal {
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
             - 1;
         if left == 0 {
+            // The prover tables are buffers, which hold the HAL: free them with the last
+            // handle (a later handle made from a buffer rebuilds them on use).
+            self.inner.prover.clear();
             let report = self.inner.tracker.report();
             if !report.live.is_empty() {
                 log::warn!(
@@ -115,6 +118,8 @@ impl Drop for CudaHal {
 pub(crate) struct HalInner {
     // Declaration order is drop order: everything below goes before the context.
     pub(crate) kernels: KernelTable,
+    /// Device tables of the prover operations (twiddles, Poseidon2 constants).
+    pub(crate) prover: crate::prover_ops::ProverCache,
     staging: StagingPool,
     pub(crate) pinned: PinnedPool,
     blocks: Mutex<BlockCache>,
@@ -151,6 +156,7 @@ impl CudaHal {
         Ok(CudaHal {
             inner: Arc::new(HalInner {
                 kernels,
+                prover: Default::default(),
                 staging,
                 pinned: PinnedPool::new(config.pinned_pool_bytes),
                 blocks: Mutex::new(BlockCache::default()),

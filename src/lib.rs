@@ -50,6 +50,7 @@ mod phases;
 mod pinned;
 mod pipeline;
 pub mod poseidon2;
+mod prover_ops;
 mod resize;
 mod staging;
 mod streams;

@@ -514,12 +514,126 @@ fn cpu_suite() {
     suite(&CpuHal::new());
 }
 
-// TODO(lead): remove the `cfg(any())` once `impl Hal for CudaHal` lands. `gpu()` skips
-// without a GPU and fails under CUDA_HAL_REQUIRE_GPU=1, as for the other GPU tests.
-#[cfg(any())]
+/// The generic suite on the GPU. `gpu()` skips without a GPU and fails under
+/// CUDA_HAL_REQUIRE_GPU=1, as for the other GPU tests.
 #[test]
 fn cuda_suite() {
     if let Some(hal) = common::gpu() {
-        suite(&hal);
+        suite::<cuda_hal::CudaHal>(&hal);
     }
+}
+
+/// GPU-only paths the generic suite's sizes do not reach: the multi-pass fused NTT
+/// (`log_n >= 14`, through scratch), the radix-2 reference path, large LDEs, and the plain
+/// Poseidon2 permutation kernels of both widths.
+#[test]
+fn cuda_large_and_extra() {
+    let Some(hal) = common::gpu() else { return };
+    let hal: &cuda_hal::CudaHal = &hal;
+    let mut rng = Rng::new(0xb16);
+    for (log_n, cols) in [
+        (13, 3),
+        (14, 1),
+        (14, 3),
+        (15, 2),
+        (16, 4),
+        (17, 1),
+        (18, 2),
+        (20, 1),
+        (21, 1),
+        (22, 1),
+    ] {
+        let v = randoms::<Elem>(&mut rng, cols << log_n);
+        let mut want = v.clone();
+        cpu_ops::ntt(&mut want, log_n, false);
+        for radix2 in [false, true] {
+            let io = hal.copy_from("io", &v).unwrap();
+            if radix2 {
+                hal.batch_ntt_radix2(&io, log_n, false).unwrap();
+            } else {
+                Hal::batch_ntt(hal, &io, log_n, false).unwrap();
+            }
+            let what = format!("ntt log_n={log_n} cols={cols} radix2={radix2}");
+            assert_same(&what, &io.to_vec().unwrap(), &want);
+            if radix2 {
+                hal.batch_ntt_radix2(&io, log_n, true).unwrap();
+            } else {
+                Hal::batch_ntt(hal, &io, log_n, true).unwrap();
+            }
+            assert_same(&format!("inverse {what}"), &io.to_vec().unwrap(), &v);
+        }
+    }
+    // Small sizes through the radix-2 path too.
+    for log_n in 1..=6 {
+        let v = randoms::<Elem>(&mut rng, 3 << log_n);
+        let io = hal.copy_from("io", &v).unwrap();
+        hal.batch_ntt_radix2(&io, log_n, true).unwrap();
+        let mut want = v;
+        cpu_ops::ntt(&mut want, log_n, true);
+        assert_same("radix2 small inverse", &io.to_vec().unwrap(), &want);
+    }
+    for (log_n, log_blowup, cols) in [(12, 2, 2), (16, 1, 1), (13, 3, 1)] {
+        let c = randoms::<Elem>(&mut rng, cols << log_n);
+        let coeffs = hal.copy_from("coeffs", &c).unwrap();
+        let big = cols << (log_n + log_blowup);
+        let out = poisoned(hal, "lde", big, poison_elem());
+        Hal::coset_lde(hal, &out, &coeffs, log_n, log_blowup).unwrap();
+        let mut want = vec![Elem::ZERO; big];
+        cpu_ops::coset_lde(&mut want, &c, log_n, log_blowup);
+        assert_same(
+            &format!("large coset_lde {log_n}+{log_blowup} x{cols}"),
+            &out.to_vec().unwrap(),
+            &want,
+        );
+    }
+    // Plain permutations: known answer and random states, both widths.
+    let range: [Elem; 16] = std::array::from_fn(|i| Elem::new(i as u32));
+    let b = hal.copy_from("kat", &range).unwrap();
+    hal.poseidon2_permute(&b, 16).unwrap();
+    assert_eq!(b.get_at(0).unwrap(), Elem::new(896_560_466));
+    for width in [16usize, 24] {
+        let n = 1000;
+        let v = randoms::<Elem>(&mut rng, n * width);
+        let b = hal.copy_from("states", &v).unwrap();
+        hal.poseidon2_permute(&b, width).unwrap();
+        let mut want = v.clone();
+        for st in want.chunks_exact_mut(width) {
+            if width == 16 {
+                let s: &mut [Elem; 16] = st.try_into().unwrap();
+                cuda_hal::poseidon2::Poseidon2::babybear16().permute(s);
+            } else {
+                let s: &mut [Elem; 24] = st.try_into().unwrap();
+                cuda_hal::poseidon2::Poseidon2::babybear24().permute(s);
+            }
+        }
+        assert_same(
+            &format!("poseidon2 width {width}"),
+            &b.to_vec().unwrap(),
+            &want,
+        );
+    }
+    let b = hal.alloc::<Elem>("odd", 17).unwrap();
+    assert!(matches!(
+        hal.poseidon2_permute(&b, 16),
+        Err(Error::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        hal.poseidon2_permute(&b, 17),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Larger hash_rows / merkle shapes (many blocks, grid-stride).
+    let (rows, cols) = (100_003, 13);
+    let m = randoms::<Elem>(&mut rng, rows * cols);
+    let matrix = hal.copy_from("matrix", &m).unwrap();
+    let out = poisoned(hal, "digests", rows, poison_digest());
+    Hal::poseidon2_hash_rows(hal, &out, &matrix, rows, cols).unwrap();
+    let mut want = vec![Digest::default(); rows];
+    cpu_ops::hash_rows(&mut want, &m, rows, cols);
+    assert_same("large hash_rows", &out.to_vec().unwrap(), &want);
+    let layer = poisoned(hal, "layer", rows / 2, poison_digest());
+    let input = out.slice(0, 2 * (rows / 2)).unwrap();
+    Hal::merkle_layer(hal, &layer, &input).unwrap();
+    let mut next = vec![Digest::default(); rows / 2];
+    cpu_ops::merkle_layer(&mut next, &want[..2 * (rows / 2)]);
+    assert_same("large merkle layer", &layer.to_vec().unwrap(), &next);
 }

@@ -1,0 +1,263 @@
+//! Prover-operation benchmark on the GPU: BabyBear element-wise arithmetic, NTTs, the coset
+//! LDE and Poseidon2. Prints `ROW|prover|operation|crate_us|floor|floor_us|bytes|target`
+//! and `INFO|prover|...` lines (the format of `benches/phases.rs`). Times are medians of
+//! wall-clock time around the launches plus `synchronize`, after warm-up.
+
+use std::time::Instant;
+
+use cuda_hal::cuda_sys;
+use cuda_hal::field::Elem;
+use cuda_hal::{Buffer, CudaHal, Digest, Hal};
+
+/// Median microseconds of `f` over at least `min_iters` runs and about `budget_ms`.
+fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if samples.len() >= 100_000 {
+            break;
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
+    println!("ROW|prover|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
+}
+
+fn info(msg: &str) {
+    println!("INFO|prover|{msg}");
+}
+
+fn gbps(bytes: usize, us: f64) -> f64 {
+    bytes as f64 / us / 1e3
+}
+
+fn elems(n: usize, seed: u64) -> Vec<Elem> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Elem::from_u64(x)
+        })
+        .collect()
+}
+
+/// The raw floor: one device-to-device copy of `bytes` on the HAL's stream, synchronised.
+fn floor_d2d(hal: &CudaHal, dst: &Buffer<Elem>, src: &Buffer<Elem>, bytes: usize) -> f64 {
+    let d = cuda_sys::driver().expect("driver");
+    let (dst, src) = (
+        dst.device_ptr_mut().unwrap().addr,
+        src.device_ptr().unwrap().addr,
+    );
+    median_us(20, 300, || {
+        // SAFETY: both are live allocations of at least `bytes`, which do not overlap.
+        unsafe { d.cuMemcpyDtoDAsync(dst, src, bytes, hal.stream_handle()) }.unwrap();
+        hal.synchronize().unwrap();
+    })
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("run with --bench (cargo bench does this)");
+        return;
+    }
+    let hal = match CudaHal::new(0) {
+        Ok(h) => h,
+        Err(e) => {
+            println!("SKIPPED: no GPU: {e}");
+            return;
+        }
+    };
+    hal.synchronize().unwrap();
+    let i = hal.info();
+    info(&format!(
+        "device {} (sm_{}{}), {} SMs, driver {}",
+        i.name, i.compute_capability.0, i.compute_capability.1, i.multiprocessors, i.driver_version
+    ));
+    bench_eltwise(&hal);
+    bench_ntt(&hal);
+    bench_lde(&hal);
+    bench_poseidon2(&hal);
+}
+
+fn bench_eltwise(hal: &CudaHal) {
+    let n = 1usize << 26;
+    let a = hal.copy_from("a", &elems(n, 1)).unwrap();
+    let b = hal.copy_from("b", &elems(n, 2)).unwrap();
+    let out = hal.alloc::<Elem>("out", n).unwrap();
+    let moved = 3 * n * 4; // two reads, one write
+    let t = median_us(20, 500, || {
+        Hal::eltwise_mul(hal, &out, &a, &b).unwrap();
+        hal.synchronize().unwrap();
+    });
+    // A copy that reads and writes the same number of bytes in all: 1.5 x 256 MiB.
+    let copy_bytes = moved / 2;
+    let src = hal.alloc::<Elem>("copy-src", copy_bytes / 4).unwrap();
+    let dst = hal.alloc::<Elem>("copy-dst", copy_bytes / 4).unwrap();
+    let floor = floor_d2d(hal, &dst, &src, copy_bytes);
+    row(
+        "eltwise_mul_bb 2^26",
+        t,
+        "cuMemcpyDtoD 384 MiB (same bytes moved)",
+        floor,
+        moved as i64,
+        ">=0.9x floor bandwidth",
+    );
+    info(&format!(
+        "eltwise_mul_bb 2^26: {:.0} GB/s (read+write), D2D copy {:.0} GB/s, ratio {:.2}",
+        gbps(moved, t),
+        gbps(moved, floor),
+        floor / t
+    ));
+    for (name, tag) in [("add", "bb"), ("mul_scalar", "bb")] {
+        let t = median_us(20, 300, || {
+            match name {
+                "add" => Hal::eltwise_add(hal, &out, &a, &b).unwrap(),
+                _ => Hal::eltwise_mul_scalar(hal, &out, &a, Elem::new(7)).unwrap(),
+            }
+            hal.synchronize().unwrap();
+        });
+        let bytes = if name == "add" { moved } else { 2 * n * 4 };
+        info(&format!(
+            "eltwise_{name}_{tag} 2^26: {t:.1} us, {:.0} GB/s",
+            gbps(bytes, t)
+        ));
+    }
+    let n4 = n / 4;
+    let a4 = a.reinterpret::<cuda_hal::field::ExtElem>(0, n4).unwrap();
+    let b4 = b.reinterpret::<cuda_hal::field::ExtElem>(0, n4).unwrap();
+    let o4 = out.reinterpret::<cuda_hal::field::ExtElem>(0, n4).unwrap();
+    let t = median_us(20, 300, || {
+        Hal::eltwise_mul(hal, &o4, &a4, &b4).unwrap();
+        hal.synchronize().unwrap();
+    });
+    info(&format!(
+        "eltwise_mul_bb4 2^24 ext elems: {t:.1} us, {:.0} GB/s",
+        gbps(moved, t)
+    ));
+}
+
+fn bench_ntt(hal: &CudaHal) {
+    for (log_n, cols, target, op) in [
+        (24u32, 1usize, "<=200 us (sppark 222 us)", "ntt 2^24 x1"),
+        (16, 1024, "<=1500 us", "ntt 2^16 x1024"),
+    ] {
+        let n = cols << log_n;
+        let io = hal.copy_from("ntt", &elems(n, 3)).unwrap();
+        let other = hal.alloc::<Elem>("ntt-copy", n).unwrap();
+        let bytes = n * 4;
+        let t = median_us(20, 500, || {
+            Hal::batch_ntt(hal, &io, log_n, false).unwrap();
+            hal.synchronize().unwrap();
+        });
+        let floor = floor_d2d(hal, &other, &io, bytes);
+        row(
+            op,
+            t,
+            "cuMemcpyDtoD same bytes",
+            floor,
+            bytes as i64,
+            target,
+        );
+        let ti = median_us(20, 300, || {
+            Hal::batch_ntt(hal, &io, log_n, true).unwrap();
+            hal.synchronize().unwrap();
+        });
+        row(&format!("inverse {op}"), ti, "-", 0.0, bytes as i64, "-");
+        let tr = median_us(5, 300, || {
+            hal.batch_ntt_radix2(&io, log_n, false).unwrap();
+            hal.synchronize().unwrap();
+        });
+        info(&format!(
+            "{op}: fused {t:.1} us ({:.0} GB/s per pass-equivalent copy {floor:.1} us), radix-2 reference path {tr:.1} us",
+            gbps(2 * bytes, t)
+        ));
+    }
+}
+
+fn bench_lde(hal: &CudaHal) {
+    let (log_n, log_blowup, cols) = (16u32, 2u32, 256usize);
+    let coeffs = hal.copy_from("coeffs", &elems(cols << log_n, 4)).unwrap();
+    let out = hal
+        .alloc::<Elem>("lde", cols << (log_n + log_blowup))
+        .unwrap();
+    let t = median_us(10, 500, || {
+        Hal::coset_lde(hal, &out, &coeffs, log_n, log_blowup).unwrap();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "coset_lde 2^16 -> 2^18 x256",
+        t,
+        "-",
+        0.0,
+        (out.len() * 4) as i64,
+        "-",
+    );
+}
+
+fn bench_poseidon2(hal: &CudaHal) {
+    let n = 1usize << 24;
+    let states = hal.copy_from("states", &elems(16 * n, 5)).unwrap();
+    let t = median_us(10, 1000, || {
+        hal.poseidon2_permute(&states, 16).unwrap();
+        hal.synchronize().unwrap();
+    });
+    let rate = n as f64 / t / 1e3; // G perm/s
+    row(
+        "poseidon2 w16 permute 2^24 states",
+        t,
+        "-",
+        0.0,
+        (2 * 64 * n) as i64,
+        ">=2.0 G perm/s",
+    );
+    info(&format!("poseidon2 width 16: {rate:.2} G perm/s"));
+    drop(states);
+
+    let (rows, cols) = (1usize << 22, 16usize);
+    let matrix = hal.copy_from("matrix", &elems(rows * cols, 6)).unwrap();
+    let digests = hal.alloc::<Digest>("digests", rows).unwrap();
+    let t = median_us(10, 1000, || {
+        Hal::poseidon2_hash_rows(hal, &digests, &matrix, rows, cols).unwrap();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "poseidon2_hash_rows 2^22 x 16",
+        t,
+        "-",
+        0.0,
+        (rows * cols * 4 + rows * 32) as i64,
+        "-",
+    );
+    info(&format!(
+        "hash_rows 2^22 x 16: {:.2} G perm/s",
+        (2 * rows) as f64 / t / 1e3
+    ));
+    let layer = hal.alloc::<Digest>("layer", rows / 2).unwrap();
+    let t = median_us(10, 1000, || {
+        Hal::merkle_layer(hal, &layer, &digests).unwrap();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "merkle_layer 2^22 -> 2^21",
+        t,
+        "-",
+        0.0,
+        (rows * 32 + rows * 16) as i64,
+        "-",
+    );
+    info(&format!(
+        "merkle layer: {:.2} G perm/s",
+        (rows / 2) as f64 / t / 1e3
+    ));
+}

@@ -1,0 +1,399 @@
+// Prover kernels over BabyBear: element-wise arithmetic (base field "bb" and quartic
+// extension "bb4"), batched bit reversal, batched NTT (radix-2 stage kernels and a fused
+// shared-memory pass kernel), coset-LDE expansion, and Poseidon2 (row hashing, Merkle
+// layers, plain permutations). Buffers hold canonical values; see babybear.cuh.
+//
+// Every kernel is extern "C" and loops over its work with a grid stride (or over tiles with
+// a block stride), so any grid size covers any length. Counts are 64-bit.
+#include "babybear.cuh"
+
+#define BB_GRID_STRIDE(i, n) \
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < (n); \
+         i += (uint64_t)gridDim.x * blockDim.x)
+
+namespace {
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+struct OpAdd {
+    __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const {
+        return bb::add(a, b);
+    }
+};
+struct OpSub {
+    __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const {
+        return bb::sub(a, b);
+    }
+};
+struct OpMul {
+    __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const {
+        return bb::mul(a, b);
+    }
+};
+
+// out[i] = op(a[i], b[i]) over n u32s; 16-byte vector accesses when all three pointers
+// allow them (the usual case: pool allocations are 256-byte aligned), scalar otherwise.
+template <class Op>
+__device__ __forceinline__ void eltwise_bb(uint32_t* out, const uint32_t* a, const uint32_t* b,
+                                           uint64_t n, Op op) {
+    if (aligned16(out) && aligned16(a) && aligned16(b)) {
+        uint64_t n4 = n / 4;
+        uint4* o4 = reinterpret_cast<uint4*>(out);
+        const uint4* a4 = reinterpret_cast<const uint4*>(a);
+        const uint4* b4 = reinterpret_cast<const uint4*>(b);
+        BB_GRID_STRIDE(i, n4) {
+            uint4 x = a4[i];
+            uint4 y = b4[i];
+            o4[i] = make_uint4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
+        }
+        uint64_t tail = n - n4 * 4;
+        BB_GRID_STRIDE(j, tail) {
+            uint64_t i = n4 * 4 + j;
+            out[i] = op(a[i], b[i]);
+        }
+    } else {
+        BB_GRID_STRIDE(i, n) { out[i] = op(a[i], b[i]); }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void eltwise_add_bb(uint32_t* out, const uint32_t* a, const uint32_t* b,
+                                          uint64_t n) {
+    eltwise_bb(out, a, b, n, OpAdd{});
+}
+
+extern "C" __global__ void eltwise_sub_bb(uint32_t* out, const uint32_t* a, const uint32_t* b,
+                                          uint64_t n) {
+    eltwise_bb(out, a, b, n, OpSub{});
+}
+
+extern "C" __global__ void eltwise_mul_bb(uint32_t* out, const uint32_t* a, const uint32_t* b,
+                                          uint64_t n) {
+    eltwise_bb(out, a, b, n, OpMul{});
+}
+
+// out[i] = a[i] * s (s canonical).
+extern "C" __global__ void eltwise_mul_scalar_bb(uint32_t* out, const uint32_t* a, uint32_t s,
+                                                 uint64_t n) {
+    const uint32_t sm = bb::to_mont(s);
+    if (aligned16(out) && aligned16(a)) {
+        uint64_t n4 = n / 4;
+        uint4* o4 = reinterpret_cast<uint4*>(out);
+        const uint4* a4 = reinterpret_cast<const uint4*>(a);
+        BB_GRID_STRIDE(i, n4) {
+            uint4 x = a4[i];
+            o4[i] = make_uint4(bb::mont_mul(x.x, sm), bb::mont_mul(x.y, sm),
+                               bb::mont_mul(x.z, sm), bb::mont_mul(x.w, sm));
+        }
+        uint64_t tail = n - n4 * 4;
+        BB_GRID_STRIDE(j, tail) {
+            uint64_t i = n4 * 4 + j;
+            out[i] = bb::mont_mul(a[i], sm);
+        }
+    } else {
+        BB_GRID_STRIDE(i, n) { out[i] = bb::mont_mul(a[i], sm); }
+    }
+}
+
+namespace {
+
+__device__ __forceinline__ bb::Ext load_ext(const bb::Ext* p, uint64_t i, bool vec) {
+    if (vec) {
+        uint4 v = reinterpret_cast<const uint4*>(p)[i];
+        return bb::Ext{{v.x, v.y, v.z, v.w}};
+    }
+    return p[i];
+}
+
+__device__ __forceinline__ void store_ext(bb::Ext* p, uint64_t i, const bb::Ext& e, bool vec) {
+    if (vec) {
+        reinterpret_cast<uint4*>(p)[i] = make_uint4(e.c[0], e.c[1], e.c[2], e.c[3]);
+    } else {
+        p[i] = e;
+    }
+}
+
+}  // namespace
+
+#define BB4_ELTWISE(name, fn)                                                              \
+    extern "C" __global__ void name(bb::Ext* out, const bb::Ext* a, const bb::Ext* b,      \
+                                    uint64_t n) {                                          \
+        const bool vec = aligned16(out) && aligned16(a) && aligned16(b);                   \
+        BB_GRID_STRIDE(i, n) {                                                             \
+            store_ext(out, i, fn(load_ext(a, i, vec), load_ext(b, i, vec)), vec);          \
+        }                                                                                  \
+    }
+
+BB4_ELTWISE(eltwise_add_bb4, bb::ext_add)
+BB4_ELTWISE(eltwise_sub_bb4, bb::ext_sub)
+BB4_ELTWISE(eltwise_mul_bb4, bb::ext_mul)
+
+// out[i] = a[i] * s for an extension scalar s (by value, 16 bytes).
+extern "C" __global__ void eltwise_mul_scalar_bb4(bb::Ext* out, const bb::Ext* a, bb::Ext s,
+                                                  uint64_t n) {
+    const bool vec = aligned16(out) && aligned16(a);
+    BB_GRID_STRIDE(i, n) { store_ext(out, i, bb::ext_mul(load_ext(a, i, vec), s), vec); }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bit reversal and NTT.
+
+// Swaps elements j and rev(j) of every column of 2^log_n (log_n >= 1); total = all elements.
+extern "C" __global__ void batch_bit_reverse_bb(uint32_t* io, uint32_t log_n, uint64_t total) {
+    const uint64_t mask = (1ull << log_n) - 1;
+    BB_GRID_STRIDE(i, total) {
+        uint32_t j = (uint32_t)(i & mask);
+        uint32_t r = bb::bit_rev(j, log_n);
+        if (j < r) {
+            uint64_t base = i - j;
+            uint32_t x = io[base + j];
+            io[base + j] = io[base + r];
+            io[base + r] = x;
+        }
+    }
+}
+
+// out[k] = base^k in Montgomery form, k < count (NTT twiddles, coset shift powers).
+extern "C" __global__ void powers_mont_bb(uint32_t* out, uint32_t base, uint64_t count) {
+    BB_GRID_STRIDE(k, count) { out[k] = bb::to_mont(bb::pow(base, k)); }
+}
+
+// One radix-2 decimation-in-time stage (half-size h = 2^stage) over every column of
+// 2^log_n elements already in bit-reversed order; total = butterflies = columns * n / 2.
+// tw[k] = w_n^k in Montgomery form, k < n/2. With do_scale, both outputs are multiplied by
+// scale_mont (Montgomery form: the inverse NTT's 1/n on its last stage).
+extern "C" __global__ void ntt_stage_bb(uint32_t* io, const uint32_t* tw, uint32_t log_n,
+                                        uint32_t stage, uint64_t total, uint32_t scale_mont,
+                                        uint32_t do_scale) {
+    const uint64_t half_mask = (1ull << stage) - 1;
+    const uint64_t bfly_per_col_mask = (1ull << (log_n - 1)) - 1;
+    BB_GRID_STRIDE(t, total) {
+        uint64_t col = t >> (log_n - 1);
+        uint64_t b = t & bfly_per_col_mask;
+        uint64_t j = b & half_mask;
+        uint64_t blk = b >> stage;
+        uint64_t i0 = (col << log_n) + (blk << (stage + 1)) + j;
+        uint64_t i1 = i0 + (1ull << stage);
+        uint32_t u = io[i0];
+        uint32_t v = bb::mont_mul(io[i1], tw[j << (log_n - 1 - stage)]);
+        uint32_t x = bb::add(u, v);
+        uint32_t y = bb::sub(u, v);
+        if (do_scale) {
+            x = bb::mont_mul(x, scale_mont);
+            y = bb::mont_mul(y, scale_mont);
+        }
+        io[i0] = x;
+        io[i1] = y;
+    }
+}
+
+// A fused pass of `k` consecutive DIT stages (s0 .. s0+k-1) through shared memory.
+//
+// Indices are DIT positions (the positions after bit reversal), including the column bits
+// above log_n. A tile is 2^(k+c) elements: the k "butterfly" bits at s0.. (the stages'
+// pair bits) and c "coalescing" bits at cpos.. vary inside the tile; the other bits come
+// from the tile number. Tile element e is (b, l), b < 2^k, l < 2^c, at position
+//   base(tile) | b << s0 | l << cpos,
+// and lives in shared memory at b * 2^c + (l ^ (b mod 2^c)) (XOR swizzle: conflict-free
+// whichever of b or l varies fastest across a warp).
+//
+// With bitrev, the value for position i is read from src[col | rev_{log_n}(i mod n)], which
+// performs the initial bit reversal on the fly; a tile then reads a different set of
+// positions than it writes unless it covers whole columns, so the host only runs such a pass
+// in place (src == null, read from dst) when the butterfly bits cover the column (s0 = 0,
+// k = log_n). Otherwise every tile reads and writes the same positions, and src == null
+// means in place.
+//
+// load_bfast / store_bfast choose which of b or l varies fastest across threads on load and
+// store, so that global accesses are coalesced. With do_scale, stored values are multiplied
+// by scale_mont.
+extern "C" __global__ void ntt_pass_bb(uint32_t* dst, const uint32_t* src, const uint32_t* tw,
+                                       uint32_t log_n, uint32_t s0, uint32_t k, uint32_t c,
+                                       uint32_t cpos, uint32_t bitrev, uint32_t load_bfast,
+                                       uint32_t store_bfast, uint32_t scale_mont,
+                                       uint32_t do_scale, uint64_t num_tiles) {
+    extern __shared__ uint32_t sm[];
+    if (src == nullptr) src = dst;
+    const uint32_t tile_log = k + c;
+    const uint32_t tile = 1u << tile_log;
+    const uint32_t kmask = (1u << k) - 1;
+    const uint32_t cmask = (1u << c) - 1;
+    const uint64_t nmask = (1ull << log_n) - 1;
+    // The two varying ranges, sorted: [r1s, r1s + r1w) below [r2s, r2s + r2w).
+    uint32_t r1s, r1w, r2s, r2w;
+    if (cpos < s0) {
+        r1s = cpos; r1w = c; r2s = s0; r2w = k;
+    } else {
+        r1s = s0; r1w = k; r2s = cpos; r2w = c;
+    }
+    const uint32_t mid = r2s - (r1s + r1w);
+
+    for (uint64_t g = blockIdx.x; g < num_tiles; g += gridDim.x) {
+        // Deposit the tile number into the free bits.
+        uint64_t rest = g;
+        uint64_t part0 = rest & ((1ull << r1s) - 1);
+        rest >>= r1s;
+        uint64_t part1 = rest & ((1ull << mid) - 1);
+        rest >>= mid;
+        const uint64_t base = part0 | (part1 << (r1s + r1w)) | (rest << (r2s + r2w));
+
+        for (uint32_t e = threadIdx.x; e < tile; e += blockDim.x) {
+            uint32_t b, l;
+            if (load_bfast) {
+                b = e & kmask;
+                l = e >> k;
+            } else {
+                l = e & cmask;
+                b = e >> c;
+            }
+            uint64_t pos = base | ((uint64_t)b << s0) | ((uint64_t)l << cpos);
+            uint64_t from = pos;
+            if (bitrev) from = (pos & ~nmask) | bb::bit_rev((uint32_t)(pos & nmask), log_n);
+            sm[(b << c) + (l ^ (b & cmask))] = src[from];
+        }
+        __syncthreads();
+
+        for (uint32_t j = 0; j < k; j++) {
+            const uint32_t s = s0 + j;
+            const uint64_t hmask = (1ull << s) - 1;
+            const uint32_t tw_shift = log_n - 1 - s;
+            for (uint32_t q = threadIdx.x; q < tile / 2; q += blockDim.x) {
+                uint32_t l = q & cmask;
+                uint32_t p = q >> c;
+                uint32_t blo = ((p >> j) << (j + 1)) | (p & ((1u << j) - 1));
+                uint32_t bhi = blo | (1u << j);
+                uint64_t pos = base | ((uint64_t)blo << s0) | ((uint64_t)l << cpos);
+                uint32_t w = tw[(pos & hmask) << tw_shift];
+                uint32_t ilo = (blo << c) + (l ^ (blo & cmask));
+                uint32_t ihi = (bhi << c) + (l ^ (bhi & cmask));
+                uint32_t u = sm[ilo];
+                uint32_t v = bb::mont_mul(sm[ihi], w);
+                sm[ilo] = bb::add(u, v);
+                sm[ihi] = bb::sub(u, v);
+            }
+            __syncthreads();
+        }
+
+        for (uint32_t e = threadIdx.x; e < tile; e += blockDim.x) {
+            uint32_t b, l;
+            if (store_bfast) {
+                b = e & kmask;
+                l = e >> k;
+            } else {
+                l = e & cmask;
+                b = e >> c;
+            }
+            uint64_t pos = base | ((uint64_t)b << s0) | ((uint64_t)l << cpos);
+            uint32_t x = sm[(b << c) + (l ^ (b & cmask))];
+            if (do_scale) x = bb::mont_mul(x, scale_mont);
+            dst[pos] = x;
+        }
+        __syncthreads();  // before the next tile reuses shared memory
+    }
+}
+
+// Coset LDE, step 1: out column c (2^(log_n + log_blowup) elements) = column c of coeffs
+// times shift^j (shift_pows[j] = shift^j in Montgomery form), zero-padded.
+extern "C" __global__ void lde_expand_bb(uint32_t* out, const uint32_t* coeffs,
+                                         const uint32_t* shift_pows, uint32_t log_n,
+                                         uint32_t log_blowup, uint64_t total_out) {
+    const uint32_t log_big = log_n + log_blowup;
+    const uint64_t big_mask = (1ull << log_big) - 1;
+    const uint64_t n = 1ull << log_n;
+    BB_GRID_STRIDE(o, total_out) {
+        uint64_t j = o & big_mask;
+        uint32_t v = 0;
+        if (j < n) {
+            uint64_t col = o >> log_big;
+            v = bb::mont_mul(coeffs[(col << log_n) + j], shift_pows[j]);
+        }
+        out[o] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Poseidon2. `consts` is the Montgomery-form table described in babybear.cuh; each block
+// copies it into shared memory first (every thread reads every constant).
+
+template <int W>
+__device__ __forceinline__ const uint32_t* p2_stage_consts(uint32_t* shared,
+                                                           const uint32_t* consts) {
+    for (int i = threadIdx.x; i < bb::P2Params<W>::TABLE_LEN; i += blockDim.x) shared[i] = consts[i];
+    __syncthreads();
+    return shared;
+}
+
+// Digest of each row of a column-major rows x cols matrix: width-16 overwrite sponge,
+// rate 8 (see src/poseidon2/mod.rs, hash_iter). out holds 8 u32 per row.
+extern "C" __global__ void poseidon2_hash_rows_bb(uint32_t* out, const uint32_t* matrix,
+                                                  const uint32_t* consts, uint64_t rows,
+                                                  uint64_t cols) {
+    __shared__ uint32_t t_sh[bb::P2Params<16>::TABLE_LEN];
+    const uint32_t* t = p2_stage_consts<16>(t_sh, consts);
+    BB_GRID_STRIDE(r, rows) {
+        uint32_t s[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i] = 0;
+        for (uint64_t c0 = 0; c0 < cols; c0 += 8) {
+            uint64_t left = cols - c0;
+            if (left >= 8) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) s[i] = bb::to_mont(matrix[(c0 + i) * rows + r]);
+            } else {
+                // The last, partial chunk overwrites only its own slots.
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    if ((uint64_t)i < left) s[i] = bb::to_mont(matrix[(c0 + i) * rows + r]);
+                }
+            }
+            bb::p2_permute_mont<16>(s, t);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[r * 8 + i] = bb::from_mont(s[i]);
+    }
+}
+
+// One Merkle layer: out[i] = permute(in[2i] || in[2i+1])[0..8], digests of 8 u32.
+extern "C" __global__ void poseidon2_merkle_layer_bb(uint32_t* out, const uint32_t* in,
+                                                     const uint32_t* consts, uint64_t n_out) {
+    __shared__ uint32_t t_sh[bb::P2Params<16>::TABLE_LEN];
+    const uint32_t* t = p2_stage_consts<16>(t_sh, consts);
+    BB_GRID_STRIDE(i, n_out) {
+        uint32_t s[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) s[j] = bb::to_mont(in[i * 16 + j]);
+        bb::p2_permute_mont<16>(s, t);
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[i * 8 + j] = bb::from_mont(s[j]);
+    }
+}
+
+// Permutes n independent states of W canonical elements in place (state i is
+// states[i*W .. (i+1)*W]).
+template <int W>
+__device__ __forceinline__ void p2_permute_states(uint32_t* states, const uint32_t* consts,
+                                                  uint64_t n) {
+    __shared__ uint32_t t_sh[bb::P2Params<W>::TABLE_LEN];
+    const uint32_t* t = p2_stage_consts<W>(t_sh, consts);
+    BB_GRID_STRIDE(i, n) {
+        uint32_t s[W];
+#pragma unroll
+        for (int j = 0; j < W; j++) s[j] = states[i * W + j];
+        bb::p2_permute_canonical<W>(s, t);
+#pragma unroll
+        for (int j = 0; j < W; j++) states[i * W + j] = s[j];
+    }
+}
+
+extern "C" __global__ void poseidon2_permute_bb16(uint32_t* states, const uint32_t* consts,
+                                                  uint64_t n) {
+    p2_permute_states<16>(states, consts, n);
+}
+
+extern "C" __global__ void poseidon2_permute_bb24(uint32_t* states, const uint32_t* consts,
+                                                  uint64_t n) {
+    p2_permute_states<24>(states, consts, n);
+}

@@ -1,0 +1,169 @@
+//! The BabyBear and Poseidon2 device code of `kernels/babybear.cuh`, compiled for the host
+//! with a plain C++ compiler and compared with the Rust reference on random inputs, so the
+//! kernels' arithmetic is checked on machines without a GPU. Skips (with a message) when no
+//! C++ compiler is found (`CXX`, `c++`, `g++`, `clang++`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use cuda_hal::field::{Elem, ExtElem, P};
+use cuda_hal::poseidon2::Poseidon2;
+
+fn compiler() -> Option<String> {
+    let candidates = std::env::var("CXX")
+        .ok()
+        .into_iter()
+        .chain(["c++", "g++", "clang++"].map(String::from));
+    let mut candidates = candidates;
+    candidates.find(|c| Command::new(c).arg("--version").output().is_ok())
+}
+
+fn to_mont(x: u32) -> u32 {
+    ((u64::from(x) << 32) % u64::from(P)) as u32
+}
+
+fn table<const W: usize>(p: &Poseidon2<W>) -> Vec<u32> {
+    let mut t = Vec::new();
+    for rc in p.external_initial_constants() {
+        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
+    }
+    t.extend(p.internal_constants().iter().map(|e| to_mont(e.as_u32())));
+    for rc in p.external_final_constants() {
+        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
+    }
+    t.extend(p.internal_diag_m_1().iter().map(|e| to_mont(e.as_u32())));
+    t
+}
+
+fn join(v: impl IntoIterator<Item = u32>) -> String {
+    v.into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn device_arithmetic_matches_the_reference_on_the_host() {
+    let Some(cxx) = compiler() else {
+        eprintln!("SKIPPED: no C++ compiler");
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("babybear_host_check");
+    let out = Command::new(&cxx)
+        .args(["-O1", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", "-o"])
+        .arg(&exe)
+        .arg(root.join("kernels/host_check/host_check.cpp"))
+        .output()
+        .expect("run the C++ compiler");
+    assert!(
+        out.status.success(),
+        "compiling host_check.cpp failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Commands and the answers the Rust code expects, line by line.
+    let mut cmds = String::new();
+    let mut want: Vec<String> = Vec::new();
+    let mut x = 0x0123_4567_89ab_cdefu64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let special = [0, 1, 2, P - 1, P - 2, P / 2, 0x0fff_fffe, 11];
+    let mut elem = |i: usize| -> Elem {
+        if i < special.len() * special.len() {
+            Elem::new(special[i % special.len()])
+        } else {
+            Elem::from_u64(next())
+        }
+    };
+    for i in 0..20_000 {
+        let a = elem(i);
+        let b = elem(i / 8 + 1);
+        let (a, b) = if i < 64 {
+            (Elem::new(special[i % 8]), Elem::new(special[i / 8]))
+        } else {
+            (a, b)
+        };
+        cmds += &format!("add {} {}\n", a.as_u32(), b.as_u32());
+        want.push((a + b).as_u32().to_string());
+        cmds += &format!("sub {} {}\n", a.as_u32(), b.as_u32());
+        want.push((a - b).as_u32().to_string());
+        cmds += &format!("mul {} {}\n", a.as_u32(), b.as_u32());
+        want.push((a * b).as_u32().to_string());
+        if i % 20 == 0 {
+            let e = u64::from(b.as_u32()) * 3 + i as u64;
+            cmds += &format!("pow {} {e}\n", a.as_u32());
+            want.push(a.pow(e).as_u32().to_string());
+        }
+    }
+    for i in 0..2000 {
+        let a: [Elem; 4] = std::array::from_fn(|j| elem(100 + 4 * i + j));
+        let b: [Elem; 4] = std::array::from_fn(|j| elem(9000 + 4 * i + j));
+        let r = ExtElem::new(a) * ExtElem::new(b);
+        cmds += &format!(
+            "ext {} {}\n",
+            join(a.map(Elem::as_u32)),
+            join(b.map(Elem::as_u32))
+        );
+        want.push(join(r.coeffs().map(Elem::as_u32)));
+    }
+    for bits in 0..=27u32 {
+        for v in [0u32, 1, 5, 0x0555_5555, u32::MAX] {
+            let v = if bits == 0 { 0 } else { v & ((1 << bits) - 1) };
+            cmds += &format!("rev {v} {bits}\n");
+            let r = if bits == 0 {
+                0
+            } else {
+                v.reverse_bits() >> (32 - bits)
+            };
+            want.push(r.to_string());
+        }
+    }
+    cmds += &format!("table16 {}\n", join(table(Poseidon2::babybear16())));
+    cmds += &format!("table24 {}\n", join(table(Poseidon2::babybear24())));
+    for i in 0..300 {
+        let s: [Elem; 16] = std::array::from_fn(|j| {
+            if i == 0 {
+                Elem::new(j as u32)
+            } else {
+                elem(20_000 + 16 * i + j)
+            }
+        });
+        cmds += &format!("p16 {}\n", join(s.map(Elem::as_u32)));
+        want.push(join(
+            Poseidon2::babybear16().permuted(s).map(|e| e.as_u32()),
+        ));
+        let s: [Elem; 24] = std::array::from_fn(|j| {
+            if i == 0 {
+                Elem::new(j as u32)
+            } else {
+                elem(40_000 + 24 * i + j)
+            }
+        });
+        cmds += &format!("p24 {}\n", join(s.map(Elem::as_u32)));
+        want.push(join(
+            Poseidon2::babybear24().permuted(s).map(|e| e.as_u32()),
+        ));
+    }
+
+    let mut child = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run host_check");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || stdin.write_all(cmds.as_bytes()));
+    let out = child.wait_with_output().expect("host_check output");
+    writer.join().unwrap().expect("write commands");
+    assert!(out.status.success(), "host_check failed");
+    let got: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+    assert_eq!(got.len(), want.len(), "answer count");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "answer {i}");
+    }
+}
