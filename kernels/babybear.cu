@@ -178,7 +178,7 @@ extern "C" __global__ void ntt_stage_bb(uint32_t* io, const uint32_t* tw, uint32
         uint64_t i0 = (col << log_n) + (blk << (stage + 1)) + j;
         uint64_t i1 = i0 + (1ull << stage);
         uint32_t u = io[i0];
-        uint32_t v = bb::mont_mul(io[i1], tw[j << (log_n - 1 - stage)]);
+        uint32_t v = bb::mont_mul(io[i1], __ldg(&tw[j << (log_n - 1 - stage)]));
         uint32_t x = bb::add(u, v);
         uint32_t y = bb::sub(u, v);
         if (do_scale) {
@@ -210,7 +210,7 @@ extern "C" __global__ void ntt_stage_bb(uint32_t* io, const uint32_t* tw, uint32
 // load_bfast / store_bfast choose which of b or l varies fastest across threads on load and
 // store, so that global accesses are coalesced. With do_scale, stored values are multiplied
 // by scale_mont.
-extern "C" __global__ void ntt_pass_bb(uint32_t* dst, const uint32_t* src, const uint32_t* tw,
+extern "C" __global__ void __launch_bounds__(512) ntt_pass_bb(uint32_t* dst, const uint32_t* src, const uint32_t* tw,
                                        uint32_t log_n, uint32_t s0, uint32_t k, uint32_t c,
                                        uint32_t cpos, uint32_t bitrev, uint32_t load_bfast,
                                        uint32_t store_bfast, uint32_t scale_mont,
@@ -266,7 +266,7 @@ extern "C" __global__ void ntt_pass_bb(uint32_t* dst, const uint32_t* src, const
                 uint32_t blo = ((p >> j) << (j + 1)) | (p & ((1u << j) - 1));
                 uint32_t bhi = blo | (1u << j);
                 uint64_t pos = base | ((uint64_t)blo << s0) | ((uint64_t)l << cpos);
-                uint32_t w = tw[(pos & hmask) << tw_shift];
+                uint32_t w = __ldg(&tw[(pos & hmask) << tw_shift]);
                 uint32_t ilo = (blo << c) + (l ^ (blo & cmask));
                 uint32_t ihi = (bhi << c) + (l ^ (bhi & cmask));
                 uint32_t u = sm[ilo];
@@ -318,9 +318,10 @@ extern "C" __global__ void lde_expand_bb(uint32_t* out, const uint32_t* coeffs,
 // Poseidon2. `consts` is the Montgomery-form table described in babybear.cuh; each block
 // copies it into shared memory first (every thread reads every constant).
 
+typedef const volatile uint32_t* P2Tbl;
+
 template <int W>
-__device__ __forceinline__ const uint32_t* p2_stage_consts(uint32_t* shared,
-                                                           const uint32_t* consts) {
+__device__ __forceinline__ P2Tbl p2_stage_consts(uint32_t* shared, const uint32_t* consts) {
     for (int i = threadIdx.x; i < bb::P2Params<W>::TABLE_LEN; i += blockDim.x) shared[i] = consts[i];
     __syncthreads();
     return shared;
@@ -332,7 +333,7 @@ extern "C" __global__ void poseidon2_hash_rows_bb(uint32_t* out, const uint32_t*
                                                   const uint32_t* consts, uint64_t rows,
                                                   uint64_t cols) {
     __shared__ uint32_t t_sh[bb::P2Params<16>::TABLE_LEN];
-    const uint32_t* t = p2_stage_consts<16>(t_sh, consts);
+    P2Tbl t = p2_stage_consts<16>(t_sh, consts);
     BB_GRID_STRIDE(r, rows) {
         uint32_t s[16];
 #pragma unroll
@@ -349,7 +350,7 @@ extern "C" __global__ void poseidon2_hash_rows_bb(uint32_t* out, const uint32_t*
                     if ((uint64_t)i < left) s[i] = bb::to_mont(matrix[(c0 + i) * rows + r]);
                 }
             }
-            bb::p2_permute_mont<16>(s, t);
+            bb::p2_permute_mont<16, P2Tbl>(s, t);
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) out[r * 8 + i] = bb::from_mont(s[i]);
@@ -360,12 +361,12 @@ extern "C" __global__ void poseidon2_hash_rows_bb(uint32_t* out, const uint32_t*
 extern "C" __global__ void poseidon2_merkle_layer_bb(uint32_t* out, const uint32_t* in,
                                                      const uint32_t* consts, uint64_t n_out) {
     __shared__ uint32_t t_sh[bb::P2Params<16>::TABLE_LEN];
-    const uint32_t* t = p2_stage_consts<16>(t_sh, consts);
+    P2Tbl t = p2_stage_consts<16>(t_sh, consts);
     BB_GRID_STRIDE(i, n_out) {
         uint32_t s[16];
 #pragma unroll
         for (int j = 0; j < 16; j++) s[j] = bb::to_mont(in[i * 16 + j]);
-        bb::p2_permute_mont<16>(s, t);
+        bb::p2_permute_mont<16, P2Tbl>(s, t);
 #pragma unroll
         for (int j = 0; j < 8; j++) out[i * 8 + j] = bb::from_mont(s[j]);
     }
@@ -377,12 +378,12 @@ template <int W>
 __device__ __forceinline__ void p2_permute_states(uint32_t* states, const uint32_t* consts,
                                                   uint64_t n) {
     __shared__ uint32_t t_sh[bb::P2Params<W>::TABLE_LEN];
-    const uint32_t* t = p2_stage_consts<W>(t_sh, consts);
+    P2Tbl t = p2_stage_consts<W>(t_sh, consts);
     BB_GRID_STRIDE(i, n) {
         uint32_t s[W];
 #pragma unroll
         for (int j = 0; j < W; j++) s[j] = states[i * W + j];
-        bb::p2_permute_canonical<W>(s, t);
+        bb::p2_permute_canonical<W, P2Tbl>(s, t);
 #pragma unroll
         for (int j = 0; j < W; j++) states[i * W + j] = s[j];
     }

@@ -26,15 +26,19 @@ constexpr uint32_t R_MOD_P = 0x0ffffffeu;    // 2^32 mod p (1 in Montgomery form
 constexpr uint32_t R2_MOD_P = 0x45dddde3u;   // 2^64 mod p
 constexpr uint32_t W_MONT = 0x37ffffe9u;     // 11 * 2^32 mod p (x^4 = 11, Montgomery form)
 
-// a + b for a, b < p. 2p < 2^32, so the sum cannot wrap.
-BB_HD uint32_t add(uint32_t a, uint32_t b) {
-    uint32_t s = a + b;
-    return s >= P ? s - P : s;
-}
+BB_HD uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
-// a - b for a, b < p.
+// x mod p for x < 2p: when x < p, x - p wraps to above 2^31 and the min picks x.
+BB_HD uint32_t reduce_once(uint32_t x) { return umin(x, x - P); }
+
+// a + b for a, b < p. 2p < 2^32, so the sum cannot wrap.
+BB_HD uint32_t add(uint32_t a, uint32_t b) { return reduce_once(a + b); }
+
+// a - b for a, b < p: d = a - b wraps when a < b, and then d + p (which wraps back to
+// p - (b - a) < p) is the smaller; when a >= b, d < p <= d + p.
 BB_HD uint32_t sub(uint32_t a, uint32_t b) {
-    return a >= b ? a - b : a + (P - b);
+    uint32_t d = a - b;
+    return umin(d, d + P);
 }
 
 // x * 2^-32 mod p, canonical, for x < p * 2^32.
@@ -43,7 +47,7 @@ BB_HD uint32_t sub(uint32_t a, uint32_t b) {
 BB_HD uint32_t mont_reduce(uint64_t x) {
     uint32_t m = (uint32_t)x * P_NEG_INV;
     uint32_t t = (uint32_t)((x + (uint64_t)m * P) >> 32);
-    return t >= P ? t - P : t;
+    return reduce_once(t);
 }
 
 // a * b * 2^-32 mod p; needs a < p (b any u32) so that a*b < p * 2^32.
@@ -182,24 +186,27 @@ BB_HD void p2_external(uint32_t* s) {
     for (int i = 0; i < W; i++) s[i] = add(s[i], sums[i % 4]);
 }
 
-template <int W>
-BB_HD void p2_full_round(uint32_t* s, const uint32_t* rc) {
+// Tables are read through `Tbl` (`const uint32_t*`, or `const volatile uint32_t*` in the
+// kernels: that keeps the compiler from hoisting the ~160 constants of a block-stride loop
+// into registers, which costs occupancy; shared-memory broadcast loads are cheap).
+template <int W, class Tbl>
+BB_HD void p2_full_round(uint32_t* s, Tbl rc) {
 #pragma unroll
     for (int i = 0; i < W; i++) s[i] = p2_sbox(add(s[i], rc[i]));
     p2_external<W>(s);
 }
 
 // Permutes a Montgomery-form state with a Montgomery-form constant table `t`.
-template <int W>
-BB_HD void p2_permute_mont(uint32_t* s, const uint32_t* t) {
+template <int W, class Tbl>
+BB_HD void p2_permute_mont(uint32_t* s, Tbl t) {
     constexpr int RP = P2Params<W>::RP;
-    const uint32_t* ext_init = t;
-    const uint32_t* internal = t + 4 * W;
-    const uint32_t* ext_final = t + 4 * W + RP;
-    const uint32_t* diag = t + 8 * W + RP;
+    Tbl ext_init = t;
+    Tbl internal = t + 4 * W;
+    Tbl ext_final = t + 4 * W + RP;
+    Tbl diag = t + 8 * W + RP;
     p2_external<W>(s);
 #pragma unroll
-    for (int r = 0; r < 4; r++) p2_full_round<W>(s, ext_init + r * W);
+    for (int r = 0; r < 4; r++) p2_full_round<W, Tbl>(s, ext_init + r * W);
     // Not unrolled: unrolling the partial rounds too crashes cicc (CUDA 13, compute_90)
     // when the permutation sits in a loop (the row-hash sponge).
 #pragma unroll 1
@@ -212,15 +219,15 @@ BB_HD void p2_permute_mont(uint32_t* s, const uint32_t* t) {
         for (int i = 0; i < W; i++) s[i] = add(mont_mul(s[i], diag[i]), sum);
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) p2_full_round<W>(s, ext_final + r * W);
+    for (int r = 0; r < 4; r++) p2_full_round<W, Tbl>(s, ext_final + r * W);
 }
 
 // Permutes a canonical state (converts in and out).
-template <int W>
-BB_HD void p2_permute_canonical(uint32_t* s, const uint32_t* t) {
+template <int W, class Tbl>
+BB_HD void p2_permute_canonical(uint32_t* s, Tbl t) {
 #pragma unroll
     for (int i = 0; i < W; i++) s[i] = to_mont(s[i]);
-    p2_permute_mont<W>(s, t);
+    p2_permute_mont<W, Tbl>(s, t);
 #pragma unroll
     for (int i = 0; i < W; i++) s[i] = from_mont(s[i]);
 }

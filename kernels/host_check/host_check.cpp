@@ -52,9 +52,9 @@ int main() {
             int w = w16 ? 16 : 24;
             for (int i = 0; i < w; i++) s[i] = rd();
             if (w16) {
-                bb::p2_permute_canonical<16>(s, t16.data());
+                bb::p2_permute_canonical<16, const uint32_t*>(s, t16.data());
             } else {
-                bb::p2_permute_canonical<24>(s, t24.data());
+                bb::p2_permute_canonical<24, const uint32_t*>(s, t24.data());
             }
             for (int i = 0; i < w; i++) std::printf(i + 1 < w ? "%u " : "%u\n", s[i]);
         } else {
