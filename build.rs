@@ -8,6 +8,7 @@
 
 use std::env;
 use std::fs;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,20 +51,57 @@ fn main() {
         .collect();
     fs::write(&unit, body).expect("write kernel unit");
 
+    // The fatbin depends only on the sources, nvcc and the flags, not on cargo features:
+    // reuse it across feature sets and profiles (CI builds 16 feature subsets).
+    let extra = env::var("CUDA_HAL_NVCC_FLAGS").unwrap_or_default();
+    let mut hasher = std::hash::DefaultHasher::new();
+    for src in &sources {
+        src.hash(&mut hasher);
+        fs::read(src).unwrap_or_default().hash(&mut hasher);
+    }
+    let mut headers: Vec<PathBuf> = fs::read_dir(manifest.join("kernels"))
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    headers.retain(|p| p.extension().is_some_and(|e| e == "cuh"));
+    headers.sort();
+    for h in &headers {
+        fs::read(h).unwrap_or_default().hash(&mut hasher);
+    }
+    (
+        nvcc.display().to_string(),
+        &extra,
+        SASS_ARCHS,
+        PTX_ARCH,
+        2u32,
+    )
+        .hash(&mut hasher);
+    let cache_dir = out
+        .ancestors()
+        .nth(4)
+        .map(|t| t.join("cuda-hal-fatbin-cache"));
+    let cached = cache_dir
+        .as_ref()
+        .map(|d| d.join(format!("{:016x}.fatbin", hasher.finish())));
+    if let Some(c) = cached.as_ref().filter(|c| c.is_file()) {
+        fs::copy(c, &fatbin).expect("copy cached fatbin");
+        return;
+    }
+
     let mut cmd = Command::new(&nvcc);
+    // Compressed images (the driver inflates them at load). -lineinfo is left to
+    // CUDA_HAL_NVCC_FLAGS: it makes the image five times larger.
     cmd.arg("--fatbin")
         .arg("-O3")
         .arg("-std=c++17")
-        .arg("-lineinfo");
+        .arg("-Xfatbin")
+        .arg("-compress-all");
     for arch in SASS_ARCHS {
         cmd.arg(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
     }
     cmd.arg(format!(
         "-gencode=arch=compute_{PTX_ARCH},code=compute_{PTX_ARCH}"
     ));
-    if let Ok(extra) = env::var("CUDA_HAL_NVCC_FLAGS") {
-        cmd.args(extra.split_whitespace());
-    }
+    cmd.args(extra.split_whitespace());
     cmd.arg("-I").arg(manifest.join("kernels"));
     cmd.arg("-o").arg(&fatbin).arg(&unit);
     let output = cmd
@@ -75,6 +113,14 @@ fn main() {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
+    }
+    if let (Some(dir), Some(c)) = (cache_dir, cached) {
+        if fs::create_dir_all(&dir).is_ok() {
+            let tmp = dir.join(format!("{}.tmp", std::process::id()));
+            if fs::copy(&fatbin, &tmp).is_ok() {
+                let _ = fs::rename(&tmp, &c);
+            }
+        }
     }
 }
 

@@ -11,7 +11,9 @@
 set -euo pipefail
 
 # Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
-GPU_TESTS="gpu transfers memory multi_gpu model prover_ops"
+GPU_TESTS="gpu transfers memory model"
+# Test targets that do not depend on the phase features: packed for the all build only.
+GPU_TESTS_ALL_ONLY="multi_gpu prover_ops"
 # Benches run in every build, and benches run only in the all-features build.
 GPU_BENCHES="phases"
 GPU_BENCHES_ALL_ONLY="transfers memory stress prover"
@@ -75,7 +77,9 @@ for b in "${builds[@]}"; do
   echo "== [$b] cargo features: ${FEATURE_ARGS[$b]:-(default)}" >&2
   rm -rf "${bundle:?}/$b"
   mkdir -p "$bundle/$b"
-  for t in $GPU_TESTS; do
+  tests="$GPU_TESTS"
+  if [ "$b" = all ]; then tests="$tests $GPU_TESTS_ALL_ONLY"; fi
+  for t in $tests; do
     exe="$(cargo test --release --no-run -p cuda-hal --test "$t" "${fargs[@]}" \
              --message-format=json | pick_exe test "$t")"
     cp "$exe" "$bundle/$b/$t"
