@@ -1,30 +1,14 @@
 //! Issue #5 benchmarks (all-features build): tracking overhead, resize, arena batches.
 //! `ROW|memory|operation|crate_us|floor|floor_us|bytes|target`.
 
-use std::time::Instant;
+mod common;
+
+use common::median_us;
 
 use cuda_hal::cuda_sys;
 use cuda_hal::{ArenaLayout, CudaHal, HalConfig};
 
 const MIB: usize = 1 << 20;
-
-fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 200_000 {
-            break;
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|memory|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");

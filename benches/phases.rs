@@ -4,7 +4,9 @@
 //! Medians of wall-clock time around complete operations (each ends with the data where
 //! the caller needs it).
 
-use std::time::Instant;
+mod common;
+
+use common::{gbps, median_us};
 
 use cuda_hal::cuda_sys::{self, CUdeviceptr, CUstream};
 use cuda_hal::driver::{MemPool, Module, PinnedFlags, PinnedMemory, Stream};
@@ -23,25 +25,6 @@ fn build_name() -> String {
     }
 }
 
-/// Median microseconds of `f` over at least `min_iters` runs and about `budget_ms`.
-fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
-    for _ in 0..2 {
-        f();
-    }
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 100_000 {
-            break;
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
-
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!(
         "ROW|{}|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}",
@@ -55,10 +38,6 @@ fn info(msg: &str) {
 
 fn d() -> &'static cuda_sys::Driver {
     cuda_sys::driver().expect("driver")
-}
-
-fn gbps(bytes: usize, us: f64) -> f64 {
-    bytes as f64 / us / 1e3
 }
 
 fn main() {

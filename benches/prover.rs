@@ -3,30 +3,13 @@
 //! and `INFO|prover|...` lines (the format of `benches/phases.rs`). Times are medians of
 //! wall-clock time around the launches plus `synchronize`, after warm-up.
 
-use std::time::Instant;
+mod common;
+
+use common::{gbps, median_us};
 
 use cuda_hal::cuda_sys;
 use cuda_hal::field::Elem;
 use cuda_hal::{Buffer, CudaHal, Digest, Hal};
-
-/// Median microseconds of `f` over at least `min_iters` runs and about `budget_ms`.
-fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 100_000 {
-            break;
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|prover|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
@@ -34,10 +17,6 @@ fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: 
 
 fn info(msg: &str) {
     println!("INFO|prover|{msg}");
-}
-
-fn gbps(bytes: usize, us: f64) -> f64 {
-    bytes as f64 / us / 1e3
 }
 
 fn elems(n: usize, seed: u64) -> Vec<Elem> {

@@ -2,6 +2,10 @@
 //! the double-buffered pipeline and timed-transfer bandwidth. Every row times a raw driver
 //! floor in the same run: `ROW|build|operation|crate_us|floor|floor_us|bytes|target`.
 
+mod common;
+
+use common::{gbps, median_us};
+
 use std::time::Instant;
 
 use cuda_hal::cuda_sys::{self, CUdeviceptr};
@@ -9,24 +13,6 @@ use cuda_hal::driver::{PinnedMemory, Stream};
 use cuda_hal::{CudaHal, HalConfig, LaunchDims, PinnedFlags, PipelineMode, PHASES};
 
 const MIB: usize = 1 << 20;
-
-fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
-    for _ in 0..2 {
-        f();
-    }
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 50_000 {
-            break;
-        }
-    }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|transfers|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
@@ -38,10 +24,6 @@ fn info(msg: &str) {
 
 fn d() -> &'static cuda_sys::Driver {
     cuda_sys::driver().expect("driver")
-}
-
-fn gbps(bytes: usize, us: f64) -> f64 {
-    bytes as f64 / us / 1e3
 }
 
 fn main() {

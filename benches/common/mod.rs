@@ -1,0 +1,29 @@
+//! Timing helpers shared by the GPU benchmarks.
+#![allow(dead_code)]
+
+use std::time::Instant;
+
+/// Median microseconds of `f` after two warm-up calls, over at least `min_iters` runs and
+/// about `budget_ms` (at most 200 000 runs).
+pub fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        if samples.len() >= 200_000 {
+            break;
+        }
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+/// GB/s for `bytes` moved in `us` microseconds.
+pub fn gbps(bytes: usize, us: f64) -> f64 {
+    bytes as f64 / us / 1e3
+}
