@@ -3,7 +3,7 @@
 # binaries of the all-features build, ON THE GPU MACHINE (after scripts/gpu-pack.sh and with
 # .gpu-bundle carried). Writes $OUT/sanitizer.log and $OUT/sanitizer-summary.txt.
 #
-#   OUT=$OUT scripts/gpu-sanitize.sh [test binaries...]     (default: gpu transfers memory)
+#   OUT=$OUT scripts/gpu-sanitize.sh [test binaries...]     (default: gpu transfers memory model prover_ops)
 #
 # Left out on purpose: the test that faults a kernel on purpose (memcheck would rightly
 # report it) and the tests that allocate (nearly) the whole device: the tools keep shadow
@@ -17,7 +17,7 @@ OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
 bundle="${GPU_BUNDLE:-.gpu-bundle}/all"
 bins=("$@")
-[ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory)
+[ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory model prover_ops)
 skip=(--skip device_fault --skip poison_child --skip filling_the_device --skip bad_input)
 export CUDA_HAL_REQUIRE_GPU=1
 log="$OUT/sanitizer.log"
