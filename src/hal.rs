@@ -6,13 +6,14 @@ use std::sync::Arc;
 use cuda_sys::CUdeviceptr;
 use parking_lot::Mutex;
 
+use crate::allocs::{Allocs, Granted};
 use crate::buffer::Buffer;
 use crate::driver::{api, DeviceInfo, Event, MemPool, PoolStats, PrimaryContext, Stream};
 use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
 use crate::pinned::{PinnedPool, PinnedPoolStats};
 use crate::staging::{StagingConfig, StagingPool, StagingStats};
-use crate::tracking::{MemoryReport, Tracker};
+use crate::tracking::MemoryReport;
 use crate::{Error, Result, PHASES};
 
 /// Settings of a [`CudaHal`].
@@ -104,7 +105,7 @@ impl Drop for CudaHal {
             // The prover tables are buffers, which hold the HAL: free them with the last
             // handle (a later handle made from a buffer rebuilds them on use).
             self.inner.prover.clear();
-            let report = self.inner.tracker.report();
+            let report = self.inner.allocs.report();
             if !report.live.is_empty() {
                 log::warn!(
                     "the last handle of the HAL of device {} is gone while buffers remain: {report}",
@@ -122,13 +123,13 @@ pub(crate) struct HalInner {
     pub(crate) prover: crate::prover_ops::ProverCache,
     staging: StagingPool,
     pub(crate) pinned: PinnedPool,
-    blocks: Mutex<BlockCache>,
+    /// The block cache, the tracker and the hot-path counts, under one lock.
+    pub(crate) allocs: Allocs,
     pool: MemPool,
     pub(crate) stream: std::sync::Arc<Stream>,
     pub(crate) ledger: Ledger,
     poisoned: Mutex<Option<cuda_sys::Error>>,
     timings: Mutex<Timings>,
-    pub(crate) tracker: Tracker,
     last_reserved: std::sync::atomic::AtomicU64,
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
     handles: std::sync::atomic::AtomicUsize,
@@ -159,13 +160,16 @@ impl CudaHal {
                 prover: Default::default(),
                 staging,
                 pinned: PinnedPool::new(config.pinned_pool_bytes),
-                blocks: Mutex::new(BlockCache::default()),
+                allocs: Allocs::new(
+                    config.track_allocations,
+                    config.memory_limit,
+                    config.block_cache_bytes,
+                ),
                 pool,
                 stream,
                 ledger: Ledger::default(),
                 poisoned: Mutex::new(None),
                 timings: Mutex::new(Timings::default()),
-                tracker: Tracker::default(),
                 last_reserved: std::sync::atomic::AtomicU64::new(0),
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
@@ -199,10 +203,10 @@ impl CudaHal {
         h.ctx.bind()?;
         h.harvest_timings(true)?;
         Ok(HalStats {
-            ledger: h.ledger.snapshot(),
+            ledger: h.ledger.snapshot(h.allocs.counts()),
             pool: h.pool.stats()?,
             staging: h.staging.stats(),
-            cached_bytes: h.blocks.lock().bytes as u64,
+            cached_bytes: h.allocs.cached_bytes() as u64,
             pinned: h.pinned.stats(),
         })
     }
@@ -215,7 +219,8 @@ impl CudaHal {
 
     /// Just the counters (no driver call).
     pub fn ledger(&self) -> LedgerSnapshot {
-        self.inner.ledger.snapshot()
+        let h = &self.inner;
+        h.ledger.snapshot(h.allocs.counts())
     }
 
     /// Frees the cached blocks and returns the pool's reserved memory above `keep_bytes`
@@ -277,12 +282,12 @@ impl CudaHal {
 
     /// Every live allocation by name and size, with totals per name and overall.
     pub fn memory_report(&self) -> MemoryReport {
-        self.inner.tracker.report()
+        self.inner.allocs.report()
     }
 
     /// The live allocations, largest first (same as `memory_report().live`).
     pub fn live_allocations(&self) -> Vec<crate::LiveAllocation> {
-        self.inner.tracker.report().live
+        self.inner.allocs.report().live
     }
 
     pub(crate) fn same(&self, other: &Arc<HalInner>) -> bool {
@@ -315,7 +320,7 @@ impl HalInner {
     /// Allocates `bytes` (> 0): with phase 3 from the block cache or the pool on the stream,
     /// else `cuMemAlloc`. Refused before the driver is asked when it would pass the HAL's
     /// limit or the device's size. Out of memory flushes the cache, trims the pool and
-    /// retries once.
+    /// retries once. The limit, the tracking and the cache take one lock section.
     // A `&Cow` (not `&str`): cloning it keeps a static name borrowed, with no allocation.
     #[allow(clippy::ptr_arg)]
     pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
@@ -324,26 +329,26 @@ impl HalInner {
         if bytes > self.info.total_memory {
             return Err(self.oom(name, bytes, None));
         }
-        let track_id = if self.config.track_allocations || self.config.memory_limit.is_some() {
-            let limit = self.config.memory_limit.unwrap_or(usize::MAX);
-            match self.tracker.track_within(name, bytes, limit) {
-                Some(id) => Some(id),
-                None => return Err(self.oom(name, bytes, None)),
-            }
-        } else {
-            None
+        let pooled = PHASES.pool_alloc;
+        let Some(Granted { track_id, cached }) = self.allocs.alloc(name, bytes, pooled) else {
+            return Err(self.oom(name, bytes, None));
         };
-        let result = self.alloc_untracked(name, bytes);
-        if result.is_err() {
-            if let Some(id) = track_id {
-                self.tracker.untrack(id);
+        let ptr = match cached {
+            Some(ptr) => {
+                log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
+                ptr
             }
-        }
-        let (ptr, pooled) = match result {
-            Ok(ok) => ok,
-            // Built after the untrack, so `in_use` does not count the refused request.
-            Err(AllocFail::OutOfMemory(e)) => return Err(self.oom(name, bytes, Some(e))),
-            Err(AllocFail::Other(e)) => return Err(e),
+            None => match self.alloc_from_driver(name, bytes, pooled) {
+                Ok(ptr) => ptr,
+                Err(fail) => {
+                    // Forgotten first, so `in_use` does not count the refused request.
+                    self.allocs.abandon(track_id);
+                    return Err(match fail {
+                        AllocFail::OutOfMemory(e) => self.oom(name, bytes, Some(e)),
+                        AllocFail::Other(e) => e,
+                    });
+                }
+            },
         };
         Ok(DeviceAlloc {
             ptr,
@@ -353,16 +358,14 @@ impl HalInner {
         })
     }
 
-    fn alloc_untracked(&self, name: &str, bytes: usize) -> Result<(CUdeviceptr, bool), AllocFail> {
-        let pooled = PHASES.pool_alloc;
-        if pooled {
-            if let Some(ptr) = self.blocks.lock().take(bytes) {
-                self.ledger.alloc(AllocKind::Cached);
-                self.ledger.pool_hit(true);
-                log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
-                return Ok((ptr, true));
-            }
-        }
+    /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory trims and
+    /// retries once.
+    fn alloc_from_driver(
+        &self,
+        name: &str,
+        bytes: usize,
+        pooled: bool,
+    ) -> Result<CUdeviceptr, AllocFail> {
         let mut result = self.driver_alloc(bytes, pooled);
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
@@ -386,7 +389,7 @@ impl HalInner {
                     "alloc `{name}`: {bytes} bytes at {ptr:#x} ({})",
                     if pooled { "pool" } else { "driver" }
                 );
-                Ok((ptr, pooled))
+                Ok(ptr)
             }
             Err(e) if e.is_out_of_memory() => Err(AllocFail::OutOfMemory(e)),
             Err(e) => Err(AllocFail::Other(match self.guard::<()>(Err(e.into())) {
@@ -413,7 +416,7 @@ impl HalInner {
 
     /// Frees every cached block, waits for the stream, and trims the pool to `keep_bytes`.
     fn trim(&self, keep_bytes: usize) -> Result<()> {
-        let blocks = self.blocks.lock().drain();
+        let blocks = self.allocs.drain_cache();
         let d = api()?;
         for ptr in blocks {
             // SAFETY: cached blocks came from the pool and are no longer referenced.
@@ -424,7 +427,7 @@ impl HalInner {
     }
 
     fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
-        let report = self.tracker.report();
+        let report = self.allocs.report();
         Error::OutOfMemory {
             name: name.to_string(),
             requested: bytes,
@@ -437,7 +440,9 @@ impl HalInner {
     }
 
     /// Frees an allocation of `alloc_raw`: stream-ordered when pooled; otherwise after the
-    /// stream has drained, since `cuMemFree` is not ordered with it.
+    /// stream has drained, since `cuMemFree` is not ordered with it. A pooled block is kept
+    /// by the cache, or untracked right before its stream-ordered free is queued, in one
+    /// lock section; any other allocation stays counted until `cuMemFree` has returned.
     pub(crate) fn free_raw(&self, name: &str, a: DeviceAlloc) {
         let DeviceAlloc {
             ptr,
@@ -446,15 +451,14 @@ impl HalInner {
             track_id,
         } = a;
         let _range = crate::nvtx::range(|| format!("free {name} ({bytes} B)"));
+        let mut counted = false;
         let result = self.ctx.bind().and_then(|()| {
             let d = api()?;
-            if pooled
-                && self
-                    .blocks
-                    .lock()
-                    .put(ptr, bytes, self.config.block_cache_bytes)
-            {
-                return Ok(());
+            if pooled {
+                counted = true;
+                if self.allocs.free(ptr, bytes, track_id, true) {
+                    return Ok(());
+                }
             }
             // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in stream
             // order with) every use queued on the stream.
@@ -468,10 +472,9 @@ impl HalInner {
             }
             Ok(())
         });
-        if let Some(id) = track_id {
-            self.tracker.untrack(id);
+        if !counted {
+            self.allocs.free(ptr, bytes, track_id, false);
         }
-        self.ledger.free();
         log::trace!("free `{name}`: {bytes} bytes at {ptr:#x}");
         if let Err(e) = result {
             log::warn!("freeing `{name}` ({bytes} bytes) failed: {e}");
@@ -621,7 +624,7 @@ pub(crate) struct DeviceAlloc {
     pub(crate) ptr: CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) pooled: bool,
-    track_id: Option<u64>,
+    track_id: Option<u32>,
 }
 
 /// Timing events of transfers whose device time is not yet in the ledger, and spares.
@@ -637,36 +640,6 @@ impl Timings {
             Some(e) => Ok(e),
             None => Event::new_timing(),
         }
-    }
-}
-
-/// Freed pool blocks kept for reuse, keyed by exact size.
-#[derive(Default)]
-struct BlockCache {
-    by_size: std::collections::HashMap<usize, Vec<CUdeviceptr>>,
-    bytes: usize,
-}
-
-impl BlockCache {
-    fn take(&mut self, bytes: usize) -> Option<CUdeviceptr> {
-        let ptr = self.by_size.get_mut(&bytes)?.pop()?;
-        self.bytes -= bytes;
-        Some(ptr)
-    }
-
-    /// Keeps the block if the cache stays within `limit`; false if the caller must free it.
-    fn put(&mut self, ptr: CUdeviceptr, bytes: usize, limit: usize) -> bool {
-        if self.bytes + bytes > limit {
-            return false;
-        }
-        self.by_size.entry(bytes).or_default().push(ptr);
-        self.bytes += bytes;
-        true
-    }
-
-    fn drain(&mut self) -> Vec<CUdeviceptr> {
-        self.bytes = 0;
-        self.by_size.drain().flat_map(|(_, v)| v).collect()
     }
 }
 

@@ -101,12 +101,21 @@ pub(crate) enum Dir {
     D2D,
 }
 
-/// Kind of allocation.
+/// Kind of allocation that reached the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AllocKind {
     Driver,
     Pool,
-    Cached,
+}
+
+/// Counts of the allocation hot path, kept as plain integers under the lock every free
+/// and every pooled allocation takes anyway (`crate::allocs`), instead of as atomics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HotCounts {
+    /// Allocations served by a cached block (each also a pool hit).
+    pub(crate) cached_allocs: u64,
+    /// Frees of either kind.
+    pub(crate) frees: u64,
 }
 
 #[derive(Default)]
@@ -116,8 +125,6 @@ pub(crate) struct Ledger {
     device_ns: [AtomicU64; 3],
     driver_allocs: AtomicU64,
     pool_allocs: AtomicU64,
-    cached_allocs: AtomicU64,
-    frees: AtomicU64,
     cache_hits: AtomicU64,
     cache_misses: AtomicU64,
     launches: AtomicU64,
@@ -140,13 +147,8 @@ impl Ledger {
         match kind {
             AllocKind::Driver => &self.driver_allocs,
             AllocKind::Pool => &self.pool_allocs,
-            AllocKind::Cached => &self.cached_allocs,
         }
         .fetch_add(1, Relaxed);
-    }
-
-    pub(crate) fn free(&self) {
-        self.frees.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn cache(&self, hit: bool) {
@@ -171,7 +173,8 @@ impl Ledger {
         self.launches.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> LedgerSnapshot {
+    /// The counters, with the hot-path counts kept elsewhere added in.
+    pub(crate) fn snapshot(&self, hot: HotCounts) -> LedgerSnapshot {
         let t = |d: Dir| Traffic {
             bytes: self.bytes[d as usize].load(Relaxed),
             calls: self.calls[d as usize].load(Relaxed),
@@ -183,12 +186,12 @@ impl Ledger {
             d2d: t(Dir::D2D),
             driver_allocs: self.driver_allocs.load(Relaxed),
             pool_allocs: self.pool_allocs.load(Relaxed),
-            cached_allocs: self.cached_allocs.load(Relaxed),
-            frees: self.frees.load(Relaxed),
+            cached_allocs: hot.cached_allocs,
+            frees: hot.frees,
             cache_hits: self.cache_hits.load(Relaxed),
             cache_misses: self.cache_misses.load(Relaxed),
             launches: self.launches.load(Relaxed),
-            pool_hits: self.pool_hits.load(Relaxed),
+            pool_hits: self.pool_hits.load(Relaxed) + hot.cached_allocs,
             pool_misses: self.pool_misses.load(Relaxed),
         }
     }
@@ -206,21 +209,31 @@ mod tests {
         l.copy(Dir::D2H, 4);
         l.alloc(AllocKind::Pool);
         l.alloc(AllocKind::Driver);
-        l.free();
+        l.pool_hit(false);
         l.cache(true);
         l.cache(false);
         l.cache(false);
-        let s = l.snapshot();
+        let hot = HotCounts {
+            cached_allocs: 2,
+            frees: 1,
+        };
+        let s = l.snapshot(hot);
         assert_eq!((s.h2d.bytes, s.h2d.calls), (128, 2));
         assert_eq!((s.d2h.bytes, s.d2h.calls), (4, 1));
         l.device_time(Dir::D2H, 1_000_000_000);
-        assert_eq!(l.snapshot().d2h.bandwidth(), 4.0);
+        assert_eq!(l.snapshot(hot).d2h.bandwidth(), 4.0);
         assert_eq!(s.d2d, Traffic::default());
         assert_eq!((s.pool_allocs, s.driver_allocs, s.frees), (1, 1, 1));
         assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
+        assert_eq!(s.cached_allocs, 2);
+        assert_eq!(
+            (s.pool_hits, s.pool_misses),
+            (2, 1),
+            "cached blocks are pool hits"
+        );
         let before = s;
         l.copy(Dir::D2D, 8);
-        let d = l.snapshot().since(&before);
+        let d = l.snapshot(hot).since(&before);
         assert_eq!((d.d2d.bytes, d.d2d.calls), (8, 1));
         assert_eq!(d.bytes_moved(), 8);
         assert_eq!(d.h2d, Traffic::default());

@@ -29,6 +29,7 @@
 //! assert_eq!(out.to_vec().unwrap(), vec![0.5, 1.0, 1.5]);
 //! ```
 
+mod allocs;
 mod arena;
 mod buffer;
 mod cpu_hal;

@@ -41,7 +41,7 @@ pub struct ManagedBuffer<T> {
     name: String,
     ptr: CUdeviceptr,
     len: usize,
-    track_id: Option<u64>,
+    track_id: u32,
     _t: PhantomData<T>,
 }
 
@@ -64,7 +64,7 @@ impl CudaHal {
         // SAFETY: out-pointers are valid locals.
         h.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
         let oom = || {
-            let r = h.tracker.report();
+            let r = h.allocs.report();
             Error::OutOfMemory {
                 name: name.to_string(),
                 requested: bytes,
@@ -78,15 +78,12 @@ impl CudaHal {
         if bytes > free {
             return Err(oom());
         }
-        let limit = h.config().memory_limit.unwrap_or(usize::MAX);
-        let track_id =
-            match h
-                .tracker
-                .track_within(&std::borrow::Cow::Owned(name.to_string()), bytes, limit)
-            {
-                Some(id) => Some(id),
-                None => return Err(oom()),
-            };
+        let Some(track_id) = h
+            .allocs
+            .track(&std::borrow::Cow::Owned(name.to_string()), bytes)
+        else {
+            return Err(oom());
+        };
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: out-pointer is a valid local.
         let r = unsafe {
@@ -97,9 +94,7 @@ impl CudaHal {
             )
         };
         if let Err(e) = r {
-            if let Some(id) = track_id {
-                h.tracker.untrack(id);
-            }
+            h.allocs.untrack(track_id);
             return h.guard(Err(e.into()));
         }
         log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
@@ -228,9 +223,7 @@ impl<T> Drop for ManagedBuffer<T> {
             unsafe { api()?.cuMemFree(self.ptr)? };
             Ok(())
         });
-        if let Some(id) = self.track_id {
-            self.hal.tracker.untrack(id);
-        }
+        self.hal.allocs.untrack(self.track_id);
         if let Err(e) = r {
             log::warn!("freeing managed `{}` failed: {e}", self.name);
         }
