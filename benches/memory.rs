@@ -27,11 +27,27 @@ fn main() {
     arena(&hal);
 }
 
-/// Alloc+free of mixed sizes with tracking on and off, interleaved in rounds so drift in
-/// the machine's speed hits both alike; the overhead is the ratio of the medians. Measured
-/// with the phase-3 block cache on (the fastest path, 0.3 us) and off (the pool path).
+/// Alloc+free of mixed sizes on two HALs, tracking on and off, measured alternately in
+/// rounds (the order flips every round) so drift in the machine's speed hits both alike.
+/// A round times each HAL over batches of alloc+frees and keeps the median batch; the
+/// overhead is the median of the rounds' on/off ratios, their range the spread. Measured
+/// with the phase-3 block cache on (the fastest path, about 0.25 us) and off (the pool).
 fn tracking_overhead() {
+    const ROUNDS: usize = 21;
+    const BATCH: usize = 32;
+    const ROUND_MS: u64 = 100;
     let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
+    // Median microseconds of one alloc+free, over batches of BATCH (one clock read each).
+    let per_call = |hal: &CudaHal| {
+        let mut k = 0usize;
+        median_us(50, ROUND_MS, || {
+            for _ in 0..BATCH {
+                let b = hal.alloc::<u8>("mixed", sizes[k % sizes.len()]).unwrap();
+                k += 1;
+                drop(b);
+            }
+        }) / BATCH as f64
+    };
     for cache in [1usize << 30, 0] {
         let cfg = |track| HalConfig {
             track_allocations: track,
@@ -40,20 +56,27 @@ fn tracking_overhead() {
         };
         let on = CudaHal::with_config(0, cfg(true)).unwrap();
         let off = CudaHal::with_config(0, cfg(false)).unwrap();
-        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
-        for _ in 0..9 {
-            for (hal, out) in [(&on, &mut t_on), (&off, &mut t_off)] {
-                let mut k = 0usize;
-                out.push(median_us(20_000, 100, || {
-                    let b = hal.alloc::<u8>("mixed", sizes[k % sizes.len()]).unwrap();
-                    k += 1;
-                    drop(b);
-                }));
-            }
+        let (mut t_on, mut t_off, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            // Whichever HAL runs first alternates, so order effects cancel too.
+            let (a, b) = if round % 2 == 0 {
+                let a = per_call(&on);
+                (a, per_call(&off))
+            } else {
+                let b = per_call(&off);
+                (per_call(&on), b)
+            };
+            t_on.push(a);
+            t_off.push(b);
+            ratios.push(a / b);
         }
-        t_on.sort_by(|a, b| a.total_cmp(b));
-        t_off.sort_by(|a, b| a.total_cmp(b));
-        let (a, b) = (t_on[4], t_off[4]);
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        // Sorts `ratios`: the first and last are then the spread.
+        let (a, b, r) = (median(&mut t_on), median(&mut t_off), median(&mut ratios));
+        let pct = |r: f64| (r - 1.0) * 100.0;
         let label = if cache > 0 {
             "block cache on"
         } else {
@@ -68,8 +91,10 @@ fn tracking_overhead() {
             "<1% overhead",
         );
         println!(
-            "INFO|memory|tracking overhead on alloc+free ({label}): {:+.1}% ({a:.3} us vs {b:.3} us, median of 9 interleaved rounds)",
-            (a / b - 1.0) * 100.0
+            "INFO|memory|tracking overhead on alloc+free ({label}): {:+.2}% (median of {ROUNDS} interleaved rounds' ratios, rounds ranged {:+.1}% to {:+.1}%; medians {a:.3} us vs {b:.3} us)",
+            pct(r),
+            pct(ratios[0]),
+            pct(ratios[ROUNDS - 1]),
         );
     }
 }
