@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Instant;
+
 use common::median_us;
 
 use cuda_hal::cuda_sys;
@@ -27,26 +29,31 @@ fn main() {
     arena(&hal);
 }
 
-/// Alloc+free of mixed sizes on two HALs, tracking on and off, measured alternately in
-/// rounds (the order flips every round) so drift in the machine's speed hits both alike.
-/// A round times each HAL over batches of alloc+frees and keeps the median batch; the
-/// overhead is the median of the rounds' on/off ratios, their range the spread. Measured
-/// with the phase-3 block cache on (the fastest path, about 0.25 us) and off (the pool).
+/// Alloc+free of mixed sizes on two HALs, tracking on and off, measured pairwise: batches
+/// of alloc+frees alternate between the two HALs (the order flips every pair), so drift
+/// in the machine's speed, which on the VM is larger than the effect, hits both alike.
+/// The overhead is the ratio of the two HALs' median batch times over all pairs; the
+/// spread is the range of that ratio over ten consecutive slices of the run. Measured with
+/// the phase-3 block cache on (the fastest path, about 0.25 us) and off (the pool).
 fn tracking_overhead() {
-    const ROUNDS: usize = 21;
     const BATCH: usize = 32;
-    const ROUND_MS: u64 = 100;
+    const PAIRS: usize = 20_000;
+    const SLICES: usize = 10;
     let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
-    // Median microseconds of one alloc+free, over batches of BATCH (one clock read each).
-    let per_call = |hal: &CudaHal| {
-        let mut k = 0usize;
-        median_us(50, ROUND_MS, || {
-            for _ in 0..BATCH {
-                let b = hal.alloc::<u8>("mixed", sizes[k % sizes.len()]).unwrap();
-                k += 1;
-                drop(b);
-            }
-        }) / BATCH as f64
+    // Microseconds of one batch of BATCH alloc+frees.
+    let batch = |hal: &CudaHal, k: &mut usize| {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            let b = hal.alloc::<u8>("mixed", sizes[*k % sizes.len()]).unwrap();
+            *k += 1;
+            drop(b);
+        }
+        t.elapsed().as_secs_f64() * 1e6
+    };
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
     };
     for cache in [1usize << 30, 0] {
         let cfg = |track| HalConfig {
@@ -56,26 +63,30 @@ fn tracking_overhead() {
         };
         let on = CudaHal::with_config(0, cfg(true)).unwrap();
         let off = CudaHal::with_config(0, cfg(false)).unwrap();
-        let (mut t_on, mut t_off, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
-            // Whichever HAL runs first alternates, so order effects cancel too.
-            let (a, b) = if round % 2 == 0 {
-                let a = per_call(&on);
-                (a, per_call(&off))
-            } else {
-                let b = per_call(&off);
-                (per_call(&on), b)
-            };
-            t_on.push(a);
-            t_off.push(b);
-            ratios.push(a / b);
+        let (mut k_on, mut k_off) = (0usize, 0usize);
+        for _ in 0..200 {
+            batch(&on, &mut k_on);
+            batch(&off, &mut k_off);
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        // Sorts `ratios`: the first and last are then the spread.
-        let (a, b, r) = (median(&mut t_on), median(&mut t_off), median(&mut ratios));
+        let (mut t_on, mut t_off) = (Vec::with_capacity(PAIRS), Vec::with_capacity(PAIRS));
+        for pair in 0..PAIRS {
+            if pair % 2 == 0 {
+                t_on.push(batch(&on, &mut k_on));
+                t_off.push(batch(&off, &mut k_off));
+            } else {
+                t_off.push(batch(&off, &mut k_off));
+                t_on.push(batch(&on, &mut k_on));
+            }
+        }
+        let (a, b) = (median(&t_on) / BATCH as f64, median(&t_off) / BATCH as f64);
+        let slice = PAIRS / SLICES;
+        let mut ratios: Vec<f64> = (0..SLICES)
+            .map(|i| {
+                let r = i * slice..(i + 1) * slice;
+                median(&t_on[r.clone()]) / median(&t_off[r])
+            })
+            .collect();
+        ratios.sort_by(|a, b| a.total_cmp(b));
         let pct = |r: f64| (r - 1.0) * 100.0;
         let label = if cache > 0 {
             "block cache on"
@@ -91,10 +102,10 @@ fn tracking_overhead() {
             "<1% overhead",
         );
         println!(
-            "INFO|memory|tracking overhead on alloc+free ({label}): {:+.2}% (median of {ROUNDS} interleaved rounds' ratios, rounds ranged {:+.1}% to {:+.1}%; medians {a:.3} us vs {b:.3} us)",
-            pct(r),
+            "INFO|memory|tracking overhead on alloc+free ({label}): {:+.2}% ({a:.4} us vs {b:.4} us, medians of {PAIRS} interleaved batch pairs of {BATCH}; {SLICES} slices ranged {:+.2}% to {:+.2}%)",
+            pct(a / b),
             pct(ratios[0]),
-            pct(ratios[ROUNDS - 1]),
+            pct(ratios[SLICES - 1]),
         );
     }
 }

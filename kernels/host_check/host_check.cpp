@@ -4,12 +4,70 @@
 //   add a b | sub a b | mul a b | pow a e | ext a0 a1 a2 a3 b0 b1 b2 b3 | rev x bits
 //   table16 <157 u32> | table24 <237 u32>       (Montgomery-form Poseidon2 tables; no answer)
 //   p16 <16 u32> | p24 <24 u32>                 (canonical states; answer: the permutation)
+//   nttpass K log_n s0 c cpos bitrev p_load p_store do_scale scale_mont in_place len
+//           <len u32 src> [<len u32 dst> unless in_place] <2^(log_n-1) u32 twiddles>
+//                                               (answer: dst after one ntt_pass_k{K}_bb
+//                                                launch, run thread by thread, phase by
+//                                                phase, with the kernel's own code)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "../babybear.cuh"
+#include "../ntt.cuh"
+
+namespace {
+
+struct Regs {
+    uint32_t x[16];
+    uint32_t c16[8];
+};
+
+template <int K, int R>
+void host_rounds(const ntt::Tile<K>& tile, std::vector<Regs>& regs, const uint32_t* src,
+                 uint32_t* dst, const uint32_t* tw, uint32_t* sm) {
+    // Each phase runs for every thread before the next starts: the kernel's barriers.
+    // Inside a phase, one thread at a time: one of the interleavings the GPU may run.
+    for (uint32_t t = 0; t < regs.size(); t++)
+        tile.template phase<R>(t, regs[t].x, regs[t].c16, src, dst, tw, sm);
+    if constexpr (R + 1 < ntt::Tile<K>::NR) host_rounds<K, R + 1>(tile, regs, src, dst, tw, sm);
+}
+
+// One launch of ntt_pass_k{K}_bb: every block (tile) in turn, as the kernel in babybear.cu.
+template <int K>
+void host_pass(const ntt::Pass& ps, const uint32_t* src, uint32_t* dst, const uint32_t* tw,
+               uint64_t len) {
+    const uint32_t tile_log = K + ps.c;
+    std::vector<uint32_t> sm(1u << tile_log);
+    std::vector<Regs> regs(1u << (tile_log - 4));
+    for (uint64_t g = 0; g < (len >> tile_log); g++) {
+        const ntt::Tile<K> tile(ps, g);
+        std::fill(sm.begin(), sm.end(), 0xffffffffu);
+        for (auto& r : regs) tile.roots16(tw, r.c16);
+        host_rounds<K, 0>(tile, regs, src, dst, tw, sm.data());
+        if (tile.relayout())
+            for (uint32_t t = 0; t < regs.size(); t++) tile.final_phase(t, regs[t].x, dst, sm.data());
+    }
+}
+
+bool dispatch_pass(uint32_t k, const ntt::Pass& ps, const uint32_t* src, uint32_t* dst,
+                   const uint32_t* tw, uint64_t len) {
+    switch (k) {
+        case 4: host_pass<4>(ps, src, dst, tw, len); return true;
+        case 5: host_pass<5>(ps, src, dst, tw, len); return true;
+        case 6: host_pass<6>(ps, src, dst, tw, len); return true;
+        case 7: host_pass<7>(ps, src, dst, tw, len); return true;
+        case 8: host_pass<8>(ps, src, dst, tw, len); return true;
+        case 9: host_pass<9>(ps, src, dst, tw, len); return true;
+        case 10: host_pass<10>(ps, src, dst, tw, len); return true;
+        case 11: host_pass<11>(ps, src, dst, tw, len); return true;
+        case 12: host_pass<12>(ps, src, dst, tw, len); return true;
+        default: return false;
+    }
+}
+
+}  // namespace
 
 int main() {
     std::vector<uint32_t> t16(bb::P2Params<16>::TABLE_LEN), t24(bb::P2Params<24>::TABLE_LEN);
@@ -57,6 +115,27 @@ int main() {
                 bb::p2_permute_canonical<24, const uint32_t*>(s, t24.data());
             }
             for (int i = 0; i < w; i++) std::printf(i + 1 < w ? "%u " : "%u\n", s[i]);
+        } else if (!std::strcmp(op, "nttpass")) {
+            uint32_t k = rd();
+            ntt::Pass ps;
+            ps.log_n = rd(), ps.s0 = rd(), ps.c = rd(), ps.cpos = rd(), ps.bitrev = rd();
+            ps.p_load = rd(), ps.p_store = rd(), ps.do_scale = rd(), ps.scale_mont = rd();
+            bool in_place = rd() != 0;
+            uint64_t len = rd();
+            std::vector<uint32_t> src(len), dst, tw(1ull << (ps.log_n - 1));
+            for (auto& v : src) v = rd();
+            if (!in_place) {
+                dst.resize(len);
+                for (auto& v : dst) v = rd();
+            }
+            for (auto& v : tw) v = rd();
+            uint32_t* out = in_place ? src.data() : dst.data();
+            if (!dispatch_pass(k, ps, src.data(), out, tw.data(), len)) {
+                std::fprintf(stderr, "nttpass: K = %u\n", k);
+                return 2;
+            }
+            for (uint64_t i = 0; i < len; i++) std::printf(i + 1 < len ? "%u " : "%u\n", out[i]);
+            std::fflush(stdout);  // the test talks to this process one pass at a time
         } else {
             std::fprintf(stderr, "unknown command %s\n", op);
             return 2;

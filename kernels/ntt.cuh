@@ -1,0 +1,279 @@
+// Fused NTT passes over BabyBear (canonical data, Montgomery-form twiddles; see babybear.cuh).
+//
+// A batched forward or inverse NTT of 2^log_n points per column runs as a few passes (see
+// plan_ntt in src/prover_ops.rs); each pass does K consecutive radix-2 decimation-in-time
+// stages s0 .. s0+K-1 on data whose first pass reads the input in bit-reversed order.
+//
+// Positions are DIT positions (after bit reversal), column bits above log_n included. A
+// block owns one tile of 2^(K+c) elements: the K butterfly bits at s0.. ("b", tile bits
+// 0..K-1) and c coalescing bits at cpos.. ("l", tile bits K..K+c-1) vary inside the tile,
+// the other position bits come from the block number.
+//
+// Each of the 2^(K+c-4) threads holds 16 values in registers and runs up to four stages on
+// them at once (a round): round 0 does the first R0 = K - 4*(NR-1) stages on tile bits 0..3,
+// round r >= 1 the four stages on tile bits q(r)..q(r)+3. Between rounds the values go
+// through shared memory, one __syncthreads per exchange; the first round loads straight
+// from global memory and the last stores straight to it, in layouts chosen so that a
+// warp's lanes touch runs of 16 or 32 consecutive addresses (64 or 128 bytes), or at least
+// whole 32-byte sectors.
+//
+// A layout {q, p} puts the 16 registers on tile bits q..q+3 and the thread-index bits on
+// the other tile bits, in cyclic order starting at bit p (lane bits first). Shared memory
+// is XOR-swizzled (`swizzle`) so that the lane patterns of the exchanges hit distinct banks.
+//
+// Twiddles: the stage-s butterfly at DIT position x multiplies by w_{2^(s+1)}^(x mod 2^s).
+// In round r, with lo = s0 + q(r), x mod 2^s = U + v * 2^lo where U = x mod 2^lo is fixed
+// per thread and v < 2^j comes from the register index (j = s - lo). Hence
+//   w = w_{2^(lo+j+1)}^U * w_16^(v * 2^(3-j)),
+// where the first factor is one table load for the round's last stage and squarings for the
+// others, and the second is one of eight constants w_16^0..7. `tw` holds w_n^k for k < n/2
+// in Montgomery form (w_n inverted for the inverse NTT), so every root above is a table entry.
+//
+// Everything here is __host__ __device__: kernels/host_check runs the same per-thread phases
+// on the CPU, thread by thread, to check the index arithmetic against the Rust reference.
+#pragma once
+#include "babybear.cuh"
+
+namespace ntt {
+
+// The launch parameters of one pass.
+struct Pass {
+    uint32_t log_n;       // points per column: 2^log_n (>= 4)
+    uint32_t s0;          // first stage
+    uint32_t c;           // coalescing bits: a tile has 2^(K + c) elements, K + c <= 12
+    uint32_t cpos;        // position bit of l's lowest bit
+    uint32_t bitrev;      // read position x from src[rev(x)] (the first pass)
+    uint32_t p_load;      // first lane bit of the layout of the global loads
+    uint32_t p_store;     // first lane bit of the layout of the global stores
+    uint32_t do_scale;    // multiply stored values by scale_mont (the inverse's 1/n)
+    uint32_t scale_mont;
+};
+
+// Registers on tile bits q..q+3, thread bits on the others in cyclic order from bit p.
+struct Layout {
+    uint32_t q, p;
+};
+
+// Shared-memory slot of tile element e: e with its low five bits (the bank) XORed with a
+// linear function of tile bits 5..11, so that every lane pattern the passes use (for every
+// plan of plan_ntt) falls on distinct banks. The vectors were found by
+// scripts/ntt-swizzle-search.py, which also checks them. Linear over XOR: swizzle(a ^ b) = swizzle(a) ^ swizzle(b), and a bijection,
+// since only the low five bits change and they change by a function of the others.
+BB_HD uint32_t swizzle(uint32_t e) {
+    constexpr uint32_t bank_of_bit[7] = {31, 29, 9, 17, 18, 21, 29};  // tile bits 5..11
+    uint32_t f = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < 7; i++)
+        if ((e >> (5 + i)) & 1u) f ^= bank_of_bit[i];
+    return e ^ f;
+}
+
+// The tile bits of thread t in layout L (tile of 2^tile_log elements, tile_log >= 4).
+BB_HD uint32_t thread_bits(uint32_t t, uint32_t tile_log, Layout L) {
+    // The non-register bits in cyclic order from p form at most three runs.
+    uint32_t s1, l1, s2, l2, s3, l3;
+    if (L.p >= L.q + 4) {
+        s1 = L.p, l1 = tile_log - L.p;
+        s2 = 0, l2 = L.q;
+        s3 = L.q + 4, l3 = L.p - (L.q + 4);
+    } else {
+        s1 = L.p, l1 = L.q - L.p;
+        s2 = L.q + 4, l2 = tile_log - (L.q + 4);
+        s3 = 0, l3 = L.p;
+    }
+    uint32_t e = (t & ((1u << l1) - 1)) << s1;
+    t >>= l1;
+    e |= (t & ((1u << l2) - 1)) << s2;
+    t >>= l2;
+    e |= (t & ((1u << l3) - 1)) << s3;
+    return e;
+}
+
+BB_HD uint32_t rev4(uint32_t i) {
+    return ((i & 1u) << 3) | ((i & 2u) << 1) | ((i & 4u) >> 1) | ((i & 8u) >> 3);
+}
+
+// One tile of a pass with K butterfly bits (4 <= K <= 12), as seen by one thread at a time.
+template <int K>
+struct Tile {
+    static constexpr int NR = 1 + (K - 1) / 4;   // rounds
+    static constexpr int R0 = K - 4 * (NR - 1);  // stages of round 0 (1..4)
+
+    static BB_HD constexpr uint32_t q_of(int r) { return r == 0 ? 0u : uint32_t(R0 + 4 * (r - 1)); }
+    static BB_HD constexpr uint32_t stages_of(int r) { return r == 0 ? uint32_t(R0) : 4u; }
+
+    Pass ps;
+    uint32_t tile_log;
+    uint64_t base;  // the position of tile element 0
+
+    BB_HD Tile(const Pass& p, uint64_t g) : ps(p), tile_log(K + p.c) {
+        // Deposit the tile number g into the position bits outside [s0, s0+K) and
+        // [cpos, cpos+c); the two ranges sorted are [r1s, r1s+r1w) below [r2s, r2s+r2w).
+        uint32_t r1s, r1w, r2s, r2w;
+        if (p.cpos < p.s0) {
+            r1s = p.cpos, r1w = p.c, r2s = p.s0, r2w = K;
+        } else {
+            r1s = p.s0, r1w = K, r2s = p.cpos, r2w = p.c;
+        }
+        const uint32_t mid = r2s - (r1s + r1w);
+        uint64_t rest = g;
+        const uint64_t part0 = rest & ((1ull << r1s) - 1);
+        rest >>= r1s;
+        const uint64_t part1 = rest & ((1ull << mid) - 1);
+        rest >>= mid;
+        base = part0 | (part1 << (r1s + r1w)) | (rest << (r2s + r2w));
+    }
+
+    // The layout of round r: loads for round 0, stores for the last (when there are two or
+    // more rounds), else the next five bits above the registers if they fit, else below.
+    template <int r>
+    BB_HD Layout layout() const {
+        const uint32_t q = q_of(r);
+        uint32_t p;
+        if (r == NR - 1 && NR > 1) {
+            p = ps.p_store;
+        } else if (r == 0) {
+            p = ps.p_load;
+        } else if (q + 9 <= tile_log) {
+            p = q + 4;
+        } else if (q >= 5) {
+            p = q - 5;
+        } else {
+            p = (q + 4) % tile_log;
+        }
+        return {q, p - q < 4u ? (q + 4) % tile_log : p};
+    }
+
+    // With one round, the stores may want another layout than the loads.
+    BB_HD bool relayout() const { return NR == 1 && ps.p_store != ps.p_load; }
+    BB_HD Layout store_layout() const {
+        const Layout L = layout<NR - 1>();
+        return NR == 1 ? Layout{0, ps.p_store - 0u < 4u ? 4u % tile_log : ps.p_store} : L;
+    }
+
+    // DIT position of tile element e.
+    BB_HD uint64_t pos_of(uint32_t e) const {
+        return base | ((uint64_t)(e & ((1u << K) - 1)) << ps.s0) | ((uint64_t)(e >> K) << ps.cpos);
+    }
+
+    // w_16^0..7 in Montgomery form.
+    BB_HD void roots16(const uint32_t* tw, uint32_t (&c16)[8]) const {
+#pragma unroll
+        for (uint32_t v = 0; v < 8; v++) c16[v] = tw[v << (ps.log_n - 4)];
+    }
+
+    // Round 0's values from global memory; pos = pos_of(the thread's tile bits), registers
+    // on tile bits 0..3. Register offsets stay below 2^log_n, so 32 bits hold them.
+    BB_HD void load(uint32_t (&x)[16], uint64_t pos, const uint32_t* src) const {
+        if (ps.bitrev) {
+            const uint64_t nmask = (1ull << ps.log_n) - 1;
+            const uint64_t a = (pos & ~nmask) | bb::bit_rev((uint32_t)(pos & nmask), ps.log_n);
+            const uint32_t* p = src + a;
+            const uint32_t sh = ps.log_n - 4 - ps.s0;
+#pragma unroll
+            for (uint32_t i = 0; i < 16; i++) x[i] = p[rev4(i) << sh];
+        } else {
+            const uint32_t* p = src + pos;
+#pragma unroll
+            for (uint32_t i = 0; i < 16; i++) x[i] = p[i << ps.s0];
+        }
+    }
+
+    // The values to global memory; registers on tile bits q..q+3.
+    BB_HD void store(const uint32_t (&x)[16], uint64_t pos, uint32_t q, uint32_t* dst) const {
+        uint32_t* p = dst + pos;
+        const uint32_t sh = q + ps.s0;
+#pragma unroll
+        for (uint32_t i = 0; i < 16; i++)
+            p[i << sh] = ps.do_scale ? bb::mont_mul(x[i], ps.scale_mont) : x[i];
+    }
+
+    // e: the thread's tile bits; registers on tile bits q..q+3.
+    BB_HD void to_shared(const uint32_t (&x)[16], uint32_t e, uint32_t q, uint32_t* sm) const {
+        const uint32_t at = swizzle(e);
+#pragma unroll
+        for (uint32_t i = 0; i < 16; i++) sm[at ^ swizzle(i << q)] = x[i];
+    }
+
+    BB_HD void from_shared(uint32_t (&x)[16], uint32_t e, uint32_t q, const uint32_t* sm) const {
+        const uint32_t at = swizzle(e);
+#pragma unroll
+        for (uint32_t i = 0; i < 16; i++) x[i] = sm[at ^ swizzle(i << q)];
+    }
+
+    // The stages of round r on this thread's 16 values (layout L).
+    // pos: pos_of(the thread's tile bits) in round r's layout.
+    template <int r>
+    BB_HD void butterflies(uint32_t (&x)[16], uint64_t pos, const uint32_t* tw,
+                           const uint32_t (&c16)[8]) const {
+        constexpr uint32_t stages = stages_of(r);
+        const uint32_t lo = ps.s0 + q_of(r);
+        const uint32_t u = (uint32_t)(pos & ((1ull << lo) - 1));
+        // W[j] = w_{2^(lo+j+1)}^u; the last from the table, the others by squaring.
+        // lo == 0 (round 0 of a pass from stage 0): u = 0, every W[j] is 1.
+        const bool unit = r == 0 && lo == 0;
+        uint32_t W[4];
+        if (!unit) {
+            W[stages - 1] = tw[(uint64_t)u << (ps.log_n - lo - stages)];
+#pragma unroll
+            for (int j = 3; j > 0; j--)
+                if (j < (int)stages) W[j - 1] = bb::mont_mul(W[j], W[j]);
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < stages; j++) {
+            // w[v] = W[j] * w_{2^(j+1)}^v for v < 2^j.
+            uint32_t w[8];
+            if (unit) {
+#pragma unroll
+                for (uint32_t v = 0; v < 8; v++)
+                    if (v < (1u << j)) w[v] = c16[v << (3 - j)];
+            } else {
+                w[0] = W[j];
+#pragma unroll
+                for (uint32_t v = 1; v < 8; v++)
+                    if (v < (1u << j)) w[v] = bb::mont_mul(W[j], c16[v << (3 - j)]);
+            }
+#pragma unroll
+            for (uint32_t i0 = 0; i0 < 16; i0++) {
+                if ((i0 >> j) & 1u) continue;
+                const uint32_t i1 = i0 | (1u << j);
+                const uint32_t a = x[i0];
+                const uint32_t b = bb::mont_mul(x[i1], w[i0 & ((1u << j) - 1)]);
+                x[i0] = bb::add(a, b);
+                x[i1] = bb::sub(a, b);
+            }
+        }
+    }
+
+    // Phase r of a thread: get the values (global for round 0, else shared), run round r,
+    // then put them to shared memory for the next phase or store them. The caller puts a
+    // barrier between phases; within a phase a thread writes only the slots it read.
+    template <int r>
+    BB_HD void phase(uint32_t t, uint32_t (&x)[16], const uint32_t (&c16)[8],
+                     const uint32_t* src, uint32_t* dst, const uint32_t* tw, uint32_t* sm) const {
+        const Layout L = layout<r>();
+        const uint32_t e = thread_bits(t, tile_log, L);
+        const uint64_t pos = pos_of(e);
+        if (r == 0) {
+            load(x, pos, src);
+        } else {
+            from_shared(x, e, L.q, sm);
+        }
+        butterflies<r>(x, pos, tw, c16);
+        if (r < NR - 1 || relayout()) {
+            to_shared(x, e, L.q, sm);
+        } else {
+            store(x, pos, L.q, dst);
+        }
+    }
+
+    // After a relayout: the stores, from shared memory.
+    BB_HD void final_phase(uint32_t t, uint32_t (&x)[16], uint32_t* dst, const uint32_t* sm) const {
+        const Layout L = store_layout();
+        const uint32_t e = thread_bits(t, tile_log, L);
+        from_shared(x, e, L.q, sm);
+        store(x, pos_of(e), L.q, dst);
+    }
+};
+
+}  // namespace ntt
