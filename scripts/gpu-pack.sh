@@ -132,6 +132,10 @@ echo "gpu-pack: .gpu-bundle is $total_mib MiB ($total_bytes bytes)"
 if [ "$total_bytes" -gt $((BUNDLE_LIMIT_MIB * 1024 * 1024)) ]; then
   echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
   echo "!! WARNING: .gpu-bundle is $total_mib MiB, over the ${BUNDLE_LIMIT_MIB} MiB budget." >&2
-  echo "!! The carry to the GPU machine is limited to 64 MiB in all." >&2
+  echo "!! The carry to the GPU machine is limited to 64 MiB in all: carry it in two calls," >&2
+  echo "!!   .gpu-bundle/{all,prover_demo,prover_demo_nvtx,libnvtx3interop.so.1,manifest.txt,kernels.fatbin}" >&2
+  echo "!!     with scripts/gpu-run.sh all all, then" >&2
+  echo "!!   .gpu-bundle/{baseline,p1,p12,p123,prover_demo,manifest.txt,kernels.fatbin}" >&2
+  echo "!!     with scripts/gpu-run.sh all baseline p1 p12 p123." >&2
   echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!" >&2
 fi
