@@ -141,15 +141,18 @@ struct Tile {
         } else {
             p = (q + 4) % tile_log;
         }
+        return lanes_from(q, p);
+    }
+
+    // Layout {q, p}, with p moved just above the registers if it falls among them.
+    BB_HD Layout lanes_from(uint32_t q, uint32_t p) const {
         return {q, p - q < 4u ? (q + 4) % tile_log : p};
     }
 
     // With one round, the stores may want another layout than the loads.
     BB_HD bool relayout() const { return NR == 1 && ps.p_store != ps.p_load; }
-    BB_HD Layout store_layout() const {
-        const Layout L = layout<NR - 1>();
-        return NR == 1 ? Layout{0, ps.p_store - 0u < 4u ? 4u % tile_log : ps.p_store} : L;
-    }
+    // The stores' layout after a relayout (one round: registers on tile bits 0..3).
+    BB_HD Layout store_layout() const { return lanes_from(0, ps.p_store); }
 
     // DIT position of tile element e.
     BB_HD uint64_t pos_of(uint32_t e) const {

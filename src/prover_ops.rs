@@ -554,6 +554,8 @@ mod tests {
     use super::*;
     use crate::cpu_ops;
 
+    include!("../kernels/host_check/build_host_check.rs");
+
     /// `kernels/host_check` (the device code compiled for the host) as a child process, or
     /// `None` with a message when no C++ compiler is found.
     struct HostCheck {
@@ -564,29 +566,9 @@ mod tests {
     impl HostCheck {
         fn start() -> Option<Self> {
             use std::process::{Command, Stdio};
-            let cxx = std::env::var("CXX")
-                .ok()
-                .into_iter()
-                .chain(["c++", "g++", "clang++"].map(String::from))
-                .find(|c| Command::new(c).arg("--version").output().is_ok());
-            let Some(cxx) = cxx else {
-                eprintln!("SKIPPED: no C++ compiler to build kernels/host_check");
-                return None;
-            };
-            let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
             let exe = std::env::temp_dir()
                 .join(format!("cuda-hal-ntt-host-check-{}", std::process::id()));
-            let built = Command::new(&cxx)
-                .args(["-O2", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", "-o"])
-                .arg(&exe)
-                .arg(root.join("kernels/host_check/host_check.cpp"))
-                .output()
-                .expect("run the C++ compiler");
-            assert!(
-                built.status.success(),
-                "{}",
-                String::from_utf8_lossy(&built.stderr)
-            );
+            build_host_check(&exe)?;
             let mut child = Command::new(&exe)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

@@ -10,14 +10,7 @@ use std::process::{Command, Stdio};
 use cuda_hal::field::{Elem, ExtElem, P};
 use cuda_hal::poseidon2::Poseidon2;
 
-fn compiler() -> Option<String> {
-    let candidates = std::env::var("CXX")
-        .ok()
-        .into_iter()
-        .chain(["c++", "g++", "clang++"].map(String::from));
-    let mut candidates = candidates;
-    candidates.find(|c| Command::new(c).arg("--version").output().is_ok())
-}
+include!("../kernels/host_check/build_host_check.rs");
 
 fn to_mont(x: u32) -> u32 {
     ((u64::from(x) << 32) % u64::from(P)) as u32
@@ -45,23 +38,10 @@ fn join(v: impl IntoIterator<Item = u32>) -> String {
 
 #[test]
 fn device_arithmetic_matches_the_reference_on_the_host() {
-    let Some(cxx) = compiler() else {
-        eprintln!("SKIPPED: no C++ compiler");
-        return;
-    };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("babybear_host_check");
-    let out = Command::new(&cxx)
-        .args(["-O1", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", "-o"])
-        .arg(&exe)
-        .arg(root.join("kernels/host_check/host_check.cpp"))
-        .output()
-        .expect("run the C++ compiler");
-    assert!(
-        out.status.success(),
-        "compiling host_check.cpp failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if build_host_check(&exe).is_none() {
+        return;
+    }
 
     // Commands and the answers the Rust code expects, line by line.
     let mut cmds = String::new();
