@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::ledger::HotCounts;
-use crate::tracking::{MemoryReport, Tracker};
+use crate::tracking::{MemoryReport, TrackId, Tracker};
 
 /// The allocation bookkeeping of one HAL.
 pub(crate) struct Allocs {
@@ -33,7 +33,7 @@ struct State {
 /// What [`Allocs::alloc`] granted.
 pub(crate) struct Granted {
     /// The tracker's id of the allocation, when tracking.
-    pub(crate) track_id: Option<u32>,
+    pub(crate) track_id: Option<TrackId>,
     /// A cached block of exactly the requested size, if there was one.
     pub(crate) cached: Option<CUdeviceptr>,
 }
@@ -77,7 +77,7 @@ impl Allocs {
     }
 
     /// Forgets the tracked allocation the driver then refused.
-    pub(crate) fn abandon(&self, track_id: Option<u32>) {
+    pub(crate) fn abandon(&self, track_id: Option<TrackId>) {
         if let Some(id) = track_id {
             self.state.lock().tracker.untrack(id);
         }
@@ -90,7 +90,7 @@ impl Allocs {
         &self,
         ptr: CUdeviceptr,
         bytes: usize,
-        track_id: Option<u32>,
+        track_id: Option<TrackId>,
         offer: bool,
     ) -> bool {
         let mut guard = self.state.lock();
@@ -105,7 +105,7 @@ impl Allocs {
     /// Tracks an allocation made elsewhere (managed memory) whether tracking is on or not,
     /// within the limit; its id, or `None` past the limit.
     #[allow(clippy::ptr_arg)]
-    pub(crate) fn track(&self, name: &Cow<'static, str>, bytes: usize) -> Option<u32> {
+    pub(crate) fn track(&self, name: &Cow<'static, str>, bytes: usize) -> Option<TrackId> {
         self.state
             .lock()
             .tracker
@@ -113,7 +113,7 @@ impl Allocs {
     }
 
     /// Forgets an allocation of [`Allocs::track`].
-    pub(crate) fn untrack(&self, id: u32) {
+    pub(crate) fn untrack(&self, id: TrackId) {
         self.state.lock().tracker.untrack(id);
     }
 
@@ -176,7 +176,7 @@ mod tests {
     fn a_freed_block_is_reused_by_the_next_allocation_of_its_size() {
         let a = Allocs::new(true, None, 1000);
         let g = a.alloc(&COL, 100, true).unwrap();
-        assert_eq!((g.track_id, g.cached), (Some(0), None));
+        assert!(g.track_id.is_some() && g.cached.is_none());
         assert!(a.free(0xA000, 100, g.track_id, true), "kept by the cache");
         assert_eq!(a.cached_bytes(), 100);
         assert_eq!(a.alloc(&COL, 200, true).unwrap().cached, None, "other size");
@@ -239,7 +239,7 @@ mod tests {
         ];
         let next_ptr = AtomicU64::new(1);
         let in_use = parking_lot::Mutex::new(HashSet::new());
-        let held: Vec<Vec<(CUdeviceptr, usize, Option<u32>)>> = std::thread::scope(|scope| {
+        let held: Vec<Vec<(CUdeviceptr, usize, Option<TrackId>)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (a, names, next_ptr, in_use) = (&a, &names, &next_ptr, &in_use);
@@ -267,7 +267,7 @@ mod tests {
         let r = a.report();
         assert_eq!(r.live.len(), THREADS * HELD);
         let live_ids: HashSet<u64> = r.live.iter().map(|l| l.id).collect();
-        let held_ids: HashSet<u64> = held.iter().map(|h| h.2.unwrap() as u64).collect();
+        let held_ids: HashSet<u64> = held.iter().map(|h| h.2.unwrap().public()).collect();
         assert_eq!(live_ids, held_ids, "the live ids are exactly those held");
         assert_eq!(r.current_bytes, held.iter().map(|h| h.1).sum::<usize>());
         assert!(r.peak_bytes >= r.current_bytes);

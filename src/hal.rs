@@ -624,7 +624,7 @@ pub(crate) struct DeviceAlloc {
     pub(crate) ptr: CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) pooled: bool,
-    track_id: Option<u32>,
+    track_id: Option<crate::tracking::TrackId>,
 }
 
 /// Timing events of transfers whose device time is not yet in the ledger, and spares.

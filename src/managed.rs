@@ -41,7 +41,7 @@ pub struct ManagedBuffer<T> {
     name: String,
     ptr: CUdeviceptr,
     len: usize,
-    track_id: u32,
+    track_id: crate::tracking::TrackId,
     _t: PhantomData<T>,
 }
 

@@ -76,30 +76,130 @@ impl fmt::Display for MemoryReport {
     }
 }
 
-/// Static names remembered by address in a direct-mapped table (a power of two).
-const STATIC_SLOTS: usize = 64;
-
-/// A static name's address and length, and its name id.
+/// A static name's text address and length, and its name id.
 #[derive(Clone, Copy)]
 struct StaticName {
     addr: usize,
-    len: usize,
+    len: u32,
     id: u32,
 }
 
-/// The slot of a static name in the direct-mapped table: Fibonacci hashing of its
-/// address and length.
-#[inline]
-fn static_slot(text: &str) -> usize {
-    let key = (text.as_ptr() as usize ^ text.len()) as u64;
-    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - STATIC_SLOTS.ilog2())) as usize
+/// An empty entry of [`StaticNames`] (no `&str` lives at address 0).
+const NO_NAME: StaticName = StaticName {
+    addr: 0,
+    len: 0,
+    id: 0,
+};
+
+/// The most static names remembered by address; past it they are found by their text.
+const MAX_STATIC_NAMES: usize = 1 << 12;
+
+/// Name ids of static names by the address and length of their text: open addressing
+/// with linear probing, at most half full and never evicting, so a name is found in one
+/// or two compares and names used in turn never push each other out. (String literals lie
+/// back to back in memory: the hash spreads neighbouring addresses, and the length is
+/// compared, not hashed.)
+struct StaticNames {
+    /// A power of two in size.
+    table: Vec<StaticName>,
+    /// 64 - log2(table size): the hash's shift.
+    shift: u32,
+    len: usize,
 }
 
-/// One entry of the live table: a live allocation, or a link of the free list.
+impl Default for StaticNames {
+    fn default() -> Self {
+        StaticNames {
+            table: vec![NO_NAME; 64],
+            shift: 64 - 6,
+            len: 0,
+        }
+    }
+}
+
+impl StaticNames {
+    /// Where the probe for `addr` starts: Fibonacci hashing of the address.
+    #[inline]
+    fn home(&self, addr: usize) -> usize {
+        ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// The id of `text` if it was remembered.
+    #[inline]
+    fn get(&self, text: &str) -> Option<u32> {
+        let (addr, len) = (text.as_ptr() as usize, text.len());
+        let mask = self.table.len() - 1;
+        let mut i = self.home(addr);
+        loop {
+            let e = self.table[i];
+            if e.addr == addr && e.len as usize == len {
+                return Some(e.id);
+            }
+            if e.addr == 0 {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Remembers `text` (a static name not yet remembered) as name `id`.
+    fn insert(&mut self, text: &str, id: u32) {
+        let Ok(len) = u32::try_from(text.len()) else {
+            return;
+        };
+        if self.len >= MAX_STATIC_NAMES {
+            return;
+        }
+        if (self.len + 1) * 2 > self.table.len() {
+            let bigger = vec![NO_NAME; 2 * self.table.len()];
+            let old = std::mem::replace(&mut self.table, bigger);
+            self.shift -= 1;
+            for e in old.into_iter().filter(|e| e.addr != 0) {
+                self.put(e);
+            }
+        }
+        let addr = text.as_ptr() as usize;
+        self.put(StaticName { addr, len, id });
+        self.len += 1;
+    }
+
+    /// Writes `e` into the first empty entry of its probe sequence.
+    fn put(&mut self, e: StaticName) {
+        let mask = self.table.len() - 1;
+        let mut i = self.home(e.addr);
+        while self.table[i].addr != 0 {
+            i = (i + 1) & mask;
+        }
+        self.table[i] = e;
+    }
+}
+
+/// The `name` of a free slot of the live table.
+const FREE: u32 = u32::MAX;
+
+/// One entry of the live table: a live allocation (`name` is its name id), or a free slot
+/// (`name == FREE`, and `next` is the next free slot).
 #[derive(Clone, Copy)]
-enum Slot {
-    Live { name: u32, bytes: usize },
-    Free { next: u32 },
+struct Slot {
+    bytes: usize,
+    name: u32,
+    next: u32,
+}
+
+/// A tracked allocation: its slot in the live table (its id) and its name id, so that
+/// freeing it needs no lookup. Owned by the allocation and given back once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TrackId {
+    slot: u32,
+    name: u32,
+}
+
+#[cfg(test)]
+impl TrackId {
+    /// The allocation id reports show: unique among live allocations.
+    pub(crate) fn public(self) -> u64 {
+        u64::from(self.slot)
+    }
 }
 
 /// What the hot path keeps per name (the live count is found by the report).
@@ -110,46 +210,26 @@ struct Totals {
     allocations: u64,
 }
 
-/// The end of the free list.
-const NO_SLOT: u32 = u32::MAX;
-
 /// Live allocations with totals per name and overall. Not synchronised: the HAL keeps it
 /// under the lock its allocation path takes anyway (see `crate::allocs`).
 ///
 /// The live table is a slab (slot index = allocation id) with its free list threaded
-/// through the free slots, so a free does no hashing and no allocation. Names are interned
-/// to small ids: a static name is found by its address in a small direct-mapped table (one
-/// compare), any other name by hashing its text.
+/// through the free slots, so neither tracking nor freeing hashes or allocates. Names are
+/// interned to small ids: a static name is found by the address of its text
+/// ([`StaticNames`]), any other name by hashing its text. The fields the hot path touches
+/// come first.
+#[derive(Default)]
 pub(crate) struct Tracker {
-    slots: Vec<Slot>,
-    free_head: u32,
-    /// Indexed by name id, like `totals`.
-    names: Vec<String>,
-    totals: Vec<Totals>,
-    by_text: FxHashMap<String, u32>,
-    statics: [StaticName; STATIC_SLOTS],
     current: usize,
     peak: usize,
-}
-
-impl Default for Tracker {
-    fn default() -> Self {
-        Tracker {
-            slots: Vec::new(),
-            free_head: NO_SLOT,
-            names: Vec::new(),
-            totals: Vec::new(),
-            by_text: FxHashMap::default(),
-            // Address 0 is never a `&str`'s, so these match no name.
-            statics: [StaticName {
-                addr: 0,
-                len: 0,
-                id: 0,
-            }; STATIC_SLOTS],
-            current: 0,
-            peak: 0,
-        }
-    }
+    /// The first free slot; `slots.len()` when none is free.
+    free_head: u32,
+    slots: Vec<Slot>,
+    /// Indexed by name id, like `names`.
+    totals: Vec<Totals>,
+    statics: StaticNames,
+    names: Vec<String>,
+    by_text: FxHashMap<String, u32>,
 }
 
 impl Tracker {
@@ -160,7 +240,6 @@ impl Tracker {
     }
 
     /// Records an allocation if the bytes alive stay within `limit`; its id, or `None`.
-    /// (A `&Cow`: a static name is found by its address, with no hashing of its text.)
     #[allow(clippy::ptr_arg)]
     #[inline]
     pub(crate) fn track_within(
@@ -168,65 +247,81 @@ impl Tracker {
         name: &Cow<'static, str>,
         bytes: usize,
         limit: usize,
-    ) -> Option<u32> {
-        let current = self.current.checked_add(bytes).filter(|&c| c <= limit)?;
+    ) -> Option<TrackId> {
+        let fits = bytes <= limit.saturating_sub(self.current);
+        fits.then(|| self.track(name, bytes))
+    }
+
+    /// Records an allocation (the caller checked the limit).
+    /// (A `&Cow`: a static name is found by its address, with no hashing of its text.)
+    #[allow(clippy::ptr_arg)]
+    #[inline]
+    fn track(&mut self, name: &Cow<'static, str>, bytes: usize) -> TrackId {
         let name = self.name_id(name);
-        self.current = current;
-        self.peak = self.peak.max(current);
+        self.current += bytes;
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
         let t = &mut self.totals[name as usize];
         t.current += bytes;
-        t.peak = t.peak.max(t.current);
         t.allocations += 1;
-        let live = Slot::Live { name, bytes };
-        let id = self.free_head;
-        match self.slots.get_mut(id as usize) {
-            Some(slot) => {
-                // The free list holds only free slots.
-                if let Slot::Free { next } = *slot {
-                    self.free_head = next;
-                }
-                *slot = live;
-                Some(id)
-            }
-            None => {
-                self.slots.push(live);
-                Some((self.slots.len() - 1) as u32)
-            }
+        if t.current > t.peak {
+            t.peak = t.current;
         }
+        let slot = self.free_head;
+        match self.slots.get_mut(slot as usize) {
+            Some(s) => {
+                self.free_head = s.next;
+                s.bytes = bytes;
+                s.name = name;
+            }
+            None => self.push_slot(bytes, name),
+        }
+        TrackId { slot, name }
+    }
+
+    /// Adds a slot for a live allocation when none is free.
+    #[inline(never)]
+    fn push_slot(&mut self, bytes: usize, name: u32) {
+        self.slots.push(Slot {
+            bytes,
+            name,
+            next: 0,
+        });
+        self.free_head = self.slots.len() as u32;
     }
 
     /// Records that allocation `id` was freed (an unknown or freed id is ignored).
     #[inline]
-    pub(crate) fn untrack(&mut self, id: u32) {
-        let Some(slot) = self.slots.get_mut(id as usize) else {
+    pub(crate) fn untrack(&mut self, id: TrackId) {
+        let Some(s) = self.slots.get_mut(id.slot as usize) else {
             return;
         };
-        let Slot::Live { name, bytes } = *slot else {
+        if s.name != id.name {
             return;
-        };
-        *slot = Slot::Free {
-            next: self.free_head,
-        };
-        self.free_head = id;
+        }
+        let bytes = s.bytes;
+        s.name = FREE;
+        s.next = self.free_head;
+        self.free_head = id.slot;
         self.current -= bytes;
-        self.totals[name as usize].current -= bytes;
+        self.totals[id.name as usize].current -= bytes;
     }
 
-    /// The id of a name: for a static name seen recently, one compare.
+    /// The id of a name: for a static name seen before, found by its address.
     #[allow(clippy::ptr_arg)] // a borrowed name is keyed by its address
     #[inline]
     fn name_id(&mut self, name: &Cow<'static, str>) -> u32 {
         if let Cow::Borrowed(text) = name {
-            let seen = self.statics[static_slot(text)];
-            if seen.addr == text.as_ptr() as usize && seen.len == text.len() {
-                return seen.id;
+            if let Some(id) = self.statics.get(text) {
+                return id;
             }
         }
         self.name_id_by_text(name)
     }
 
     /// The id of a name found by its text (added on first use); a static name is then
-    /// remembered by its address, which identifies its text for good.
+    /// remembered by its address and length, which identify its text for good.
     #[allow(clippy::ptr_arg)]
     #[inline(never)]
     fn name_id_by_text(&mut self, name: &Cow<'static, str>) -> u32 {
@@ -241,11 +336,7 @@ impl Tracker {
             }
         };
         if let Cow::Borrowed(text) = name {
-            self.statics[static_slot(text)] = StaticName {
-                addr: text.as_ptr() as usize,
-                len: text.len(),
-                id,
-            };
+            self.statics.insert(text, id);
         }
         id
     }
@@ -255,13 +346,13 @@ impl Tracker {
     pub(crate) fn report(&self) -> MemoryReport {
         let mut live = Vec::new();
         let mut live_by_name = vec![0; self.names.len()];
-        for (id, slot) in self.slots.iter().enumerate() {
-            if let Slot::Live { name, bytes } = *slot {
-                live_by_name[name as usize] += 1;
+        for (id, s) in self.slots.iter().enumerate() {
+            if s.name != FREE {
+                live_by_name[s.name as usize] += 1;
                 live.push(LiveAllocation {
                     id: id as u64,
-                    name: self.names[name as usize].clone(),
-                    bytes,
+                    name: self.names[s.name as usize].clone(),
+                    bytes: s.bytes,
                 });
             }
         }
@@ -298,7 +389,7 @@ mod tests {
 
     use super::*;
 
-    fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> u32 {
+    fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> TrackId {
         t.track_within(&name, bytes, usize::MAX).unwrap()
     }
 
@@ -311,7 +402,11 @@ mod tests {
         assert_eq!(t.current(), 550);
         t.untrack(b);
         t.untrack(b); // twice is harmless
-        t.untrack(1000); // so is an unknown id
+        t.untrack(TrackId {
+            slot: 1000,
+            name: 0,
+        }); // so is an unknown id
+        t.untrack(TrackId { slot: 0, name: 9 }); // or name
         let r = t.report();
         assert_eq!((r.current_bytes, r.peak_bytes), (500, 550));
         assert_eq!(
@@ -358,15 +453,16 @@ mod tests {
     #[test]
     fn freed_ids_are_reused_latest_first() {
         let mut t = Tracker::default();
-        let ids: Vec<u32> = (0..4)
+        let ids: Vec<TrackId> = (0..4)
             .map(|_| track(&mut t, Cow::Borrowed("x"), 1))
             .collect();
-        assert_eq!(ids, vec![0, 1, 2, 3]);
-        t.untrack(1);
-        t.untrack(3);
-        assert_eq!(track(&mut t, Cow::Borrowed("x"), 1), 3);
-        assert_eq!(track(&mut t, Cow::Borrowed("x"), 1), 1);
-        assert_eq!(track(&mut t, Cow::Borrowed("x"), 1), 4);
+        assert_eq!(ids.iter().map(|i| i.slot).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        t.untrack(ids[1]);
+        t.untrack(ids[3]);
+        assert_eq!(track(&mut t, Cow::Borrowed("y"), 1).slot, 3);
+        assert_eq!(track(&mut t, Cow::Borrowed("x"), 1).slot, 1);
+        assert_eq!(track(&mut t, Cow::Borrowed("x"), 1).slot, 4);
+        t.untrack(ids[3]); // slot 3 is `y` now: a stale id of another name is ignored
         let ids: Vec<u64> = t.report().live.iter().map(|l| l.id).collect();
         assert_eq!(ids, vec![0, 1, 2, 3, 4]);
     }
@@ -391,9 +487,9 @@ mod tests {
     }
 
     #[test]
-    fn many_static_names_that_collide_in_the_address_table_stay_apart() {
+    fn many_static_names_stay_apart_and_are_all_found_by_address() {
         let mut t = Tracker::default();
-        let names: Vec<&'static str> = (0..4 * STATIC_SLOTS)
+        let names: Vec<&'static str> = (0..300)
             .map(|i| &*Box::leak(format!("name-{i}").into_boxed_str()))
             .collect();
         for round in 1..=3 {
@@ -407,15 +503,69 @@ mod tests {
                 assert_eq!((n.live, n.current_bytes), (round, round * (i + 1)));
             }
         }
+        assert!(names.iter().all(|n| t.statics.get(n).is_some()));
+        assert!(
+            t.statics.len * 2 <= t.statics.table.len(),
+            "at most half full"
+        );
+    }
+
+    #[test]
+    fn back_to_back_literals_are_remembered_apart() {
+        // String literals lie back to back: `column` then `merkle-layer` right after it,
+        // where address ^ length of the two is the same number.
+        let text: &'static str = Box::leak("columnmerkle-layer".to_string().into_boxed_str());
+        let (column, merkle) = (&text[..6], &text[6..]);
+        let mut t = Tracker::default();
+        for _ in 0..3 {
+            track(&mut t, Cow::Borrowed(column), 1);
+            track(&mut t, Cow::Borrowed(merkle), 2);
+        }
+        let (c, m) = (t.statics.get(column), t.statics.get(merkle));
+        assert!(
+            c.is_some() && m.is_some() && c != m,
+            "both remembered, apart"
+        );
+        let r = t.report();
+        let totals: Vec<(&str, usize)> = r
+            .by_name
+            .iter()
+            .map(|n| (n.name.as_str(), n.current_bytes))
+            .collect();
+        assert_eq!(totals, vec![("merkle-layer", 6), ("column", 3)]);
+    }
+
+    #[test]
+    fn past_the_cap_static_names_are_found_by_their_text() {
+        let mut names = StaticNames::default();
+        let texts: Vec<&'static str> = (0..MAX_STATIC_NAMES + 10)
+            .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+            .collect();
+        for (i, text) in texts.iter().enumerate() {
+            names.insert(text, i as u32);
+        }
+        assert_eq!(names.len, MAX_STATIC_NAMES);
+        assert_eq!(names.get(texts[7]), Some(7));
+        assert_eq!(names.get(texts[MAX_STATIC_NAMES + 3]), None);
+        // The tracker still names them right, through the text.
+        let mut t = Tracker {
+            statics: names,
+            ..Default::default()
+        };
+        track(&mut t, Cow::Borrowed(texts[MAX_STATIC_NAMES + 3]), 5);
+        let r = t.report();
+        assert_eq!(
+            r.largest(1),
+            vec![(texts[MAX_STATIC_NAMES + 3].to_string(), 5)]
+        );
     }
 
     /// A plain model of the tracker: live allocations by id, and totals per name.
     #[derive(Default)]
     struct Model {
-        live: BTreeMap<u32, (String, usize)>,
+        live: BTreeMap<u64, (String, usize)>,
         names: BTreeMap<String, NameTotals>,
         peak: usize,
-        most_live: usize,
     }
 
     impl Model {
@@ -428,7 +578,7 @@ mod tests {
                 .live
                 .iter()
                 .map(|(&id, (name, bytes))| LiveAllocation {
-                    id: id as u64,
+                    id,
                     name: name.clone(),
                     bytes: *bytes,
                 })
@@ -462,27 +612,29 @@ mod tests {
             pick: usize,
         },
         FreeAgain {
-            id: u32,
+            pick: usize,
         },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            3 => (0..NAMES.len(), any::<bool>(), 1usize..400)
+            3 => (0..NAMES.len(), any::<bool>(), 1usize..100)
                 .prop_map(|(name, owned, bytes)| Op::Alloc { name, owned, bytes }),
             2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-            1 => (0u32..40).prop_map(|id| Op::FreeAgain { id }),
+            1 => any::<usize>().prop_map(|pick| Op::FreeAgain { pick }),
         ]
     }
 
     proptest! {
         #[test]
         fn matches_a_plain_model(
-            ops in prop::collection::vec(op(), 1..200),
+            ops in prop::collection::vec(op(), 1..300),
             limit in 200usize..3000,
         ) {
             let mut t = Tracker::default();
             let mut m = Model::default();
+            let mut ids: BTreeMap<u64, TrackId> = BTreeMap::new();
+            let mut freed: Vec<TrackId> = Vec::new();
             for op in ops {
                 match op {
                     Op::Alloc { name, owned, bytes } => {
@@ -497,10 +649,9 @@ mod tests {
                             continue;
                         }
                         let id = got.expect("within the limit");
-                        prop_assert!(!m.live.contains_key(&id), "id {} is live", id);
-                        m.live.insert(id, (text.to_string(), bytes));
-                        m.most_live = m.most_live.max(m.live.len());
-                        prop_assert!((id as usize) < m.most_live, "ids stay dense");
+                        prop_assert!(!m.live.contains_key(&id.public()), "id {:?} is live", id);
+                        ids.insert(id.public(), id);
+                        m.live.insert(id.public(), (text.to_string(), bytes));
                         m.peak = m.peak.max(m.current());
                         let n = m.names.entry(text.to_string()).or_insert_with(|| NameTotals {
                             name: text.to_string(),
@@ -516,15 +667,17 @@ mod tests {
                             continue;
                         }
                         let id = *m.live.keys().nth(pick % m.live.len()).unwrap();
-                        t.untrack(id);
+                        t.untrack(ids[&id]);
+                        freed.push(ids[&id]);
                         let (name, bytes) = m.live.remove(&id).unwrap();
                         let n = m.names.get_mut(&name).unwrap();
                         n.live -= 1;
                         n.current_bytes -= bytes;
                     }
-                    Op::FreeAgain { id } => {
-                        // Only ids that are not live: a double free changes nothing.
-                        if !m.live.contains_key(&id) {
+                    Op::FreeAgain { pick } => {
+                        // Only ids not live again: a double free changes nothing.
+                        let Some(&id) = freed.get(pick % freed.len().max(1)) else { continue };
+                        if !m.live.contains_key(&id.public()) {
                             t.untrack(id);
                         }
                     }
