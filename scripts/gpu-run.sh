@@ -69,6 +69,12 @@ run_bin() {
   return "$rc"
 }
 
+if [ ! -d "$bundle" ]; then
+  echo "gpu-run: $bundle/ not found: run scripts/gpu-pack.sh and carry .gpu-bundle" >&2
+  exit 2
+fi
+scripts/gpu-unpack.sh "$bundle" || exit 2
+
 # --- environment ------------------------------------------------------------------
 {
   echo "== date -u";            date -u
@@ -87,10 +93,6 @@ run_bin() {
 echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), mode=$mode, builds: ${builds[*]}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "(nvidia-smi failed)"; } 2>&1 | head -n 4
 
-if [ ! -d "$bundle" ]; then
-  echo "gpu-run: $bundle/ not found: run scripts/gpu-pack.sh and carry .gpu-bundle" >&2
-  exit 2
-fi
 
 # --- tests ----------------------------------------------------------------------------
 if [ "$mode" = tests ] || [ "$mode" = all ]; then

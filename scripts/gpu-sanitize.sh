@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
+scripts/gpu-unpack.sh "${GPU_BUNDLE:-.gpu-bundle}" || exit 2
 bundle="${GPU_BUNDLE:-.gpu-bundle}/all"
 bins=("$@")
 [ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory model prover_ops)
