@@ -126,7 +126,8 @@ if [ -n "$fatbin" ]; then cp "$fatbin" "$bundle/kernels.fatbin"; fi
    done)
 } > "$bundle/manifest.txt"
 
-# Gzip the executables (the manifest above lists them unpacked).
+# Gzip the executables. The manifest above lists those built this time unpacked, and
+# those of builds left from an earlier pack as they are (gzipped).
 find "$bundle" -type f -perm -u+x ! -name '*.gz' -exec gzip -9 -f {} +
 
 total_bytes="$(du -sb "$bundle" | cut -f1)"

@@ -93,7 +93,6 @@ scripts/gpu-unpack.sh "$bundle" || exit 2
 echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), mode=$mode, builds: ${builds[*]}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "(nvidia-smi failed)"; } 2>&1 | head -n 4
 
-
 # --- tests ----------------------------------------------------------------------------
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
   : > "$OUT/tests.log"
