@@ -56,11 +56,15 @@ fn main() {
 }
 
 /// The tracking overhead: [`tracking_run`] in [`TRACKING_PROCESSES`] fresh processes; the
-/// row is the process with the median ratio, and every process's figure is printed.
+/// row is the process with the median ratio, and every process's figure is printed, with
+/// the control: how far apart two HALs of the same kind land, which bounds what the bench
+/// can resolve.
 fn tracking_overhead() {
     let exe = std::env::current_exe().expect("the bench's own path");
     // label -> (on us, off us) per process
     let mut runs: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    // label -> control percentages (off vs off, on vs on) of every process
+    let mut controls: Vec<(String, Vec<f64>)> = Vec::new();
     for _ in 0..TRACKING_PROCESSES {
         let out = Command::new(&exe)
             .arg("--bench")
@@ -74,10 +78,14 @@ fn tracking_overhead() {
         }
         for line in text.lines().filter_map(|l| l.strip_prefix("RUN|")) {
             let f: Vec<&str> = line.split('|').collect();
-            let (a, b) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+            let num = |i: usize| -> f64 { f[i].parse().unwrap() };
             match runs.iter_mut().find(|(label, _)| label == f[0]) {
-                Some((_, v)) => v.push((a, b)),
-                None => runs.push((f[0].to_string(), vec![(a, b)])),
+                Some((_, v)) => v.push((num(1), num(2))),
+                None => runs.push((f[0].to_string(), vec![(num(1), num(2))])),
+            }
+            match controls.iter_mut().find(|(label, _)| label == f[0]) {
+                Some((_, v)) => v.extend([num(3), num(4)]),
+                None => controls.push((f[0].to_string(), vec![num(3), num(4)])),
             }
         }
         for line in text.lines().filter(|l| l.starts_with("INFO|")) {
@@ -107,6 +115,17 @@ fn tracking_overhead() {
             v.len(),
             each.join(", "),
         );
+        if let Some((_, c)) = controls.iter_mut().find(|(l, _)| *l == label) {
+            c.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
+            let each: Vec<String> = c.iter().map(|x| format!("{x:+.2}%")).collect();
+            println!(
+                "INFO|memory|  control ({label}): two HALs of the same kind differ by a median {:.2}% (largest {:.2}%) over {} pairs: {}",
+                c[c.len() / 2].abs(),
+                c[c.len() - 1].abs(),
+                c.len(),
+                each.join(", "),
+            );
+        }
     }
 }
 
@@ -115,8 +134,9 @@ fn tracking_overhead() {
 /// rotate over two HALs of each kind (made in the order on, off, off, on, and visited in
 /// an order that flips every round), so that drift in the machine's speed, which on the
 /// VM is larger than the effect, and where each HAL's state lies in memory hit both kinds
-/// alike. Prints `RUN|label|on us|off us` (medians of the kinds' batch times) and the
-/// spread over ten consecutive slices of the run and between the two pairs. Measured with
+/// alike. Prints `RUN|label|on us|off us|control off %|control on %` (medians of the
+/// kinds' batch times, and how far the later HAL of each kind lands from the earlier one)
+/// and the spread over ten consecutive slices of the run and between the two pairs. Measured with
 /// the phase-3 block cache on (the fastest path, about 0.2 us) and off (the pool).
 fn tracking_run() {
     const BATCH: usize = 32;
@@ -187,21 +207,22 @@ fn tracking_run() {
             .collect();
         ratios.sort_by(|a, b| a.total_cmp(b));
         let pct = |r: f64| (r - 1.0) * 100.0;
-        // The pairs in creation order: (first on, first off) and (last on, last off).
-        let pair = |on: usize, off: usize| pct(median(&times[on]) / median(&times[off]));
+        // HAL i against HAL j, in percent. The pairs in creation order are (0, 1), the
+        // first on and off, and (3, 2), the last; the control is (2, 1) and (3, 0).
+        let ratio = |i: usize, j: usize| pct(median(&times[i]) / median(&times[j]));
         let label = if cache > 0 {
             "block cache on"
         } else {
             "block cache off"
         };
-        println!("RUN|{label}|{a}|{b}");
+        println!("RUN|{label}|{a}|{b}|{}|{}", ratio(2, 1), ratio(3, 0));
         println!(
             "INFO|memory|  one process ({label}): {:+.2}% ({a:.4} us vs {b:.4} us, medians of {ROUNDS} rounds of one {BATCH}-op batch per HAL, 2 HALs per kind; {SLICES} slices {:+.2}% to {:+.2}%; pairs {:+.2}% and {:+.2}%)",
             pct(a / b),
             pct(ratios[0]),
             pct(ratios[SLICES - 1]),
-            pair(0, 1),
-            pair(3, 2),
+            ratio(0, 1),
+            ratio(3, 2),
         );
     }
 }

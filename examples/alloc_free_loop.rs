@@ -1,0 +1,57 @@
+//! A fixed loop of alloc+frees on one HAL, for counting the host instructions of the
+//! allocation path with a profiler. The mix is the tracking bench's: four names, six sizes
+//! from 4 KiB to 256 MiB, served by the phase-3 block cache after the first round.
+//!
+//! ```sh
+//! cargo build --release --example alloc_free_loop
+//! # tracking on or off, N alloc+frees (default 100000):
+//! valgrind --tool=callgrind target/release/examples/alloc_free_loop on 100000
+//! # without a GPU, through the stub driver (nothing runs on a device):
+//! scripts/stub-libcuda.py /tmp/libcuda-stub.so
+//! CUDA_HAL_LIBCUDA=/tmp/libcuda-stub.so valgrind --tool=callgrind \
+//!     target/release/examples/alloc_free_loop off
+//! ```
+//!
+//! The difference of the two runs' totals over N is what tracking adds per alloc+free.
+
+use cuda_hal::{CudaHal, HalConfig};
+
+const NAMES: [&str; 4] = ["column", "twiddles", "merkle-layer", "scratch"];
+const SIZES: [usize; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let tracking = match args.first().map(String::as_str) {
+        Some("on") => true,
+        Some("off") | None => false,
+        Some(other) => return eprintln!("usage: alloc_free_loop [on|off] [N]; got {other:?}"),
+    };
+    let n: usize = match args.get(1).map(|s| s.parse()) {
+        None => 100_000,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => return eprintln!("N: {e}"),
+    };
+    let config = HalConfig {
+        track_allocations: tracking,
+        block_cache_bytes: 1 << 30,
+        ..Default::default()
+    };
+    let hal = match CudaHal::with_config(0, config) {
+        Ok(hal) => hal,
+        Err(e) => return println!("no GPU (and no stub driver): {e}"),
+    };
+    // One round of every size first, so that the loop is served by the block cache.
+    for k in 0..SIZES.len() + n {
+        match hal.alloc::<u8>(NAMES[k % NAMES.len()], SIZES[k % SIZES.len()]) {
+            Ok(buffer) => drop(buffer),
+            Err(e) => return eprintln!("alloc {k}: {e}"),
+        }
+    }
+    let report = hal.memory_report();
+    println!(
+        "{n} alloc+frees, tracking {}: {} live at the end, peak {} bytes",
+        if tracking { "on" } else { "off" },
+        report.live.len(),
+        report.peak_bytes
+    );
+}
