@@ -13,23 +13,31 @@
 //! ```
 //!
 //! The difference of the two runs' totals over N is what tracking adds per alloc+free.
+//! Exits non-zero if an allocation fails, or if no device opens while
+//! `CUDA_HAL_REQUIRE_GPU=1` (as `scripts/gpu-run.sh` sets).
+
+use std::process::ExitCode;
 
 use cuda_hal::{CudaHal, HalConfig};
 
 const NAMES: [&str; 4] = ["column", "twiddles", "merkle-layer", "scratch"];
 const SIZES: [usize; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20];
 
-fn main() {
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let tracking = match args.first().map(String::as_str) {
         Some("on") => true,
         Some("off") | None => false,
-        Some(other) => return eprintln!("usage: alloc_free_loop [on|off] [N]; got {other:?}"),
+        Some(other) => {
+            return fail(&format!(
+                "usage: alloc_free_loop [on|off] [N]; got {other:?}"
+            ))
+        }
     };
     let n: usize = match args.get(1).map(|s| s.parse()) {
         None => 100_000,
         Some(Ok(n)) => n,
-        Some(Err(e)) => return eprintln!("N: {e}"),
+        Some(Err(e)) => return fail(&format!("N: {e}")),
     };
     let config = HalConfig {
         track_allocations: tracking,
@@ -38,13 +46,19 @@ fn main() {
     };
     let hal = match CudaHal::with_config(0, config) {
         Ok(hal) => hal,
-        Err(e) => return println!("no GPU (and no stub driver): {e}"),
+        Err(e) if std::env::var("CUDA_HAL_REQUIRE_GPU").as_deref() == Ok("1") => {
+            return fail(&format!("no device, and CUDA_HAL_REQUIRE_GPU=1: {e}"))
+        }
+        Err(e) => {
+            println!("no GPU (and no stub driver): {e}");
+            return ExitCode::SUCCESS;
+        }
     };
     // One round of every size first, so that the loop is served by the block cache.
     for k in 0..SIZES.len() + n {
         match hal.alloc::<u8>(NAMES[k % NAMES.len()], SIZES[k % SIZES.len()]) {
             Ok(buffer) => drop(buffer),
-            Err(e) => return eprintln!("alloc {k}: {e}"),
+            Err(e) => return fail(&format!("alloc {k}: {e}")),
         }
     }
     let report = hal.memory_report();
@@ -54,4 +68,10 @@ fn main() {
         report.live.len(),
         report.peak_bytes
     );
+    ExitCode::SUCCESS
+}
+
+fn fail(why: &str) -> ExitCode {
+    eprintln!("alloc_free_loop: {why}");
+    ExitCode::FAILURE
 }

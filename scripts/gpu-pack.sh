@@ -106,6 +106,10 @@ exe="$(cargo build --release -p cuda-hal --example prover_demo --features nvtx -
          | pick_exe example prover_demo)"
 cp "$exe" "$bundle/prover_demo_nvtx"
 if [ -n "${CUDA_HAL_NVTX_LIB:-}" ]; then cp "$CUDA_HAL_NVTX_LIB" "$bundle/libnvtx3interop.so.1"; fi
+echo "== alloc_free_loop example (default features)" >&2
+exe="$(cargo build --release -p cuda-hal --example alloc_free_loop --message-format=json \
+         | pick_exe example alloc_free_loop)"
+cp "$exe" "$bundle/alloc_free_loop"
 
 # The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
 fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"

@@ -10,7 +10,8 @@
 #   GPU_BIN_TIMEOUT seconds one binary may run before it is killed (default 240)
 #   GPU_BUNDLE      the bundle folder (default .gpu-bundle)
 #
-# Files under $OUT: env.txt, tests.log, demo.log, bench.log, results.md, summary.txt.
+# Files under $OUT: env.txt, tests.log, demo.log (prover_demo, alloc_free_loop), bench.log,
+# results.md, summary.txt.
 # The summary is the last thing printed; exits non-zero if anything failed.
 set -uo pipefail   # no -e: keep going after a failing binary
 
@@ -138,6 +139,22 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     failures+=("prover_demo: $bundle/prover_demo missing")
   fi
   echo "prover_demo: $DEMO_STATUS"
+
+  # --- alloc_free_loop (the host path of alloc+free, tracking on and off) -------------
+  LOOP_STATUS="ok"
+  if [ -x "$bundle/alloc_free_loop" ]; then
+    for tracking in on off; do
+      run_bin "$OUT/demo.log" "alloc_free_loop $tracking" "$bundle/alloc_free_loop" "$tracking" 100000
+      rc=$?
+      if [ "$rc" -ne 0 ]; then
+        LOOP_STATUS="FAILED (exit $rc)"; failures+=("alloc_free_loop $tracking: exit $rc")
+      fi
+    done
+  else
+    LOOP_STATUS="missing"
+    failures+=("alloc_free_loop: $bundle/alloc_free_loop missing")
+  fi
+  echo "alloc_free_loop: $LOOP_STATUS"
 fi
 
 # --- benches --------------------------------------------------------------------------
@@ -197,6 +214,7 @@ fi
     echo "$line"
   done
   [ -n "${DEMO_STATUS+set}" ] && echo "prover_demo: $DEMO_STATUS"
+  [ -n "${LOOP_STATUS+set}" ] && echo "alloc_free_loop: $LOOP_STATUS"
   if [ "${#failures[@]}" -eq 0 ]; then
     echo "RESULT: PASS"
   else
