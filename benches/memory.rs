@@ -61,10 +61,10 @@ fn main() {
 /// can resolve.
 fn tracking_overhead() {
     let exe = std::env::current_exe().expect("the bench's own path");
-    // label -> (on us, off us) per process
-    let mut runs: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    // label -> control percentages (off vs off, on vs on) of every process
-    let mut controls: Vec<(String, Vec<f64>)> = Vec::new();
+    // label -> (on us, off us) per process, and the control percentages (off vs off, on
+    // vs on) of every process
+    type Measured = (String, Vec<(f64, f64)>, Vec<f64>);
+    let mut runs: Vec<Measured> = Vec::new();
     for _ in 0..TRACKING_PROCESSES {
         let out = Command::new(&exe)
             .arg("--bench")
@@ -79,20 +79,21 @@ fn tracking_overhead() {
         for line in text.lines().filter_map(|l| l.strip_prefix("RUN|")) {
             let f: Vec<&str> = line.split('|').collect();
             let num = |i: usize| -> f64 { f[i].parse().unwrap() };
-            match runs.iter_mut().find(|(label, _)| label == f[0]) {
-                Some((_, v)) => v.push((num(1), num(2))),
-                None => runs.push((f[0].to_string(), vec![(num(1), num(2))])),
-            }
-            match controls.iter_mut().find(|(label, _)| label == f[0]) {
-                Some((_, v)) => v.extend([num(3), num(4)]),
-                None => controls.push((f[0].to_string(), vec![num(3), num(4)])),
-            }
+            let i = match runs.iter().position(|(label, ..)| label == f[0]) {
+                Some(i) => i,
+                None => {
+                    runs.push((f[0].to_string(), Vec::new(), Vec::new()));
+                    runs.len() - 1
+                }
+            };
+            runs[i].1.push((num(1), num(2)));
+            runs[i].2.extend([num(3), num(4)]);
         }
         for line in text.lines().filter(|l| l.starts_with("INFO|")) {
             println!("{line}");
         }
     }
-    for (label, mut v) in runs {
+    for (label, mut v, mut control) in runs {
         v.sort_by(|x, y| (x.0 / x.1).total_cmp(&(y.0 / y.1)));
         let (a, b) = v[v.len() / 2];
         let pct = |(a, b): (f64, f64)| (a / b - 1.0) * 100.0;
@@ -115,17 +116,15 @@ fn tracking_overhead() {
             v.len(),
             each.join(", "),
         );
-        if let Some((_, c)) = controls.iter_mut().find(|(l, _)| *l == label) {
-            c.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
-            let each: Vec<String> = c.iter().map(|x| format!("{x:+.2}%")).collect();
-            println!(
-                "INFO|memory|  control ({label}): two HALs of the same kind differ by a median {:.2}% (largest {:.2}%) over {} pairs: {}",
-                c[c.len() / 2].abs(),
-                c[c.len() - 1].abs(),
-                c.len(),
-                each.join(", "),
-            );
-        }
+        control.sort_by(|x, y| x.abs().total_cmp(&y.abs()));
+        let each: Vec<String> = control.iter().map(|x| format!("{x:+.2}%")).collect();
+        println!(
+            "INFO|memory|  control ({label}): two HALs of the same kind differ by a median {:.2}% (largest {:.2}%) over {} pairs: {}",
+            control[control.len() / 2].abs(),
+            control[control.len() - 1].abs(),
+            control.len(),
+            each.join(", "),
+        );
     }
 }
 
@@ -136,8 +135,9 @@ fn tracking_overhead() {
 /// VM is larger than the effect, and where each HAL's state lies in memory hit both kinds
 /// alike. Prints `RUN|label|on us|off us|control off %|control on %` (medians of the
 /// kinds' batch times, and how far the later HAL of each kind lands from the earlier one)
-/// and the spread over ten consecutive slices of the run and between the two pairs. Measured with
-/// the phase-3 block cache on (the fastest path, about 0.2 us) and off (the pool).
+/// and the spread over ten consecutive slices of the run and between the two pairs.
+/// Measured with the phase-3 block cache on (the fastest path, about 0.2 us) and off (the
+/// pool).
 fn tracking_run() {
     const BATCH: usize = 32;
     const ROUNDS: usize = 10_000;
