@@ -12,7 +12,8 @@
 //!     target/release/examples/alloc_free_loop off
 //! ```
 //!
-//! The difference of the two runs' totals over N is what tracking adds per alloc+free.
+//! Run each mode with two values of N: the difference of the totals over the difference of
+//! N is one alloc+free (the HAL's setup cancels out), and on minus off is what tracking adds.
 //! Exits non-zero if an allocation fails, or if no device opens while
 //! `CUDA_HAL_REQUIRE_GPU=1` (as `scripts/gpu-run.sh` sets).
 
