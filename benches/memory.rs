@@ -21,8 +21,8 @@ const MIB: usize = 1 << 20;
 
 /// Set in the processes [`tracking_overhead`] starts: run one measurement, print it, exit.
 const TRACKING_CHILD: &str = "CUDA_HAL_BENCH_TRACKING_RUN";
-/// Processes the tracking overhead is measured in.
-const TRACKING_PROCESSES: usize = 5;
+/// Processes the tracking overhead is measured in (odd, for a median).
+const TRACKING_PROCESSES: usize = 9;
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|memory|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
@@ -109,11 +109,14 @@ fn tracking_overhead() {
             .iter()
             .map(|&r| format!("{:+.2}% ({:+.1} ns)", pct(r), (r.0 - r.1) * 1e3))
             .collect();
+        let quarter = v.len() / 4;
         println!(
-            "INFO|memory|tracking overhead on alloc+free ({label}): median {:+.2}% ({:+.2} ns: {a:.4} us vs {b:.4} us) over {} processes; each: {}",
+            "INFO|memory|tracking overhead on alloc+free ({label}): median {:+.2}% ({:+.2} ns: {a:.4} us vs {b:.4} us) over {} processes, middle half {:+.2}% to {:+.2}%; each: {}",
             pct((a, b)),
             (a - b) * 1e3,
             v.len(),
+            pct(v[quarter]),
+            pct(v[v.len() - 1 - quarter]),
             each.join(", "),
         );
         control.sort_by(|x, y| x.abs().total_cmp(&y.abs()));

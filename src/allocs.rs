@@ -2,15 +2,20 @@
 //! live-allocation tracker and the hot-path counts. A pooled allocation and every free
 //! take the lock once, so tracking adds only plain memory writes to a lock section the
 //! block cache needs anyway.
+//!
+//! A request first finds its size class and name id in one probe of [`AllocKeys`], keyed
+//! by size and the static name's address; the allocation then carries both (a
+//! [`Ticket`]), so freeing it needs no lookup at all.
 
 use std::borrow::Cow;
 
 use cuda_sys::CUdeviceptr;
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 
+use crate::alloc_keys::{AllocKeys, NameKey, Resolved};
+use crate::block_cache::{BlockCache, Parked, NO_CLASS};
 use crate::ledger::HotCounts;
-use crate::tracking::{MemoryReport, TrackId, Tracker};
+use crate::tracking::{MemoryReport, Tracker, NO_NAME, NO_SLOT};
 
 /// The allocation bookkeeping of one HAL.
 pub(crate) struct Allocs {
@@ -25,15 +30,39 @@ pub(crate) struct Allocs {
 
 #[derive(Default)]
 struct State {
+    keys: AllocKeys,
     blocks: BlockCache,
     tracker: Tracker,
     counts: HotCounts,
 }
 
+/// What an allocation keeps for its free: its size class, and when tracked its slot and
+/// name id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    class: u32,
+    slot: u32,
+    name: u32,
+}
+
+impl Ticket {
+    /// An untracked allocation that is not from the pool.
+    const NONE: Ticket = Ticket {
+        class: NO_CLASS,
+        slot: NO_SLOT,
+        name: NO_NAME,
+    };
+
+    /// The allocation id reports show, when tracked.
+    #[cfg(test)]
+    pub(crate) fn id(self) -> Option<u64> {
+        (self.slot != NO_SLOT).then_some(u64::from(self.slot))
+    }
+}
+
 /// What [`Allocs::alloc`] granted.
 pub(crate) struct Granted {
-    /// The tracker's id of the allocation, when tracking.
-    pub(crate) track_id: Option<TrackId>,
+    pub(crate) ticket: Ticket,
     /// A cached block of exactly the requested size, if there was one.
     pub(crate) cached: Option<CUdeviceptr>,
 }
@@ -48,9 +77,9 @@ impl Allocs {
         }
     }
 
-    /// One lock section: refuses `bytes` past the limit (`None`), tracks the allocation
-    /// when tracking, and when `pooled` takes a cached block of exactly `bytes`. Takes no
-    /// lock when neither applies.
+    /// One lock section: refuses `bytes` (> 0) past the limit (`None`), tracks the
+    /// allocation when tracking, and when `pooled` takes a cached block of exactly `bytes`.
+    /// Takes no lock when neither applies.
     #[allow(clippy::ptr_arg)] // a borrowed name is keyed by its address
     #[inline]
     pub(crate) fn alloc(
@@ -61,64 +90,112 @@ impl Allocs {
     ) -> Option<Granted> {
         if !self.tracking && !pooled {
             return Some(Granted {
-                track_id: None,
+                ticket: Ticket::NONE,
                 cached: None,
             });
         }
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let track_id = match self.tracking {
-            true => Some(s.tracker.track_within(name, bytes, self.limit)?),
-            false => None,
+        let key = match name {
+            Cow::Borrowed(text) if self.tracking => NameKey::of(text),
+            _ => NameKey::NONE,
         };
-        let cached = if pooled { s.blocks.take(bytes) } else { None };
-        s.counts.cached_allocs += cached.is_some() as u64;
-        Some(Granted { track_id, cached })
+        let found = match s.keys.get(bytes, key) {
+            Some(found) => found,
+            None => s.resolve(bytes, key, name, self.tracking),
+        };
+        let (class, parked) = match pooled {
+            true => (found.class, s.blocks.take(found.class)),
+            false => (NO_CLASS, None),
+        };
+        let mut ticket = Ticket {
+            class,
+            slot: NO_SLOT,
+            name: found.name,
+        };
+        if self.tracking {
+            if ticket.name == NO_NAME {
+                ticket.name = s.tracker.name_id(name);
+            }
+            let slot = s.tracker.track(
+                ticket.name,
+                bytes,
+                parked.map(|p| p.slot),
+                s.blocks.bytes,
+                self.limit,
+            );
+            let Some(slot) = slot else {
+                if let Some(p) = parked {
+                    s.blocks.put_back(class, p);
+                }
+                return None;
+            };
+            ticket.slot = slot;
+        }
+        s.counts.cached_allocs += parked.is_some() as u64;
+        Some(Granted {
+            ticket,
+            cached: parked.map(|p| p.ptr),
+        })
     }
 
-    /// Forgets the tracked allocation the driver then refused.
-    pub(crate) fn abandon(&self, track_id: Option<TrackId>) {
-        if let Some(id) = track_id {
-            self.state.lock().tracker.untrack(id);
+    /// Forgets the tracked allocation of `bytes` the driver then refused.
+    pub(crate) fn abandon(&self, ticket: Ticket, bytes: usize) {
+        if self.tracking {
+            self.state
+                .lock()
+                .tracker
+                .abandon(ticket.name, ticket.slot, bytes);
         }
     }
 
     /// One lock section: counts a free and untracks it; with `offer`, the cache keeps the
     /// block if it fits. True when it was kept: the caller must not free it.
     #[inline]
-    pub(crate) fn free(
-        &self,
-        ptr: CUdeviceptr,
-        bytes: usize,
-        track_id: Option<TrackId>,
-        offer: bool,
-    ) -> bool {
+    pub(crate) fn free(&self, ptr: CUdeviceptr, bytes: usize, ticket: Ticket, offer: bool) -> bool {
         let mut guard = self.state.lock();
         let s = &mut *guard;
         s.counts.frees += 1;
-        if let Some(id) = track_id {
-            s.tracker.untrack(id);
+        let block = Parked {
+            ptr,
+            slot: ticket.slot,
+        };
+        let kept = offer && s.blocks.put(ticket.class, block, self.cache_limit);
+        if self.tracking {
+            s.tracker.release(ticket.name, ticket.slot, bytes, kept);
         }
-        offer && s.blocks.put(ptr, bytes, self.cache_limit)
+        kept
     }
 
     /// Tracks an allocation made elsewhere (managed memory) whether tracking is on or not,
-    /// within the limit; its id, or `None` past the limit.
+    /// within the limit; its ticket, or `None` past the limit.
     #[allow(clippy::ptr_arg)]
-    pub(crate) fn track(&self, name: &Cow<'static, str>, bytes: usize) -> Option<TrackId> {
+    pub(crate) fn track(&self, name: &Cow<'static, str>, bytes: usize) -> Option<Ticket> {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let name = s.tracker.name_id(name);
+        let cached = self.cached_held(s);
+        let slot = s.tracker.track(name, bytes, None, cached, self.limit)?;
+        Some(Ticket {
+            class: NO_CLASS,
+            slot,
+            name,
+        })
+    }
+
+    /// Forgets an allocation of [`Allocs::track`] of `bytes`.
+    pub(crate) fn untrack(&self, ticket: Ticket, bytes: usize) {
         self.state
             .lock()
             .tracker
-            .track_within(name, bytes, self.limit)
-    }
-
-    /// Forgets an allocation of [`Allocs::track`].
-    pub(crate) fn untrack(&self, id: TrackId) {
-        self.state.lock().tracker.untrack(id);
+            .release(ticket.name, ticket.slot, bytes, false);
     }
 
     pub(crate) fn report(&self) -> MemoryReport {
-        self.state.lock().tracker.report()
+        let s = self.state.lock();
+        let cached = self.cached_held(&s);
+        let parked = s.blocks.parked_slots().filter(|_| self.tracking);
+        s.tracker.report(parked, cached)
     }
 
     pub(crate) fn counts(&self) -> HotCounts {
@@ -132,43 +209,59 @@ impl Allocs {
 
     /// Empties the block cache; the caller frees the blocks.
     pub(crate) fn drain_cache(&self) -> Vec<CUdeviceptr> {
-        self.state.lock().blocks.drain()
-    }
-}
-
-/// Freed pool blocks kept for reuse, keyed by exact size.
-#[derive(Default)]
-struct BlockCache {
-    by_size: FxHashMap<usize, Vec<CUdeviceptr>>,
-    bytes: usize,
-}
-
-impl BlockCache {
-    fn take(&mut self, bytes: usize) -> Option<CUdeviceptr> {
-        let ptr = self.by_size.get_mut(&bytes)?.pop()?;
-        self.bytes -= bytes;
-        Some(ptr)
-    }
-
-    /// Keeps the block if the cache stays within `limit`; false if the caller must free it.
-    fn put(&mut self, ptr: CUdeviceptr, bytes: usize, limit: usize) -> bool {
-        if self.bytes + bytes > limit {
-            return false;
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let blocks = s.blocks.drain();
+        if self.tracking {
+            for &(p, bytes) in &blocks {
+                s.tracker.forget_block(p.slot, bytes);
+            }
         }
-        self.by_size.entry(bytes).or_default().push(ptr);
-        self.bytes += bytes;
-        true
+        blocks.into_iter().map(|(p, _)| p.ptr).collect()
     }
 
-    fn drain(&mut self) -> Vec<CUdeviceptr> {
-        self.bytes = 0;
-        self.by_size.drain().flat_map(|(_, v)| v).collect()
+    /// The bytes the tracker counts as held that are cached, not in use: the cache's
+    /// blocks when tracking (every pool block is then tracked), else none.
+    fn cached_held(&self, s: &State) -> usize {
+        if self.tracking {
+            s.blocks.bytes
+        } else {
+            0
+        }
+    }
+}
+
+impl State {
+    /// Resolves a request the slow way (the size class by its size, the name by its
+    /// address or text) and remembers it.
+    #[allow(clippy::ptr_arg)]
+    #[inline(never)]
+    fn resolve(
+        &mut self,
+        bytes: usize,
+        key: NameKey,
+        name: &Cow<'static, str>,
+        tracking: bool,
+    ) -> Resolved {
+        let class = self.blocks.class_of(bytes);
+        let name = match tracking && !key.is_none() {
+            true => self.tracker.name_id(name),
+            false => NO_NAME,
+        };
+        let found = Resolved { class, name };
+        self.keys.insert(bytes, key, found);
+        found
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, HashMap, HashSet};
+
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::tracking::{LiveAllocation, NameTotals};
 
     const COL: Cow<'static, str> = Cow::Borrowed("column");
 
@@ -176,31 +269,42 @@ mod tests {
     fn a_freed_block_is_reused_by_the_next_allocation_of_its_size() {
         let a = Allocs::new(true, None, 1000);
         let g = a.alloc(&COL, 100, true).unwrap();
-        assert!(g.track_id.is_some() && g.cached.is_none());
-        assert!(a.free(0xA000, 100, g.track_id, true), "kept by the cache");
+        assert!(g.ticket.id().is_some() && g.cached.is_none());
+        assert!(a.free(0xA000, 100, g.ticket, true), "kept by the cache");
         assert_eq!(a.cached_bytes(), 100);
+        assert_eq!(a.report().current_bytes, 0, "cached is not in use");
         assert_eq!(a.alloc(&COL, 200, true).unwrap().cached, None, "other size");
         let g = a.alloc(&COL, 100, true).unwrap();
         assert_eq!(g.cached, Some(0xA000));
         assert_eq!(a.cached_bytes(), 0);
-        assert!(!a.free(0xB000, 2000, None, true), "too big for the cache");
-        assert!(!a.free(0xC000, 100, g.track_id, false), "not offered");
+        let big = a.alloc(&COL, 2000, true).unwrap();
+        assert!(
+            !a.free(0xB000, 2000, big.ticket, true),
+            "too big for the cache"
+        );
+        assert!(!a.free(0xC000, 100, g.ticket, false), "not offered");
         let counts = a.counts();
         assert_eq!((counts.cached_allocs, counts.frees), (1, 3));
         let r = a.report();
-        assert_eq!((r.current_bytes, r.peak_bytes, r.live.len()), (200, 300, 1));
-        assert!(a.free(0xD000, 100, None, true));
+        assert_eq!(
+            (r.current_bytes, r.peak_bytes, r.live.len()),
+            (200, 2300, 1)
+        );
+        let g = a.alloc(&COL, 100, true).unwrap();
+        assert!(a.free(0xD000, 100, g.ticket, true));
         assert_eq!(a.drain_cache(), vec![0xD000]);
         assert_eq!(a.cached_bytes(), 0);
+        assert_eq!(a.report().current_bytes, 200);
     }
 
     #[test]
     fn without_tracking_only_the_cache_and_counts_are_kept() {
         let a = Allocs::new(false, None, 1000);
         let g = a.alloc(&COL, 100, false).unwrap();
-        assert_eq!((g.track_id, g.cached), (None, None));
+        assert_eq!((g.ticket, g.cached), (Ticket::NONE, None));
         let g = a.alloc(&COL, 100, true).unwrap();
-        assert!(a.free(0xA000, 100, g.track_id, true));
+        assert_eq!(g.ticket.id(), None);
+        assert!(a.free(0xA000, 100, g.ticket, true));
         assert_eq!(a.alloc(&COL, 100, true).unwrap().cached, Some(0xA000));
         assert_eq!(a.report(), MemoryReport::default());
         assert_eq!(a.counts().cached_allocs, 1);
@@ -210,22 +314,58 @@ mod tests {
     fn a_limit_turns_tracking_on_and_refuses_before_the_cache_is_touched() {
         let a = Allocs::new(false, Some(150), 1000);
         let g = a.alloc(&COL, 100, true).unwrap();
-        assert!(g.track_id.is_some());
-        assert!(a.free(0xA000, 100, g.track_id, true));
+        assert!(g.ticket.id().is_some());
+        assert!(a.free(0xA000, 100, g.ticket, true));
+        let g = a.alloc(&COL, 100, true).unwrap();
+        assert_eq!(g.cached, Some(0xA000));
+        assert!(a.free(0xA000, 100, g.ticket, true));
+        let g = a.alloc(&COL, 100, true).unwrap();
+        let other = a.alloc(&COL, 50, true).unwrap();
+        a.abandon(other.ticket, 50);
+        assert!(a.free(0xA000, 100, g.ticket, true));
         let g = a.alloc(&COL, 100, true).unwrap();
         assert!(a.alloc(&COL, 100, true).is_none(), "over the limit");
-        assert_eq!(a.counts().cached_allocs, 1);
-        a.abandon(g.track_id);
+        assert_eq!(a.counts().cached_allocs, 3);
+        a.abandon(g.ticket, 100);
         assert_eq!(a.report().current_bytes, 0);
         let id = a.track(&Cow::Owned("managed".into()), 150).unwrap();
         assert_eq!(a.track(&COL, 1), None);
-        a.untrack(id);
+        a.untrack(id, 150);
+        assert_eq!(a.report().current_bytes, 0);
+        let col = a.report().by_name.into_iter().find(|n| n.name == "column");
+        assert_eq!(
+            col.unwrap().allocations,
+            3,
+            "the abandoned ones are not counted"
+        );
+    }
+
+    #[test]
+    fn a_cached_block_over_the_limit_stays_cached() {
+        let a = Allocs::new(true, Some(100), 1000);
+        let g = a.alloc(&COL, 80, true).unwrap();
+        assert!(a.free(0xA000, 80, g.ticket, true));
+        let held = a.alloc(&COL, 50, true).unwrap();
+        assert!(a.alloc(&COL, 80, true).is_none(), "50 + 80 > 100");
+        assert_eq!(a.cached_bytes(), 80, "the block is put back");
+        a.free(0xB000, 50, held.ticket, false);
+        assert_eq!(a.alloc(&COL, 80, true).unwrap().cached, Some(0xA000));
+    }
+
+    #[test]
+    fn managed_memory_is_tracked_beside_an_untracked_cache() {
+        let a = Allocs::new(false, None, 1000);
+        let g = a.alloc(&COL, 100, true).unwrap();
+        assert!(a.free(0xA000, 100, g.ticket, true));
+        let m = a.track(&Cow::Borrowed("managed"), 300).unwrap();
+        let r = a.report();
+        assert_eq!((r.current_bytes, r.live.len()), (300, 1));
+        a.untrack(m, 300);
         assert_eq!(a.report().current_bytes, 0);
     }
 
     #[test]
     fn concurrent_allocations_and_frees_keep_consistent_totals() {
-        use std::collections::HashSet;
         use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
         const THREADS: usize = 8;
@@ -239,7 +379,7 @@ mod tests {
         ];
         let next_ptr = AtomicU64::new(1);
         let in_use = parking_lot::Mutex::new(HashSet::new());
-        let held: Vec<Vec<(CUdeviceptr, usize, Option<TrackId>)>> = std::thread::scope(|scope| {
+        let held: Vec<Vec<(CUdeviceptr, usize, Ticket)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (a, names, next_ptr, in_use) = (&a, &names, &next_ptr, &in_use);
@@ -250,11 +390,11 @@ mod tests {
                             let g = a.alloc(&names[i % 3], bytes, true).unwrap();
                             let ptr = g.cached.unwrap_or_else(|| next_ptr.fetch_add(1, Relaxed));
                             assert!(in_use.lock().insert(ptr), "block {ptr} handed out twice");
-                            held.push((ptr, bytes, g.track_id));
+                            held.push((ptr, bytes, g.ticket));
                             if held.len() > HELD {
-                                let (ptr, bytes, id) = held.swap_remove((i * 31) % held.len());
+                                let (ptr, bytes, ticket) = held.swap_remove((i * 31) % held.len());
                                 in_use.lock().remove(&ptr);
-                                a.free(ptr, bytes, id, true);
+                                a.free(ptr, bytes, ticket, true);
                             }
                         }
                         held
@@ -267,27 +407,26 @@ mod tests {
         let r = a.report();
         assert_eq!(r.live.len(), THREADS * HELD);
         let live_ids: HashSet<u64> = r.live.iter().map(|l| l.id).collect();
-        let held_ids: HashSet<u64> = held.iter().map(|h| h.2.unwrap().public()).collect();
+        let held_ids: HashSet<u64> = held.iter().map(|h| h.2.id().unwrap()).collect();
         assert_eq!(live_ids, held_ids, "the live ids are exactly those held");
         assert_eq!(r.current_bytes, held.iter().map(|h| h.1).sum::<usize>());
         assert!(r.peak_bytes >= r.current_bytes);
-        let sum = |f: fn(&crate::NameTotals) -> usize| r.by_name.iter().map(f).sum::<usize>();
+        let sum = |f: fn(&NameTotals) -> usize| r.by_name.iter().map(f).sum::<usize>();
         assert_eq!(sum(|n| n.current_bytes), r.current_bytes);
         assert_eq!(sum(|n| n.live), THREADS * HELD);
         // `column` (static and owned) is used by two rounds in three, `tree` by the third.
-        let allocations: Vec<(&str, u64)> = r
+        let mut got: Vec<(&str, u64)> = r
             .by_name
             .iter()
             .map(|n| (n.name.as_str(), n.allocations))
             .collect();
         let tree = (THREADS * ROUNDS / 3) as u64;
         let mut expected = vec![("column", (THREADS * ROUNDS) as u64 - tree), ("tree", tree)];
-        let mut got = allocations.clone();
         got.sort();
         expected.sort();
         assert_eq!(got, expected);
-        for (ptr, bytes, id) in held {
-            a.free(ptr, bytes, id, true);
+        for (ptr, bytes, ticket) in held {
+            a.free(ptr, bytes, ticket, true);
         }
         let r = a.report();
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
@@ -300,5 +439,204 @@ mod tests {
         let fresh = next_ptr.load(Relaxed) - 1;
         assert_eq!(c.cached_allocs + fresh, (THREADS * ROUNDS) as u64);
         assert!(c.cached_allocs > 0, "the cache served some");
+    }
+
+    /// A plain model of the bookkeeping: live allocations by id, totals per name, and the
+    /// cache as a stack of blocks per size.
+    #[derive(Default)]
+    struct Model {
+        live: BTreeMap<u64, (String, usize)>,
+        names: BTreeMap<String, NameTotals>,
+        peak: usize,
+        cache: HashMap<usize, Vec<CUdeviceptr>>,
+        cached_bytes: usize,
+    }
+
+    impl Model {
+        fn current(&self) -> usize {
+            self.live.values().map(|(_, b)| b).sum()
+        }
+
+        fn report(&self) -> MemoryReport {
+            let mut live: Vec<LiveAllocation> = self
+                .live
+                .iter()
+                .map(|(&id, (name, bytes))| LiveAllocation {
+                    id,
+                    name: name.clone(),
+                    bytes: *bytes,
+                })
+                .collect();
+            live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.id.cmp(&b.id)));
+            let mut by_name: Vec<NameTotals> = self.names.values().cloned().collect();
+            by_name.sort_by(|a, b| {
+                b.current_bytes
+                    .cmp(&a.current_bytes)
+                    .then(a.name.cmp(&b.name))
+            });
+            MemoryReport {
+                current_bytes: self.current(),
+                peak_bytes: self.peak,
+                live,
+                by_name,
+            }
+        }
+    }
+
+    const NAMES: [&str; 4] = ["column", "tree", "twiddles", "scratch"];
+    const SIZES: [usize; 4] = [16, 48, 100, 250];
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Alloc {
+            name: usize,
+            owned: bool,
+            size: usize,
+        },
+        Managed {
+            name: usize,
+            size: usize,
+        },
+        Free {
+            pick: usize,
+            offer: bool,
+        },
+        Trim,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..NAMES.len(), any::<bool>(), 0..SIZES.len())
+                .prop_map(|(name, owned, size)| Op::Alloc { name, owned, size }),
+            1 => (0..NAMES.len(), 0..SIZES.len()).prop_map(|(name, size)| Op::Managed { name, size }),
+            5 => (any::<usize>(), prop::bool::weighted(0.8))
+                .prop_map(|(pick, offer)| Op::Free { pick, offer }),
+            1 => Just(Op::Trim),
+        ]
+    }
+
+    /// A live allocation as the test holds it: block, bytes, ticket, managed or not.
+    type Held = (CUdeviceptr, usize, Ticket, bool);
+
+    proptest! {
+        #[test]
+        fn matches_a_plain_model(
+            ops in prop::collection::vec(op(), 1..300),
+            tracking in any::<bool>(),
+            limit in prop::option::of(200usize..1500),
+            cache_limit in 0usize..800,
+            pooled in prop::bool::weighted(0.8),
+        ) {
+            let a = Allocs::new(tracking, limit, cache_limit);
+            let tracked = tracking || limit.is_some();
+            let limit = limit.unwrap_or(usize::MAX);
+            let mut m = Model::default();
+            let mut held: BTreeMap<u64, Held> = BTreeMap::new(); // by the model's id
+            let (mut next_ptr, mut next_id) = (1u64, 0u64);
+            let (mut cached_allocs, mut frees) = (0u64, 0u64);
+            for op in ops {
+                match op {
+                    Op::Alloc { .. } | Op::Managed { .. } => {
+                        let (name, owned, size, managed) = match op {
+                            Op::Alloc { name, owned, size } => (name, owned, size, false),
+                            Op::Managed { name, size } => (name, false, size, true),
+                            _ => unreachable!(),
+                        };
+                        let (text, bytes) = (NAMES[name], SIZES[size]);
+                        let cow = match owned {
+                            true => Cow::Owned(text.to_string()),
+                            false => Cow::Borrowed(text),
+                        };
+                        if tracked || managed {
+                            // A name is known from its first request, refused or not.
+                            m.names.entry(text.to_string()).or_insert_with(|| NameTotals {
+                                name: text.to_string(),
+                                ..Default::default()
+                            });
+                        }
+                        let refused = (tracked || managed) && m.current() + bytes > limit;
+                        let (ptr, ticket) = if managed {
+                            let got = a.track(&cow, bytes);
+                            if refused {
+                                prop_assert_eq!(got, None);
+                                continue;
+                            }
+                            next_ptr += 1;
+                            (next_ptr, got.expect("within the limit"))
+                        } else {
+                            let got = a.alloc(&cow, bytes, pooled);
+                            if refused {
+                                prop_assert!(got.is_none());
+                                continue;
+                            }
+                            let g = got.expect("within the limit");
+                            let want = match pooled {
+                                true => m.cache.get_mut(&bytes).and_then(|v| v.pop()),
+                                false => None,
+                            };
+                            prop_assert_eq!(g.cached, want);
+                            if want.is_some() {
+                                m.cached_bytes -= bytes;
+                                cached_allocs += 1;
+                            }
+                            (g.cached.unwrap_or_else(|| { next_ptr += 1; next_ptr }), g.ticket)
+                        };
+                        let id = match (tracked || managed, ticket.id()) {
+                            (true, Some(id)) => id,
+                            (false, None) => { next_id += 1; 1 << 40 | next_id }
+                            (t, got) => {
+                                prop_assert!(false, "tracked {} but id {:?}", t, got);
+                                unreachable!()
+                            }
+                        };
+                        prop_assert!(!held.contains_key(&id), "id {} is live", id);
+                        held.insert(id, (ptr, bytes, ticket, managed));
+                        if tracked || managed {
+                            m.live.insert(id, (text.to_string(), bytes));
+                            m.peak = m.peak.max(m.current());
+                            let n = m.names.get_mut(text).unwrap();
+                            n.live += 1;
+                            n.current_bytes += bytes;
+                            n.peak_bytes = n.peak_bytes.max(n.current_bytes);
+                            n.allocations += 1;
+                        }
+                    }
+                    Op::Free { pick, offer } => {
+                        if held.is_empty() {
+                            continue;
+                        }
+                        let id = *held.keys().nth(pick % held.len()).unwrap();
+                        let (ptr, bytes, ticket, managed) = held.remove(&id).unwrap();
+                        if managed {
+                            a.untrack(ticket, bytes);
+                        } else {
+                            let keep = offer && pooled && m.cached_bytes + bytes <= cache_limit;
+                            prop_assert_eq!(a.free(ptr, bytes, ticket, offer), keep);
+                            frees += 1;
+                            if keep {
+                                m.cache.entry(bytes).or_default().push(ptr);
+                                m.cached_bytes += bytes;
+                            }
+                        }
+                        if let Some((name, bytes)) = m.live.remove(&id) {
+                            let n = m.names.get_mut(&name).unwrap();
+                            n.live -= 1;
+                            n.current_bytes -= bytes;
+                        }
+                    }
+                    Op::Trim => {
+                        let mut got = a.drain_cache();
+                        let mut want: Vec<CUdeviceptr> = m.cache.drain().flat_map(|(_, v)| v).collect();
+                        got.sort();
+                        want.sort();
+                        prop_assert_eq!(got, want);
+                        m.cached_bytes = 0;
+                    }
+                }
+                prop_assert_eq!(a.cached_bytes(), m.cached_bytes);
+                prop_assert_eq!(a.report(), m.report());
+            }
+            prop_assert_eq!(a.counts(), HotCounts { cached_allocs, frees });
+        }
     }
 }

@@ -330,7 +330,7 @@ impl HalInner {
             return Err(self.oom(name, bytes, None));
         }
         let pooled = PHASES.pool_alloc;
-        let Some(Granted { track_id, cached }) = self.allocs.alloc(name, bytes, pooled) else {
+        let Some(Granted { ticket, cached }) = self.allocs.alloc(name, bytes, pooled) else {
             return Err(self.oom(name, bytes, None));
         };
         let ptr = match cached {
@@ -342,7 +342,7 @@ impl HalInner {
                 Ok(ptr) => ptr,
                 Err(fail) => {
                     // Forgotten first, so `in_use` does not count the refused request.
-                    self.allocs.abandon(track_id);
+                    self.allocs.abandon(ticket, bytes);
                     return Err(match fail {
                         AllocFail::OutOfMemory(e) => self.oom(name, bytes, Some(e)),
                         AllocFail::Other(e) => e,
@@ -354,7 +354,7 @@ impl HalInner {
             ptr,
             bytes,
             pooled,
-            track_id,
+            ticket,
         })
     }
 
@@ -448,7 +448,7 @@ impl HalInner {
             ptr,
             bytes,
             pooled,
-            track_id,
+            ticket,
         } = a;
         let _range = crate::nvtx::range(|| format!("free {name} ({bytes} B)"));
         let mut counted = false;
@@ -456,7 +456,7 @@ impl HalInner {
             let d = api()?;
             if pooled {
                 counted = true;
-                if self.allocs.free(ptr, bytes, track_id, true) {
+                if self.allocs.free(ptr, bytes, ticket, true) {
                     return Ok(());
                 }
             }
@@ -473,7 +473,7 @@ impl HalInner {
             Ok(())
         });
         if !counted {
-            self.allocs.free(ptr, bytes, track_id, false);
+            self.allocs.free(ptr, bytes, ticket, false);
         }
         log::trace!("free `{name}`: {bytes} bytes at {ptr:#x}");
         if let Err(e) = result {
@@ -624,7 +624,7 @@ pub(crate) struct DeviceAlloc {
     pub(crate) ptr: CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) pooled: bool,
-    track_id: Option<crate::tracking::TrackId>,
+    ticket: crate::allocs::Ticket,
 }
 
 /// Timing events of transfers whose device time is not yet in the ledger, and spares.

@@ -29,8 +29,10 @@
 //! assert_eq!(out.to_vec().unwrap(), vec![0.5, 1.0, 1.5]);
 //! ```
 
+mod alloc_keys;
 mod allocs;
 mod arena;
+mod block_cache;
 mod buffer;
 mod cpu_hal;
 pub mod cpu_ops;

@@ -41,7 +41,7 @@ pub struct ManagedBuffer<T> {
     name: String,
     ptr: CUdeviceptr,
     len: usize,
-    track_id: crate::tracking::TrackId,
+    ticket: crate::allocs::Ticket,
     _t: PhantomData<T>,
 }
 
@@ -78,7 +78,7 @@ impl CudaHal {
         if bytes > free {
             return Err(oom());
         }
-        let Some(track_id) = h
+        let Some(ticket) = h
             .allocs
             .track(&std::borrow::Cow::Owned(name.to_string()), bytes)
         else {
@@ -94,7 +94,7 @@ impl CudaHal {
             )
         };
         if let Err(e) = r {
-            h.allocs.untrack(track_id);
+            h.allocs.untrack(ticket, bytes);
             return h.guard(Err(e.into()));
         }
         log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
@@ -103,7 +103,7 @@ impl CudaHal {
             name: name.to_string(),
             ptr,
             len,
-            track_id,
+            ticket,
             _t: PhantomData,
         })
     }
@@ -223,7 +223,9 @@ impl<T> Drop for ManagedBuffer<T> {
             unsafe { api()?.cuMemFree(self.ptr)? };
             Ok(())
         });
-        self.hal.allocs.untrack(self.track_id);
+        self.hal
+            .allocs
+            .untrack(self.ticket, self.len * std::mem::size_of::<T>());
         if let Err(e) = r {
             log::warn!("freeing managed `{}` failed: {e}", self.name);
         }

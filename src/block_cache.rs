@@ -1,0 +1,129 @@
+//! The phase-3 block cache: freed pool blocks kept for reuse, by exact size. Sizes are
+//! numbered as size classes when first seen, and an allocation carries its class, so that
+//! freeing it finds its list without hashing.
+
+use cuda_sys::CUdeviceptr;
+use rustc_hash::FxHashMap;
+
+/// A class id meaning "no class": the allocation is not from the pool.
+pub(crate) const NO_CLASS: u32 = u32::MAX;
+
+/// A cached block, with the tracker slot parked with it (`crate::tracking::NO_SLOT` when
+/// untracked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Parked {
+    pub(crate) ptr: CUdeviceptr,
+    pub(crate) slot: u32,
+}
+
+/// The blocks of one size.
+struct SizeClass {
+    bytes: usize,
+    parked: Vec<Parked>,
+}
+
+/// Freed pool blocks kept for reuse, by size class.
+#[derive(Default)]
+pub(crate) struct BlockCache {
+    classes: Vec<SizeClass>,
+    by_size: FxHashMap<usize, u32>,
+    /// Bytes of the blocks kept.
+    pub(crate) bytes: usize,
+}
+
+impl BlockCache {
+    /// The class of size `bytes`, numbered when first seen.
+    pub(crate) fn class_of(&mut self, bytes: usize) -> u32 {
+        if let Some(&class) = self.by_size.get(&bytes) {
+            return class;
+        }
+        let class = self.classes.len() as u32;
+        self.classes.push(SizeClass {
+            bytes,
+            parked: Vec::new(),
+        });
+        self.by_size.insert(bytes, class);
+        class
+    }
+
+    /// The last block kept of `class`, if any.
+    #[inline]
+    pub(crate) fn take(&mut self, class: u32) -> Option<Parked> {
+        let c = self.classes.get_mut(class as usize)?;
+        let block = c.parked.pop()?;
+        self.bytes -= c.bytes;
+        Some(block)
+    }
+
+    /// Keeps a block of `class` if the cache stays within `limit`; false if the caller
+    /// must free it (also for [`NO_CLASS`]).
+    #[inline]
+    pub(crate) fn put(&mut self, class: u32, block: Parked, limit: usize) -> bool {
+        let Some(c) = self.classes.get_mut(class as usize) else {
+            return false;
+        };
+        if self.bytes + c.bytes > limit {
+            return false;
+        }
+        c.parked.push(block);
+        self.bytes += c.bytes;
+        true
+    }
+
+    /// Puts back a block [`BlockCache::take`] just gave, whatever the limit.
+    pub(crate) fn put_back(&mut self, class: u32, block: Parked) {
+        self.put(class, block, usize::MAX);
+    }
+
+    /// Empties the cache: every block with its size.
+    pub(crate) fn drain(&mut self) -> Vec<(Parked, usize)> {
+        self.bytes = 0;
+        self.classes
+            .iter_mut()
+            .flat_map(|c| {
+                let bytes = c.bytes;
+                c.parked.drain(..).map(move |p| (p, bytes))
+            })
+            .collect()
+    }
+
+    /// The tracker slots parked with the blocks kept.
+    pub(crate) fn parked_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.classes
+            .iter()
+            .flat_map(|c| c.parked.iter().map(|p| p.slot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ptr: CUdeviceptr) -> Parked {
+        Parked { ptr, slot: 7 }
+    }
+
+    #[test]
+    fn blocks_are_kept_by_size_within_the_limit() {
+        let mut c = BlockCache::default();
+        let (small, big) = (c.class_of(100), c.class_of(400));
+        assert_eq!((small, big, c.class_of(100)), (0, 1, 0));
+        assert_eq!(c.take(small), None);
+        assert!(c.put(small, block(0xA), 500));
+        assert!(c.put(big, block(0xB), 500));
+        assert!(!c.put(small, block(0xC), 500), "would pass the limit");
+        assert!(!c.put(NO_CLASS, block(0xD), 500), "not a pool block");
+        assert_eq!(c.bytes, 500);
+        assert_eq!(c.parked_slots().collect::<Vec<_>>(), vec![7, 7]);
+        assert_eq!(c.take(small), Some(block(0xA)));
+        assert_eq!((c.take(small), c.bytes), (None, 400));
+        c.put_back(small, block(0xA));
+        c.put_back(small, block(0xE));
+        assert_eq!(c.bytes, 600, "put back whatever the limit");
+        assert_eq!(c.take(small), Some(block(0xE)), "the last kept first");
+        let mut drained = c.drain();
+        drained.sort_by_key(|(p, _)| p.ptr);
+        assert_eq!(drained, vec![(block(0xA), 100), (block(0xB), 400)]);
+        assert_eq!((c.bytes, c.take(big)), (0, None));
+    }
+}
