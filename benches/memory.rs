@@ -21,7 +21,8 @@ const MIB: usize = 1 << 20;
 
 /// Set in the processes [`tracking_overhead`] starts: run one measurement, print it, exit.
 const TRACKING_CHILD: &str = "CUDA_HAL_BENCH_TRACKING_RUN";
-/// Processes the tracking overhead is measured in (odd, for a median).
+/// Processes the tracking overhead is measured in (odd, for a median), unless
+/// `CUDA_HAL_TRACKING_PROCESSES` says otherwise.
 const TRACKING_PROCESSES: usize = 9;
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
@@ -65,7 +66,12 @@ fn tracking_overhead() {
     // vs on) of every process
     type Measured = (String, Vec<(f64, f64)>, Vec<f64>);
     let mut runs: Vec<Measured> = Vec::new();
-    for _ in 0..TRACKING_PROCESSES {
+    let processes = std::env::var("CUDA_HAL_TRACKING_PROCESSES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(TRACKING_PROCESSES)
+        .max(1);
+    for _ in 0..processes {
         let out = Command::new(&exe)
             .arg("--bench")
             .env(TRACKING_CHILD, "1")

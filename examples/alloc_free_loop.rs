@@ -1,11 +1,12 @@
 //! A fixed loop of alloc+frees on one HAL, for counting the host instructions of the
 //! allocation path with a profiler. The mix is the tracking bench's: four names, six sizes
-//! from 4 KiB to 256 MiB, served by the phase-3 block cache after the first round.
+//! from 4 KiB to 256 MiB, served by the phase-3 block cache after the first round (or,
+//! with `pool`, by the memory pool: the block cache off).
 //!
 //! ```sh
 //! cargo build --release --example alloc_free_loop
-//! # tracking on or off, N alloc+frees (default 100000):
-//! valgrind --tool=callgrind target/release/examples/alloc_free_loop on 100000
+//! # tracking on or off, N alloc+frees (default 100000), block cache or pool:
+//! valgrind --tool=callgrind target/release/examples/alloc_free_loop on 100000 [cache|pool]
 //! # without a GPU, through the stub driver (nothing runs on a device):
 //! scripts/stub-libcuda.py /tmp/libcuda-stub.so
 //! CUDA_HAL_LIBCUDA=/tmp/libcuda-stub.so valgrind --tool=callgrind \
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
         Some("off") | None => false,
         Some(other) => {
             return fail(&format!(
-                "usage: alloc_free_loop [on|off] [N]; got {other:?}"
+                "usage: alloc_free_loop [on|off] [N] [cache|pool]; got {other:?}"
             ))
         }
     };
@@ -40,9 +41,14 @@ fn main() -> ExitCode {
         Some(Ok(n)) => n,
         Some(Err(e)) => return fail(&format!("N: {e}")),
     };
+    let block_cache_bytes = match args.get(2).map(String::as_str) {
+        Some("cache") | None => 1 << 30,
+        Some("pool") => 0,
+        Some(other) => return fail(&format!("cache or pool, not {other:?}")),
+    };
     let config = HalConfig {
         track_allocations: tracking,
-        block_cache_bytes: 1 << 30,
+        block_cache_bytes,
         ..Default::default()
     };
     let hal = match CudaHal::with_config(0, config) {
@@ -55,7 +61,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    // One round of every size first, so that the loop is served by the block cache.
+    // One round of every size first, so that the loop is served by the block cache (with
+    // the cache on).
     for k in 0..SIZES.len() + n {
         match hal.alloc::<u8>(NAMES[k % NAMES.len()], SIZES[k % SIZES.len()]) {
             Ok(buffer) => drop(buffer),
@@ -64,8 +71,9 @@ fn main() -> ExitCode {
     }
     let report = hal.memory_report();
     println!(
-        "{n} alloc+frees, tracking {}: {} live at the end, peak {} bytes",
+        "{n} alloc+frees, tracking {}, block cache {}: {} live at the end, peak {} bytes",
         if tracking { "on" } else { "off" },
+        if block_cache_bytes > 0 { "on" } else { "off" },
         report.live.len(),
         report.peak_bytes
     );
