@@ -3,6 +3,8 @@
 //! both, so a tracked request costs the same lookup as an untracked one (which uses the
 //! key with no name).
 
+use crate::probe_table::{ProbeEntry, ProbeTable};
+
 /// A static name's text by address and length, or no name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct NameKey {
@@ -56,80 +58,50 @@ const EMPTY: Entry = Entry {
     to: Resolved { class: 0, name: 0 },
 };
 
+impl ProbeEntry for Entry {
+    const EMPTY: Self = EMPTY;
+
+    fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    #[inline]
+    fn hash(&self) -> u64 {
+        hash(self.bytes, self.key)
+    }
+}
+
+/// The size rotated clear of the low bits where addresses of nearby texts differ, mixed
+/// with the text's address.
+#[inline]
+fn hash(bytes: usize, key: NameKey) -> u64 {
+    (bytes as u64).rotate_left(29) ^ key.addr as u64
+}
+
 /// The most entries remembered; requests past it are resolved the slow way each time.
 const MAX_ENTRIES: usize = 1 << 12;
 
-/// (size, name key) -> [`Resolved`]: open addressing with linear probing, at most half
-/// full and never evicting.
-pub(crate) struct AllocKeys {
-    /// A power of two in size.
-    table: Vec<Entry>,
-    /// 64 - log2(table size): the hash's shift.
-    shift: u32,
-    len: usize,
-}
+/// (size, name key) -> [`Resolved`].
+pub(crate) struct AllocKeys(ProbeTable<Entry>);
 
 impl Default for AllocKeys {
     fn default() -> Self {
-        AllocKeys {
-            table: vec![EMPTY; 64],
-            shift: 64 - 6,
-            len: 0,
-        }
+        AllocKeys(ProbeTable::new(MAX_ENTRIES))
     }
 }
 
 impl AllocKeys {
-    /// Where the probe starts: Fibonacci hashing of the size (rotated clear of the low bits
-    /// where addresses of nearby texts differ) mixed with the text's address.
-    #[inline]
-    fn home(&self, bytes: usize, key: NameKey) -> usize {
-        let mixed = (bytes as u64).rotate_left(29) ^ key.addr as u64;
-        (mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
-    }
-
     /// What (`bytes`, `key`) resolves to, if remembered.
     #[inline]
     pub(crate) fn get(&self, bytes: usize, key: NameKey) -> Option<Resolved> {
-        let mask = self.table.len() - 1;
-        let mut i = self.home(bytes, key);
-        loop {
-            let e = &self.table[i];
-            if e.bytes == bytes && e.key == key {
-                return Some(e.to);
-            }
-            if e.bytes == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
+        let is = |e: &Entry| e.bytes == bytes && e.key == key;
+        self.0.find(hash(bytes, key), is).map(|e| e.to)
     }
 
-    /// Remembers what (`bytes` > 0, `key`), not yet remembered, resolves to.
+    /// Remembers what (`bytes` > 0, `key`), not yet remembered, resolves to (unless
+    /// [`MAX_ENTRIES`] are remembered already).
     pub(crate) fn insert(&mut self, bytes: usize, key: NameKey, to: Resolved) {
-        if bytes == 0 || self.len >= MAX_ENTRIES {
-            return;
-        }
-        if (self.len + 1) * 2 > self.table.len() {
-            let bigger = vec![EMPTY; 2 * self.table.len()];
-            let old = std::mem::replace(&mut self.table, bigger);
-            self.shift -= 1;
-            for e in old.into_iter().filter(|e| e.bytes != 0) {
-                self.put(e);
-            }
-        }
-        self.put(Entry { bytes, key, to });
-        self.len += 1;
-    }
-
-    /// Writes `e` into the first empty entry of its probe sequence.
-    fn put(&mut self, e: Entry) {
-        let mask = self.table.len() - 1;
-        let mut i = self.home(e.bytes, e.key);
-        while self.table[i].bytes != 0 {
-            i = (i + 1) & mask;
-        }
-        self.table[i] = e;
+        self.0.insert(Entry { bytes, key, to });
     }
 }
 
@@ -176,8 +148,7 @@ mod tests {
                 k.insert(bytes << 12, key, to(bytes as u32, n as u32));
             }
         }
-        assert_eq!(k.len, MAX_ENTRIES);
-        assert!(k.len * 2 <= k.table.len(), "at most half full");
+        assert_eq!(k.0.len(), MAX_ENTRIES);
         let mut found = 0;
         for bytes in sizes {
             for (n, &key) in names.iter().enumerate() {

@@ -53,6 +53,7 @@ mod phases;
 mod pinned;
 mod pipeline;
 pub mod poseidon2;
+mod probe_table;
 mod prover_ops;
 mod resize;
 mod staging;

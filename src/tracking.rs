@@ -6,6 +6,8 @@ use std::fmt;
 
 use rustc_hash::FxHashMap;
 
+use crate::probe_table::{ProbeEntry, ProbeTable};
+
 /// One live allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveAllocation {
@@ -84,93 +86,52 @@ struct StaticName {
     id: u32,
 }
 
-/// An empty entry of [`StaticNames`] (no `&str` lives at address 0).
-const EMPTY: StaticName = StaticName {
-    addr: 0,
-    len: 0,
-    id: 0,
-};
+impl ProbeEntry for StaticName {
+    /// No `&str` lives at address 0.
+    const EMPTY: Self = StaticName {
+        addr: 0,
+        len: 0,
+        id: 0,
+    };
+
+    fn is_empty(&self) -> bool {
+        self.addr == 0
+    }
+
+    fn hash(&self) -> u64 {
+        self.addr as u64
+    }
+}
 
 /// The most static names remembered by address; past it they are found by their text.
 const MAX_STATIC_NAMES: usize = 1 << 12;
 
-/// Name ids of static names by the address and length of their text: open addressing
-/// with linear probing, at most half full and never evicting, so a name is found in one
-/// or two compares and names used in turn never push each other out. (String literals lie
-/// back to back in memory: the hash spreads neighbouring addresses, and the length is
-/// compared, not hashed.)
-struct StaticNames {
-    /// A power of two in size.
-    table: Vec<StaticName>,
-    /// 64 - log2(table size): the hash's shift.
-    shift: u32,
-    len: usize,
-}
+/// Name ids of static names by the address and length of their text. (String literals lie
+/// back to back in memory: the table's hash spreads neighbouring addresses, and the length
+/// is compared, not hashed.)
+struct StaticNames(ProbeTable<StaticName>);
 
 impl Default for StaticNames {
     fn default() -> Self {
-        StaticNames {
-            table: vec![EMPTY; 64],
-            shift: 64 - 6,
-            len: 0,
-        }
+        StaticNames(ProbeTable::new(MAX_STATIC_NAMES))
     }
 }
 
 impl StaticNames {
-    /// Where the probe for `addr` starts: Fibonacci hashing of the address.
-    #[inline]
-    fn home(&self, addr: usize) -> usize {
-        ((addr as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
-    }
-
     /// The id of `text` if it was remembered.
     #[inline]
     fn get(&self, text: &str) -> Option<u32> {
         let (addr, len) = (text.as_ptr() as usize, text.len());
-        let mask = self.table.len() - 1;
-        let mut i = self.home(addr);
-        loop {
-            let e = self.table[i];
-            if e.addr == addr && e.len as usize == len {
-                return Some(e.id);
-            }
-            if e.addr == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
+        let is = |e: &StaticName| e.addr == addr && e.len as usize == len;
+        self.0.find(addr as u64, is).map(|e| e.id)
     }
 
     /// Remembers `text` (a static name not yet remembered) as name `id`.
     fn insert(&mut self, text: &str, id: u32) {
-        let Ok(len) = u32::try_from(text.len()) else {
-            return;
-        };
-        if self.len >= MAX_STATIC_NAMES {
-            return;
+        if let Ok(len) = u32::try_from(text.len()) {
+            let addr = text.as_ptr() as usize;
+            self.0.insert(StaticName { addr, len, id });
         }
-        if (self.len + 1) * 2 > self.table.len() {
-            let bigger = vec![EMPTY; 2 * self.table.len()];
-            let old = std::mem::replace(&mut self.table, bigger);
-            self.shift -= 1;
-            for e in old.into_iter().filter(|e| e.addr != 0) {
-                self.put(e);
-            }
-        }
-        let addr = text.as_ptr() as usize;
-        self.put(StaticName { addr, len, id });
-        self.len += 1;
-    }
-
-    /// Writes `e` into the first empty entry of its probe sequence.
-    fn put(&mut self, e: StaticName) {
-        let mask = self.table.len() - 1;
-        let mut i = self.home(e.addr);
-        while self.table[i].addr != 0 {
-            i = (i + 1) & mask;
-        }
-        self.table[i] = e;
     }
 }
 
@@ -441,6 +402,11 @@ mod tests {
         t.release(name, slot, bytes, false);
     }
 
+    /// The ids of static names.
+    fn ids<const N: usize>(t: &mut Tracker, names: [&'static str; N]) -> [u32; N] {
+        names.map(|n| t.name_id(&Cow::Borrowed(n)))
+    }
+
     fn report(t: &Tracker) -> MemoryReport {
         t.report(std::iter::empty(), 0)
     }
@@ -478,10 +444,7 @@ mod tests {
     #[test]
     fn the_limit_refuses_without_recording() {
         let mut t = Tracker::default();
-        let (a, b) = (
-            t.name_id(&Cow::Borrowed("a")),
-            t.name_id(&Cow::Borrowed("b")),
-        );
+        let [a, b] = ids(&mut t, ["a", "b"]);
         let first = t.track(a, 60, None, 0, 100).unwrap();
         assert_eq!(t.track(b, 41, None, 0, 100), None);
         assert_eq!(t.track(a, usize::MAX, None, 0, usize::MAX), None);
@@ -518,10 +481,7 @@ mod tests {
     #[test]
     fn a_parked_block_keeps_its_slot_and_is_held_but_not_in_use() {
         let mut t = Tracker::default();
-        let (col, tree) = (
-            t.name_id(&Cow::Borrowed("col")),
-            t.name_id(&Cow::Borrowed("tree")),
-        );
+        let [col, tree] = ids(&mut t, ["col", "tree"]);
         let slot = t.track(col, 100, None, 0, 1000).unwrap();
         // Freed into the cache: 100 bytes cached, the slot parked with the block.
         t.release(col, slot, 100, true);
@@ -600,10 +560,6 @@ mod tests {
             }
         }
         assert!(names.iter().all(|n| t.names.statics.get(n).is_some()));
-        assert!(
-            t.names.statics.len * 2 <= t.names.statics.table.len(),
-            "at most half full"
-        );
     }
 
     #[test]
@@ -640,7 +596,7 @@ mod tests {
         for (i, text) in texts.iter().enumerate() {
             names.insert(text, i as u32);
         }
-        assert_eq!(names.len, MAX_STATIC_NAMES);
+        assert_eq!(names.0.len(), MAX_STATIC_NAMES);
         assert_eq!(names.get(texts[7]), Some(7));
         assert_eq!(names.get(texts[MAX_STATIC_NAMES + 3]), None);
         // The tracker still names them right, through the text.
