@@ -194,8 +194,8 @@ impl Allocs {
     pub(crate) fn report(&self) -> MemoryReport {
         let s = self.state.lock();
         let cached = self.cached_held(&s);
-        let parked = s.blocks.parked_slots().filter(|_| self.tracking);
-        s.tracker.report(parked, cached)
+        // (Untracked blocks park no slot: the tracker ignores theirs.)
+        s.tracker.report(s.blocks.parked_slots(), cached)
     }
 
     pub(crate) fn counts(&self) -> HotCounts {
