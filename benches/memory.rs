@@ -148,15 +148,20 @@ fn tracking_overhead() {
 /// Measured with the phase-3 block cache on (the fastest path, about 0.2 us) and off (the
 /// pool).
 fn tracking_run() {
-    const BATCH: usize = 32;
-    const ROUNDS: usize = 10_000;
+    let batch_ops: usize = std::env::var("CUDA_HAL_TRACKING_BATCH")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(32)
+        .max(1);
+    // The same number of alloc+frees whatever the batch.
+    let rounds = (320_000 / batch_ops).max(20);
     const SLICES: usize = 10;
     const NAMES: [&str; 4] = ["column", "twiddles", "merkle-layer", "scratch"];
     let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
-    // Microseconds of one batch of BATCH alloc+frees.
+    // Microseconds of one batch of `batch_ops` alloc+frees.
     let batch = |hal: &CudaHal, k: &mut usize| {
         let t = Instant::now();
-        for _ in 0..BATCH {
+        for _ in 0..batch_ops {
             let b = hal
                 .alloc::<u8>(NAMES[*k % NAMES.len()], sizes[*k % sizes.len()])
                 .unwrap();
@@ -182,8 +187,8 @@ fn tracking_run() {
             .map(|track| (CudaHal::with_config(0, cfg(track)).unwrap(), track))
             .collect();
         let mut next = vec![0usize; hals.len()];
-        let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); hals.len()];
-        for round in 0..ROUNDS + 100 {
+        let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); hals.len()];
+        for round in 0..rounds + 100 {
             for i in 0..hals.len() {
                 let i = if round % 2 == 0 {
                     i
@@ -204,10 +209,10 @@ fn tracking_run() {
                 .collect()
         };
         let (a, b) = (
-            median(&kind(true, 0..ROUNDS)) / BATCH as f64,
-            median(&kind(false, 0..ROUNDS)) / BATCH as f64,
+            median(&kind(true, 0..rounds)) / batch_ops as f64,
+            median(&kind(false, 0..rounds)) / batch_ops as f64,
         );
-        let slice = ROUNDS / SLICES;
+        let slice = rounds / SLICES;
         let mut ratios: Vec<f64> = (0..SLICES)
             .map(|i| {
                 let r = i * slice..(i + 1) * slice;
@@ -226,7 +231,7 @@ fn tracking_run() {
         };
         println!("RUN|{label}|{a}|{b}|{}|{}", ratio(2, 1), ratio(3, 0));
         println!(
-            "INFO|memory|  one process ({label}): {:+.2}% ({a:.4} us vs {b:.4} us, medians of {ROUNDS} rounds of one {BATCH}-op batch per HAL, 2 HALs per kind; {SLICES} slices {:+.2}% to {:+.2}%; pairs {:+.2}% and {:+.2}%)",
+            "INFO|memory|  one process ({label}): {:+.2}% ({a:.4} us vs {b:.4} us, medians of {rounds} rounds of one {batch_ops}-op batch per HAL, 2 HALs per kind; {SLICES} slices {:+.2}% to {:+.2}%; pairs {:+.2}% and {:+.2}%)",
             pct(a / b),
             pct(ratios[0]),
             pct(ratios[SLICES - 1]),
