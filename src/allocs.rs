@@ -88,10 +88,7 @@ impl Allocs {
         bytes: usize,
         pooled: bool,
     ) -> Option<Granted> {
-        if self.tracking {
-            return self.alloc_tracked(name, bytes, pooled);
-        }
-        if !pooled {
+        if !self.tracking && !pooled {
             return Some(Granted {
                 ticket: Ticket::NONE,
                 cached: None,
@@ -99,69 +96,46 @@ impl Allocs {
         }
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let class = match s.keys.get(bytes, NameKey::NONE) {
-            Some(found) => found.class,
-            None => s.resolve(bytes, NameKey::NONE, None).class,
+        let key = match name {
+            Cow::Borrowed(text) if self.tracking => NameKey::of(text),
+            _ => NameKey::NONE,
         };
-        let parked = s.blocks.take(class);
+        let found = match s.keys.get(bytes, key) {
+            Some(found) => found,
+            None => s.resolve(bytes, key, name, self.tracking),
+        };
+        let (class, parked) = match pooled {
+            true => (found.class, s.blocks.take(found.class)),
+            false => (NO_CLASS, None),
+        };
+        let mut ticket = Ticket {
+            class,
+            slot: NO_SLOT,
+            name: found.name,
+        };
+        if self.tracking {
+            if ticket.name == NO_NAME {
+                ticket.name = s.tracker.name_id(name);
+            }
+            let slot = s.tracker.track(
+                ticket.name,
+                bytes,
+                parked.map(|p| p.slot),
+                s.blocks.bytes,
+                self.limit,
+            );
+            let Some(slot) = slot else {
+                if let Some(p) = parked {
+                    s.blocks.put_back(class, p);
+                }
+                return None;
+            };
+            ticket.slot = slot;
+        }
         s.counts.cached_allocs += parked.is_some() as u64;
         Some(Granted {
-            ticket: Ticket {
-                class,
-                slot: NO_SLOT,
-                name: NO_NAME,
-            },
+            ticket,
             cached: parked.map(|p| p.ptr),
-        })
-    }
-
-    /// [`Allocs::alloc`] when tracking.
-    #[allow(clippy::ptr_arg)]
-    #[inline]
-    fn alloc_tracked(
-        &self,
-        name: &Cow<'static, str>,
-        bytes: usize,
-        pooled: bool,
-    ) -> Option<Granted> {
-        let mut guard = self.state.lock();
-        let s = &mut *guard;
-        // A static name is found with its size in one probe; any other by its text.
-        let found = match name {
-            Cow::Borrowed(text) => {
-                let key = NameKey::of(text);
-                match s.keys.get(bytes, key) {
-                    Some(found) => found,
-                    None => s.resolve(bytes, key, Some(name)),
-                }
-            }
-            Cow::Owned(_) => s.resolve(bytes, NameKey::NONE, Some(name)),
-        };
-        let (class, name) = (found.class, found.name);
-        if pooled {
-            if let Some(p) = s.blocks.take(class) {
-                let cached = s.blocks.bytes;
-                let Some(slot) = s
-                    .tracker
-                    .track_parked(name, bytes, p.slot, cached, self.limit)
-                else {
-                    s.blocks.put_back(class, p);
-                    return None;
-                };
-                s.counts.cached_allocs += 1;
-                return Some(Granted {
-                    ticket: Ticket { class, slot, name },
-                    cached: Some(p.ptr),
-                });
-            }
-        }
-        let slot = s
-            .tracker
-            .track_new(name, bytes, s.blocks.bytes, self.limit)?;
-        let class = if pooled { class } else { NO_CLASS };
-        Some(Granted {
-            ticket: Ticket { class, slot, name },
-            cached: None,
         })
     }
 
@@ -201,7 +175,7 @@ impl Allocs {
         let s = &mut *guard;
         let name = s.tracker.name_id(name);
         let cached = self.cached_held(s);
-        let slot = s.tracker.track_new(name, bytes, cached, self.limit)?;
+        let slot = s.tracker.track(name, bytes, None, cached, self.limit)?;
         Some(Ticket {
             class: NO_CLASS,
             slot,
@@ -258,26 +232,24 @@ impl Allocs {
 }
 
 impl State {
-    /// Resolves a request the slow way (the size class by its size, and `name` by its
-    /// address or text) and remembers it under `key`: a static name's, or
-    /// [`NameKey::NONE`] for untracked requests (`name` is `None`: no name id). A request
-    /// with a name that is not static is resolved this way each time and not remembered.
+    /// Resolves a request the slow way (the size class by its size, the name by its
+    /// address or text) and remembers it.
     #[allow(clippy::ptr_arg)]
     #[inline(never)]
     fn resolve(
         &mut self,
         bytes: usize,
         key: NameKey,
-        name: Option<&Cow<'static, str>>,
+        name: &Cow<'static, str>,
+        tracking: bool,
     ) -> Resolved {
         let class = self.blocks.class_of(bytes);
-        let found = Resolved {
-            class,
-            name: name.map_or(NO_NAME, |n| self.tracker.name_id(n)),
+        let name = match tracking && !key.is_none() {
+            true => self.tracker.name_id(name),
+            false => NO_NAME,
         };
-        if name.is_none() || !key.is_none() {
-            self.keys.insert(bytes, key, found);
-        }
+        let found = Resolved { class, name };
+        self.keys.insert(bytes, key, found);
         found
     }
 }

@@ -241,77 +241,43 @@ impl Tracker {
     }
 
     /// Records an allocation of `bytes` under name `name` (an id of [`Tracker::name_id`])
-    /// served by a new block, if the bytes in use stay within `limit`. `cached` is the
-    /// bytes in the block cache. Its slot, or `None` past the limit.
+    /// if the bytes in use stay within `limit`: a block just taken from the cache with its
+    /// slot (`parked`), or a new block. `cached` is the bytes left in the cache. Its slot,
+    /// or `None` past the limit.
     #[inline]
-    pub(crate) fn track_new(
+    pub(crate) fn track(
         &mut self,
         name: u32,
         bytes: usize,
+        parked: Option<u32>,
         cached: usize,
         limit: usize,
     ) -> Option<u32> {
-        let held = self.held.checked_add(bytes)?;
-        self.within(held.wrapping_sub(cached), limit)?;
-        self.held = held;
-        self.count(name, bytes);
-        Some(self.new_slot(bytes, name))
-    }
-
-    /// Records an allocation of `bytes` under name `name` served by a block just taken
-    /// from the block cache with its parked slot `slot` (a block held already), if the
-    /// bytes in use stay within `limit`. `cached` is the bytes left in the cache. Its
-    /// slot, or `None` past the limit.
-    #[inline]
-    pub(crate) fn track_parked(
-        &mut self,
-        name: u32,
-        bytes: usize,
-        slot: u32,
-        cached: usize,
-        limit: usize,
-    ) -> Option<u32> {
-        self.within(self.held.wrapping_sub(cached), limit)?;
-        self.count(name, bytes);
-        Some(match self.slots.get_mut(slot as usize) {
-            Some(s) => {
-                s.name = name;
-                slot
-            }
-            // (Every block parked by a tracking HAL has its slot.)
-            None => self.new_slot(bytes, name),
-        })
-    }
-
-    /// Whether `in_use` bytes stay within `limit`; if so they count toward the peak. The
-    /// peak only ever takes values within the limit, so bytes up to the peak need no
-    /// other check.
-    #[inline]
-    fn within(&mut self, in_use: usize, limit: usize) -> Option<()> {
-        if in_use <= self.peak {
-            return Some(());
-        }
-        self.new_peak(in_use, limit)
-    }
-
-    /// [`Tracker::within`] past the peak.
-    #[cold]
-    #[inline(never)]
-    fn new_peak(&mut self, in_use: usize, limit: usize) -> Option<()> {
+        // A parked block is held already: only a new one adds to what is held.
+        let held = match parked {
+            Some(_) => self.held,
+            None => self.held.checked_add(bytes)?,
+        };
+        let in_use = held.wrapping_sub(cached);
         if in_use > limit {
             return None;
         }
-        self.peak = in_use;
-        Some(())
-    }
-
-    /// Adds an allocation of `bytes` to its name's totals.
-    #[inline]
-    fn count(&mut self, name: u32, bytes: usize) {
-        if let Some(t) = self.totals.get_mut(name as usize) {
-            t.current += bytes;
-            t.allocations += 1;
+        if parked.is_none() {
+            self.held = held;
         }
+        if in_use > self.peak {
+            self.peak = in_use;
+        }
+        let t = &mut self.totals[name as usize];
+        t.current += bytes;
+        t.allocations += 1;
+        Some(match parked {
+            Some(slot) if (slot as usize) < self.slots.len() => {
+                self.slots[slot as usize].name = name;
+                slot
+            }
+            _ => self.new_slot(bytes, name),
+        })
     }
 
     /// A slot for a new block: the first free one, or a new one.
@@ -429,7 +395,7 @@ mod tests {
     /// Tracks `bytes` under `name` as a new block (no cache), within no limit.
     fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> (u32, u32) {
         let id = t.name_id(&name);
-        (id, t.track_new(id, bytes, 0, usize::MAX).unwrap())
+        (id, t.track(id, bytes, None, 0, usize::MAX).unwrap())
     }
 
     fn free(t: &mut Tracker, (name, slot): (u32, u32), bytes: usize) {
@@ -479,9 +445,9 @@ mod tests {
     fn the_limit_refuses_without_recording() {
         let mut t = Tracker::default();
         let [a, b] = ids(&mut t, ["a", "b"]);
-        let first = t.track_new(a, 60, 0, 100).unwrap();
-        assert_eq!(t.track_new(b, 41, 0, 100), None);
-        assert_eq!(t.track_new(a, usize::MAX, 0, usize::MAX), None);
+        let first = t.track(a, 60, None, 0, 100).unwrap();
+        assert_eq!(t.track(b, 41, None, 0, 100), None);
+        assert_eq!(t.track(a, usize::MAX, None, 0, usize::MAX), None);
         let r = report(&t);
         assert_eq!((r.current_bytes, r.peak_bytes, r.live.len()), (60, 60, 1));
         assert_eq!(
@@ -491,9 +457,9 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", 1), ("b", 0)]
         );
-        assert!(t.track_new(b, 40, 0, 100).is_some(), "exactly at it");
+        assert!(t.track(b, 40, None, 0, 100).is_some(), "exactly at it");
         t.release(a, first, 60, false);
-        assert!(t.track_new(b, 60, 0, 100).is_some());
+        assert!(t.track(b, 60, None, 0, 100).is_some());
     }
 
     #[test]
@@ -516,13 +482,13 @@ mod tests {
     fn a_parked_block_keeps_its_slot_and_is_held_but_not_in_use() {
         let mut t = Tracker::default();
         let [col, tree] = ids(&mut t, ["col", "tree"]);
-        let slot = t.track_new(col, 100, 0, 1000).unwrap();
+        let slot = t.track(col, 100, None, 0, 1000).unwrap();
         // Freed into the cache: 100 bytes cached, the slot parked with the block.
         t.release(col, slot, 100, true);
         let r = t.report([slot].into_iter(), 100);
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         // Another name takes the block again, with its slot: nothing new is held.
-        assert_eq!(t.track_parked(tree, 100, slot, 0, 1000), Some(slot));
+        assert_eq!(t.track(tree, 100, Some(slot), 0, 1000), Some(slot));
         let r = t.report(std::iter::empty(), 0);
         assert_eq!((r.current_bytes, r.peak_bytes), (100, 100));
         assert_eq!(r.largest(1), vec![("tree".to_string(), 100)]);
@@ -534,14 +500,14 @@ mod tests {
         assert_eq!(by, vec![("tree", 1, 100, 100), ("col", 0, 0, 100)]);
         // Parked again; a new block of 950 passes the limit with 100 cached, not in use.
         t.release(tree, slot, 100, true);
-        assert!(t.track_new(col, 950, 100, 1000).is_some());
+        assert!(t.track(col, 950, None, 100, 1000).is_some());
         // Taking the parked block back would pass it: refused, nothing changes.
-        assert_eq!(t.track_parked(tree, 100, slot, 0, 1000), None);
+        assert_eq!(t.track(tree, 100, Some(slot), 0, 1000), None);
         assert_eq!(t.report([slot].into_iter(), 100).current_bytes, 950);
         // The drained block leaves: its slot is free, its bytes no longer held.
         t.forget_block(slot, 100);
         assert_eq!(t.report(std::iter::empty(), 0).current_bytes, 950);
-        assert_eq!(t.track_new(tree, 50, 0, 1000), Some(slot));
+        assert_eq!(t.track(tree, 50, None, 0, 1000), Some(slot));
     }
 
     #[test]
