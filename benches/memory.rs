@@ -25,6 +25,15 @@ const TRACKING_CHILD: &str = "CUDA_HAL_BENCH_TRACKING_RUN";
 /// `CUDA_HAL_TRACKING_PROCESSES` says otherwise.
 const TRACKING_PROCESSES: usize = 9;
 
+/// The count the environment variable `name` gives (at least 1), or `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|memory|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
 }
@@ -66,11 +75,7 @@ fn tracking_overhead() {
     // vs on) of every process
     type Measured = (String, Vec<(f64, f64)>, Vec<f64>);
     let mut runs: Vec<Measured> = Vec::new();
-    let processes = std::env::var("CUDA_HAL_TRACKING_PROCESSES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(TRACKING_PROCESSES)
-        .max(1);
+    let processes = env_count("CUDA_HAL_TRACKING_PROCESSES", TRACKING_PROCESSES);
     for _ in 0..processes {
         let out = Command::new(&exe)
             .arg("--bench")
@@ -148,11 +153,7 @@ fn tracking_overhead() {
 /// Measured with the phase-3 block cache on (the fastest path, about 0.2 us) and off (the
 /// pool).
 fn tracking_run() {
-    let batch_ops: usize = std::env::var("CUDA_HAL_TRACKING_BATCH")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(32)
-        .max(1);
+    let batch_ops = env_count("CUDA_HAL_TRACKING_BATCH", 32);
     // The same number of alloc+frees whatever the batch.
     let rounds = (320_000 / batch_ops).max(20);
     const SLICES: usize = 10;
