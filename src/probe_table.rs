@@ -8,7 +8,7 @@
 /// full, the 24 keys of the tracking bench (four names, six sizes) collide about a quarter
 /// as often as at half full. In one comparison on the H100 the tracking overhead was
 /// 0.15-0.3 points lower; that is within the bench's spread (RESULTS.md). At the cap
-/// (4096 entries) a table takes 32768 entries: under 1 MiB.
+/// (4096 entries) a table has 32768 entries: 1 MiB for the request keys.
 const SPARSITY: usize = 8;
 /// Entries of a new table.
 const FIRST_SIZE: usize = 256;
