@@ -12,6 +12,7 @@ mod common;
 use std::process::Command;
 use std::time::Instant;
 
+use common::alloc_mix::{NAMES, SIZES};
 use common::median_us;
 
 use cuda_hal::cuda_sys;
@@ -157,14 +158,12 @@ fn tracking_run() {
     // The same number of alloc+frees whatever the batch.
     let rounds = (320_000 / batch_ops).max(20);
     const SLICES: usize = 10;
-    const NAMES: [&str; 4] = ["column", "twiddles", "merkle-layer", "scratch"];
-    let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
     // Microseconds of one batch of `batch_ops` alloc+frees.
     let batch = |hal: &CudaHal, k: &mut usize| {
         let t = Instant::now();
         for _ in 0..batch_ops {
             let b = hal
-                .alloc::<u8>(NAMES[*k % NAMES.len()], sizes[*k % sizes.len()])
+                .alloc::<u8>(NAMES[*k % NAMES.len()], SIZES[*k % SIZES.len()])
                 .unwrap();
             *k += 1;
             drop(b);

@@ -241,7 +241,7 @@ fn bench_view(hal: &CudaHal) {
 }
 
 fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
-    let sizes = [4 << 10, 64 << 10, MIB, 16 * MIB, 64 * MIB, 256 * MIB];
+    let sizes = common::alloc_mix::SIZES;
     let pool = MemPool::new(0, u64::MAX).unwrap();
     let mut k = 0usize;
     let floor = median_us(2000, 200, || {

@@ -22,8 +22,10 @@ use std::process::ExitCode;
 
 use cuda_hal::{CudaHal, HalConfig};
 
-const NAMES: [&str; 4] = ["column", "twiddles", "merkle-layer", "scratch"];
-const SIZES: [usize; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20];
+// The benches' mix, from the same file.
+#[path = "../benches/common/alloc_mix.rs"]
+mod alloc_mix;
+use alloc_mix::{NAMES, SIZES};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

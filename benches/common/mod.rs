@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+pub mod alloc_mix;
+
 /// Median microseconds of `f` after two warm-up calls, over at least `min_iters` runs and
 /// about `budget_ms` (at most 200 000 runs).
 pub fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
