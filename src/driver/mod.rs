@@ -22,14 +22,22 @@ use once_cell::sync::OnceCell;
 
 use crate::Result;
 
-/// The loaded driver, initialised once per process.
+/// The loaded driver, initialised once per process. After the first call this is one
+/// load of a ready flag: it runs several times in every HAL operation.
+#[inline]
 pub(crate) fn api() -> Result<&'static cuda_sys::Driver> {
-    static INIT: OnceCell<Result<(), cuda_sys::Error>> = OnceCell::new();
+    static READY: OnceCell<Result<&'static cuda_sys::Driver, cuda_sys::Error>> = OnceCell::new();
+    match READY.get_or_init(load_and_init) {
+        Ok(driver) => Ok(driver),
+        Err(e) => Err(e.clone().into()),
+    }
+}
+
+/// Loads the driver and calls `cuInit`; a failure of either is kept for every later call.
+#[cold]
+fn load_and_init() -> Result<&'static cuda_sys::Driver, cuda_sys::Error> {
     let driver = cuda_sys::driver()?;
-    INIT.get_or_init(|| {
-        // SAFETY: cuInit takes a flags word, which must be 0.
-        unsafe { driver.cuInit(0) }
-    })
-    .clone()?;
+    // SAFETY: cuInit takes a flags word, which must be 0.
+    unsafe { driver.cuInit(0) }?;
     Ok(driver)
 }
