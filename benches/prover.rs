@@ -8,8 +8,9 @@ mod common;
 use common::{gbps, median_us};
 
 use cuda_hal::cuda_sys;
+use cuda_hal::driver::Module;
 use cuda_hal::field::Elem;
-use cuda_hal::{Buffer, CudaHal, Digest, Hal};
+use cuda_hal::{Buffer, CudaHal, Digest, Hal, LaunchDims};
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|prover|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
@@ -63,10 +64,116 @@ fn main() {
         "device {} (sm_{}{}), {} SMs, driver {}",
         i.name, i.compute_capability.0, i.compute_capability.1, i.multiprocessors, i.driver_version
     ));
+    bench_launch(&hal);
     bench_eltwise(&hal);
     bench_ntt(&hal);
     bench_lde(&hal);
     bench_poseidon2(&hal);
+}
+
+/// The host cost of a launch. An empty kernel (`fill_u32` over 0 elements, one block)
+/// is queued through the crate, with its output buffer's bookkeeping, and through
+/// `cuLaunchKernel` on the same stream. Rounds of 64 launches take turns between the two
+/// and are timed without the synchronize that drains the stream after each round. A
+/// launch followed by a synchronize is timed as well.
+fn bench_launch(hal: &CudaHal) {
+    const BATCH: usize = 64;
+    const ROUNDS: usize = 400;
+    let out = hal.alloc::<u32>("launch-out", 1024).unwrap();
+    let dims = LaunchDims {
+        grid: (1, 1, 1),
+        block: (32, 1, 1),
+        shared_bytes: 0,
+    };
+    let via_crate = || {
+        hal.launch("fill_u32", dims)
+            .output(&out)
+            .scalar(0u32)
+            .scalar(0u64)
+            .run()
+            .unwrap()
+    };
+    let module = Module::load(cuda_hal::FATBIN).unwrap();
+    let fill = module.function("fill_u32").unwrap();
+    let d = cuda_sys::driver().expect("driver");
+    let (ptr, stream) = (out.device_ptr_mut().unwrap().addr, hal.stream_handle());
+    let raw = || {
+        let (mut o, mut v, mut n) = (ptr, 0u32, 0u64);
+        let mut params: [*mut std::ffi::c_void; 3] = [
+            (&mut o as *mut u64).cast(),
+            (&mut v as *mut u32).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        // SAFETY: the arguments match fill_u32(out, value, n); with n = 0 the kernel
+        // touches no memory, and `out` is a live allocation anyway.
+        unsafe {
+            d.cuLaunchKernel(
+                fill.raw(),
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .unwrap();
+    };
+    let mut per_launch = [Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS)];
+    for round in 0..ROUNDS + 10 {
+        for k in [round % 2, 1 - round % 2] {
+            let t = std::time::Instant::now();
+            for _ in 0..BATCH {
+                match k {
+                    0 => via_crate(),
+                    _ => raw(),
+                }
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / BATCH as f64;
+            hal.synchronize().unwrap();
+            if round >= 10 {
+                per_launch[k].push(us);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (c, f) = (median(&mut per_launch[0]), median(&mut per_launch[1]));
+    row(
+        "launch, empty kernel, queued (rounds of 64)",
+        c,
+        "cuLaunchKernel, same kernel and stream",
+        f,
+        0,
+        "-",
+    );
+    let c_sync = median_us(50, 300, || {
+        via_crate();
+        hal.synchronize().unwrap();
+    });
+    let f_sync = median_us(50, 300, || {
+        raw();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "launch + synchronize, empty kernel",
+        c_sync,
+        "cuLaunchKernel + synchronize",
+        f_sync,
+        0,
+        "-",
+    );
+    info(&format!(
+        "launch host cost: {c:.2} us queued through the crate vs {f:.2} us raw (+{:.2} us); \
+         with a synchronize {c_sync:.2} vs {f_sync:.2} us",
+        c - f
+    ));
 }
 
 fn bench_eltwise(hal: &CudaHal) {

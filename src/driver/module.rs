@@ -57,6 +57,11 @@ impl Module {
 }
 
 impl Function {
+    /// The raw handle, for calling `cuLaunchKernel` directly (as the benches' floors do).
+    pub fn raw(&self) -> CUfunction {
+        self.raw
+    }
+
     /// Launches the kernel on `stream`.
     ///
     /// # Safety
