@@ -50,25 +50,21 @@ impl IntervalSet {
         self.ranges.splice(lo..hi, std::iter::once(start..end));
     }
 
-    /// Removes `r` from the set.
+    /// Removes `r` from the set. Allocates nothing unless a range is split in two.
     pub fn remove(&mut self, r: Range<usize>) {
         if r.is_empty() {
             return;
         }
-        let mut out = Vec::with_capacity(self.ranges.len() + 1);
-        for x in self.ranges.drain(..) {
-            if x.end <= r.start || x.start >= r.end {
-                out.push(x);
-                continue;
-            }
-            if x.start < r.start {
-                out.push(x.start..r.start);
-            }
-            if x.end > r.end {
-                out.push(r.end..x.end);
-            }
+        // The ranges lo..hi overlap `r` (the ranges are sorted and disjoint).
+        let lo = self.ranges.partition_point(|x| x.end <= r.start);
+        let hi = self.ranges.partition_point(|x| x.start < r.end);
+        if lo >= hi {
+            return;
         }
-        self.ranges = out;
+        let (first, last) = (self.ranges[lo].start, self.ranges[hi - 1].end);
+        let left = (first < r.start).then_some(first..r.start);
+        let right = (last > r.end).then_some(r.end..last);
+        self.ranges.splice(lo..hi, left.into_iter().chain(right));
     }
 
     /// Whether every byte of `r` is in the set.
