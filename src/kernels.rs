@@ -4,13 +4,14 @@
 //! cache stays right without any mark-dirty call: host-newer data is uploaded before the
 //! kernel runs, and the host copy of every output is invalidated.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::Arc;
 
 use cuda_sys::CUdeviceptr;
 use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::buffer::{Buffer, RawBuffer};
 use crate::driver::{Event, Function, Module};
@@ -27,7 +28,7 @@ pub fn kernels_available() -> bool {
 
 pub(crate) struct KernelTable {
     module: Result<Module>,
-    functions: RwLock<HashMap<String, Function>>,
+    functions: RwLock<FxHashMap<String, Function>>,
 }
 
 impl KernelTable {
@@ -44,7 +45,7 @@ impl KernelTable {
         }
         KernelTable {
             module,
-            functions: RwLock::new(HashMap::new()),
+            functions: RwLock::new(FxHashMap::default()),
         }
     }
 
@@ -119,24 +120,35 @@ enum Access {
 #[must_use = "a launch does nothing until `run` is called"]
 pub struct Launch<'h> {
     hal: &'h CudaHal,
-    kernel: String,
+    kernel: &'h str,
     dims: LaunchDims,
     /// Each argument's value, 16-byte slots so any scalar up to 16 bytes fits aligned.
-    values: Vec<[u64; 2]>,
-    buffers: Vec<(Arc<RawBuffer>, Range<usize>, Access)>,
+    /// (Inline up to `INLINE_ARGS`: a launch allocates nothing on the host.)
+    values: SmallVec<[[u64; 2]; INLINE_ARGS]>,
+    buffers: SmallVec<[BufferArg; INLINE_BUFFERS]>,
     stream: Option<HalStream>,
-    error: Option<Error>,
+    /// The first bad argument (boxed: the builder moves at every call).
+    error: Option<Box<Error>>,
 }
+
+/// Arguments a launch keeps without allocating.
+const INLINE_ARGS: usize = 8;
+/// Buffer arguments a launch keeps without allocating.
+const INLINE_BUFFERS: usize = 4;
+
+/// A buffer argument: the allocation, the byte range the kernel gets, and how it uses it.
+type BufferArg = (Arc<RawBuffer>, Range<usize>, Access);
 
 impl CudaHal {
     /// Starts a launch of the embedded kernel `kernel`.
-    pub fn launch(&self, kernel: &str, dims: LaunchDims) -> Launch<'_> {
+    #[inline]
+    pub fn launch<'h>(&'h self, kernel: &'h str, dims: LaunchDims) -> Launch<'h> {
         Launch {
             hal: self,
-            kernel: kernel.to_string(),
+            kernel,
             dims,
-            values: Vec::new(),
-            buffers: Vec::new(),
+            values: SmallVec::new(),
+            buffers: SmallVec::new(),
             stream: None,
             error: None,
         }
@@ -144,11 +156,12 @@ impl CudaHal {
 }
 
 impl<'h> Launch<'h> {
+    #[inline]
     fn buffer<T: bytemuck::Pod>(mut self, b: &Buffer<T>, access: Access) -> Self {
         if self.error.is_none() && !self.hal.same(b.raw().hal()) {
-            self.error = Some(Error::ForeignBuffer {
+            self.error = Some(Box::new(Error::ForeignBuffer {
                 name: b.name().to_string(),
-            });
+            }));
         }
         self.values.push([b.raw_ptr(), 0]);
         self.buffers.push((b.raw().clone(), b.byte_range(), access));
@@ -160,35 +173,42 @@ impl<'h> Launch<'h> {
     /// and its buffers are not freed or reused until it is done.
     pub fn on(mut self, stream: &HalStream) -> Self {
         if self.error.is_none() && !self.hal.same(&stream.hal) {
-            self.error = Some(Error::InvalidArgument("stream of another HAL".into()));
+            self.error = Some(Box::new(Error::InvalidArgument(
+                "stream of another HAL".into(),
+            )));
         }
         self.stream = Some(stream.clone());
         self
     }
 
     /// Next parameter: a buffer the kernel only reads.
+    #[inline]
     pub fn input<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::Read)
     }
 
     /// Next parameter: a buffer the kernel writes (and may not read).
+    #[inline]
     pub fn output<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::Write)
     }
 
     /// Next parameter: a buffer the kernel reads and writes in place.
+    #[inline]
     pub fn inout<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::ReadWrite)
     }
 
     /// Next parameter: a value of at most 16 bytes.
+    #[inline]
     pub fn scalar<V: bytemuck::Pod>(mut self, v: V) -> Self {
         let bytes = bytemuck::bytes_of(&v);
         if bytes.len() > 16 {
-            self.error.get_or_insert(Error::InvalidArgument(format!(
-                "kernel scalar of {} bytes (at most 16)",
-                bytes.len()
-            )));
+            self.error
+                .get_or_insert(Box::new(Error::InvalidArgument(format!(
+                    "kernel scalar of {} bytes (at most 16)",
+                    bytes.len()
+                ))));
         }
         let mut slot = [0u64; 2];
         let n = bytes.len().min(16);
@@ -218,12 +238,12 @@ impl<'h> Launch<'h> {
             )
         });
         if let Some(e) = self.error.take() {
-            return Err(e);
+            return Err(*e);
         }
         check_aliasing(&self.buffers)?;
         let h = &self.hal.inner;
         h.enter()?;
-        let f = h.kernels.get(&self.kernel)?;
+        let f = h.kernels.get(self.kernel)?;
         let side = self.stream.take().filter(|s| !s.is_main());
         for (raw, range, access) in &self.buffers {
             let write = *access != Access::Read;
@@ -232,7 +252,7 @@ impl<'h> Launch<'h> {
                 None => raw.prepare_device_access(range.clone(), write)?,
             }
         }
-        let mut params: Vec<*mut c_void> = self
+        let mut params: SmallVec<[*mut c_void; INLINE_ARGS]> = self
             .values
             .iter_mut()
             .map(|v| v.as_mut_ptr().cast())
@@ -264,7 +284,7 @@ impl<'h> Launch<'h> {
 }
 
 /// Rejects an output whose bytes overlap any other buffer argument.
-fn check_aliasing(buffers: &[(Arc<RawBuffer>, Range<usize>, Access)]) -> Result<()> {
+fn check_aliasing(buffers: &[BufferArg]) -> Result<()> {
     for (i, (a, ra, acc_a)) in buffers.iter().enumerate() {
         for (b, rb, acc_b) in &buffers[i + 1..] {
             let writes = *acc_a != Access::Read || *acc_b != Access::Read;
