@@ -128,7 +128,9 @@ pub(crate) struct HalInner {
     pool: MemPool,
     pub(crate) stream: std::sync::Arc<Stream>,
     pub(crate) ledger: Ledger,
-    poisoned: Mutex<Option<cuda_sys::Error>>,
+    /// The sticky error that poisoned the context: the first one is kept. Checked by every
+    /// operation, so a lock-free read.
+    poisoned: once_cell::sync::OnceCell<cuda_sys::Error>,
     timings: Mutex<Timings>,
     last_reserved: std::sync::atomic::AtomicU64,
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
@@ -168,7 +170,7 @@ impl CudaHal {
                 pool,
                 stream,
                 ledger: Ledger::default(),
-                poisoned: Mutex::new(None),
+                poisoned: once_cell::sync::OnceCell::new(),
                 timings: Mutex::new(Timings::default()),
                 last_reserved: std::sync::atomic::AtomicU64::new(0),
                 handles: std::sync::atomic::AtomicUsize::new(1),
@@ -233,7 +235,7 @@ impl CudaHal {
 
     /// The error that made the context unusable, if a device fault happened.
     pub fn poisoned(&self) -> Option<cuda_sys::Error> {
-        self.inner.poisoned.lock().clone()
+        self.inner.poisoned.get().cloned()
     }
 
     /// A buffer of `len` elements with unspecified contents.
@@ -299,8 +301,10 @@ impl HalInner {
     /// Checks the context is usable and current on this thread.
     #[inline]
     pub(crate) fn enter(&self) -> Result<()> {
-        if let Some(cause) = self.poisoned.lock().clone() {
-            return Err(Error::ContextPoisoned { cause });
+        if let Some(cause) = self.poisoned.get() {
+            return Err(Error::ContextPoisoned {
+                cause: cause.clone(),
+            });
         }
         self.ctx.bind()
     }
@@ -310,7 +314,8 @@ impl HalInner {
         match r {
             Err(Error::Cuda(e)) if e.is_sticky() => {
                 log::error!("CUDA context of device {} poisoned: {e}", self.info.ordinal);
-                *self.poisoned.lock() = Some(e.clone());
+                // A later sticky error is a consequence of the first: keep that one.
+                let _ = self.poisoned.set(e.clone());
                 Err(Error::ContextPoisoned { cause: e })
             }
             other => other,
@@ -320,7 +325,8 @@ impl HalInner {
     /// Allocates `bytes` (> 0): with phase 3 from the block cache or the pool on the stream,
     /// else `cuMemAlloc`. Refused before the driver is asked when it would pass the HAL's
     /// limit or the device's size. Out of memory flushes the cache, trims the pool and
-    /// retries once. The limit, the tracking and the cache take one lock section.
+    /// retries once. The limit, the tracking and the cache take one lock section. The
+    /// context is bound even for a cached block: what the caller does next may rely on it.
     // A `&Cow` (not `&str`): cloning it keeps a static name borrowed, with no allocation.
     #[allow(clippy::ptr_arg)]
     pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
@@ -451,28 +457,26 @@ impl HalInner {
             ticket,
         } = a;
         let _range = crate::nvtx::range(|| format!("free {name} ({bytes} B)"));
-        let mut counted = false;
-        let result = self.ctx.bind().and_then(|()| {
-            let d = api()?;
-            if pooled {
-                counted = true;
-                if self.allocs.free(ptr, bytes, ticket, true) {
-                    return Ok(());
+        // A block the cache keeps needs no driver call, so no context to bind.
+        let kept = pooled && self.allocs.free(ptr, bytes, ticket, true);
+        let result = match kept {
+            true => Ok(()),
+            false => self.ctx.bind().and_then(|()| {
+                let d = api()?;
+                // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in
+                // stream order with) every use queued on the stream.
+                unsafe {
+                    if pooled {
+                        d.cuMemFreeAsync(ptr, self.stream.raw())?;
+                    } else {
+                        self.stream.synchronize()?;
+                        d.cuMemFree(ptr)?;
+                    }
                 }
-            }
-            // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in stream
-            // order with) every use queued on the stream.
-            unsafe {
-                if pooled {
-                    d.cuMemFreeAsync(ptr, self.stream.raw())?;
-                } else {
-                    self.stream.synchronize()?;
-                    d.cuMemFree(ptr)?;
-                }
-            }
-            Ok(())
-        });
-        if !counted {
+                Ok(())
+            }),
+        };
+        if !pooled {
             self.allocs.free(ptr, bytes, ticket, false);
         }
         log::trace!("free `{name}`: {bytes} bytes at {ptr:#x}");
