@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::alloc_mix::{NAMES, SIZES};
-use common::median_us;
+use common::{median, median_us};
 
 use cuda_hal::cuda_sys;
 use cuda_hal::{ArenaLayout, CudaHal, HalConfig};
@@ -170,11 +170,6 @@ fn tracking_run() {
         }
         t.elapsed().as_secs_f64() * 1e6
     };
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     for cache in [1usize << 30, 0] {
         let cfg = |track| HalConfig {
             track_allocations: track,
@@ -209,21 +204,22 @@ fn tracking_run() {
                 .collect()
         };
         let (a, b) = (
-            median(&kind(true, 0..rounds)) / batch_ops as f64,
-            median(&kind(false, 0..rounds)) / batch_ops as f64,
+            median(&mut kind(true, 0..rounds)) / batch_ops as f64,
+            median(&mut kind(false, 0..rounds)) / batch_ops as f64,
         );
         let slice = rounds / SLICES;
         let mut ratios: Vec<f64> = (0..SLICES)
             .map(|i| {
                 let r = i * slice..(i + 1) * slice;
-                median(&kind(true, r.clone())) / median(&kind(false, r))
+                median(&mut kind(true, r.clone())) / median(&mut kind(false, r))
             })
             .collect();
         ratios.sort_by(|a, b| a.total_cmp(b));
         let pct = |r: f64| (r - 1.0) * 100.0;
         // HAL i against HAL j, in percent. The pairs in creation order are (0, 1), the
         // first on and off, and (3, 2), the last; the control is (2, 1) and (3, 0).
-        let ratio = |i: usize, j: usize| pct(median(&times[i]) / median(&times[j]));
+        let ratio =
+            |i: usize, j: usize| pct(median(&mut times[i].clone()) / median(&mut times[j].clone()));
         let label = if cache > 0 {
             "block cache on"
         } else {

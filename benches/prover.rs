@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{gbps, median_us};
+use common::{gbps, median, median_us};
 
 use cuda_hal::cuda_sys;
 use cuda_hal::driver::Module;
@@ -140,10 +140,6 @@ fn bench_launch(hal: &CudaHal) {
             }
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     let (c, f) = (median(&mut per_launch[0]), median(&mut per_launch[1]));
     row(
         "launch, empty kernel, queued (rounds of 64)",

@@ -21,8 +21,13 @@ pub fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
             break;
         }
     }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
+    median(&mut samples)
+}
+
+/// The median of `v` (the upper one of an even count); sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }
 
 /// GB/s for `bytes` moved in `us` microseconds.
