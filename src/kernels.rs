@@ -27,7 +27,11 @@ pub fn kernels_available() -> bool {
 }
 
 pub(crate) struct KernelTable {
-    module: Result<Module>,
+    /// The embedded module, or why it is not there.
+    embedded: Result<Module>,
+    /// Modules of [`CudaHal::load_module`], searched after the embedded one in load order.
+    loaded: RwLock<Vec<Module>>,
+    /// Kernels found so far, by name.
     functions: RwLock<FxHashMap<String, Function>>,
 }
 
@@ -44,19 +48,44 @@ impl KernelTable {
             log::warn!("kernels unavailable: {e}");
         }
         KernelTable {
-            module,
+            embedded: module,
+            loaded: RwLock::new(Vec::new()),
             functions: RwLock::new(FxHashMap::default()),
         }
     }
 
+    /// The kernel `name`: the embedded one, else the first loaded module's. A name found in
+    /// no module gives the embedded module's answer (not found, or no kernels built).
     pub(crate) fn get(&self, name: &str) -> Result<Function> {
         if let Some(f) = self.functions.read().get(name) {
             return Ok(*f);
         }
-        let module = self.module.as_ref().map_err(Clone::clone)?;
-        let f = module.function(name)?;
+        let not_embedded = match &self.embedded {
+            Ok(module) => match module.function(name) {
+                Ok(f) => return Ok(self.remember(name, f)),
+                Err(e) => e,
+            },
+            Err(e) => e.clone(),
+        };
+        let found = self
+            .loaded
+            .read()
+            .iter()
+            .find_map(|m| m.function(name).ok());
+        match found {
+            Some(f) => Ok(self.remember(name, f)),
+            None => Err(not_embedded),
+        }
+    }
+
+    fn remember(&self, name: &str, f: Function) -> Function {
         self.functions.write().insert(name.to_string(), f);
-        Ok(f)
+        f
+    }
+
+    /// Adds a module whose kernels [`KernelTable::get`] finds from now on.
+    pub(crate) fn add(&self, module: Module) {
+        self.loaded.write().push(module);
     }
 }
 
@@ -140,7 +169,52 @@ const INLINE_BUFFERS: usize = 4;
 type BufferArg = (Arc<RawBuffer>, Range<usize>, Access);
 
 impl CudaHal {
-    /// Starts a launch of the embedded kernel `kernel`.
+    /// Loads a module of your own kernels (a fatbin, cubin or PTX image) into the HAL's
+    /// context, so that [`CudaHal::launch`] runs them by name with the same argument
+    /// checks, host-cache upkeep and NVTX ranges as the embedded kernels. A name is looked
+    /// up in the embedded kernels first, then in the loaded modules in the order they were
+    /// loaded. Modules stay loaded until the HAL is dropped. Kernels must be `extern "C"`.
+    ///
+    /// A bad image gives the driver's error and leaves the HAL as it was.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// // PTX of `extern "C" __global__ void twice_u32(unsigned *x)` on 32 threads.
+    /// let ptx = r#"
+    /// .version 7.0
+    /// .target sm_80
+    /// .address_size 64
+    /// .visible .entry twice_u32(.param .u64 x) {
+    ///     .reg .b32 %r<4>;
+    ///     .reg .b64 %rd<4>;
+    ///     ld.param.u64 %rd1, [x];
+    ///     cvta.to.global.u64 %rd2, %rd1;
+    ///     mov.u32 %r1, %tid.x;
+    ///     mul.wide.u32 %rd3, %r1, 4;
+    ///     add.s64 %rd2, %rd2, %rd3;
+    ///     ld.global.u32 %r2, [%rd2];
+    ///     shl.b32 %r3, %r2, 1;
+    ///     st.global.u32 [%rd2], %r3;
+    ///     ret;
+    /// }
+    /// "#;
+    /// hal.load_module(ptx.as_bytes()).unwrap();
+    /// let x = hal.copy_from("x", &(0..32u32).collect::<Vec<_>>()).unwrap();
+    /// let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
+    /// hal.launch("twice_u32", dims).inout(&x).run().unwrap();
+    /// assert_eq!(x.get_at(5).unwrap(), 10);
+    /// ```
+    pub fn load_module(&self, image: &[u8]) -> Result<()> {
+        let h = &self.inner;
+        h.enter()?;
+        let module = h.guard(Module::load(image))?;
+        h.kernels.add(module);
+        Ok(())
+    }
+
+    /// Starts a launch of the kernel `kernel`: an embedded one, or one of a module loaded
+    /// with [`CudaHal::load_module`].
     #[inline]
     pub fn launch<'h>(&'h self, kernel: &'h str, dims: LaunchDims) -> Launch<'h> {
         Launch {

@@ -64,6 +64,96 @@ fn embedded_fatbin_loads_and_a_kernel_runs() {
     assert!(matches!(err, Error::KernelNotFound { .. }), "{err}");
 }
 
+/// PTX of `extern "C" __global__ void user_add_u32(unsigned *x, unsigned k, size_t n)`:
+/// `x[i] += k` for every `i < n`, one thread per element.
+const USER_ADD_PTX: &str = r#"
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry user_add_u32(.param .u64 x, .param .u32 k, .param .u64 n) {
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [x];
+    ld.param.u32 %r1, [k];
+    ld.param.u64 %rd2, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    cvt.u64.u32 %rd3, %r5;
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra DONE;
+    cvta.to.global.u64 %rd4, %rd1;
+    shl.b64 %rd5, %rd3, 2;
+    add.s64 %rd4, %rd4, %rd5;
+    ld.global.u32 %r6, [%rd4];
+    add.s32 %r7, %r6, %r1;
+    st.global.u32 [%rd4], %r7;
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn own_module_kernels_launch_like_embedded_ones() {
+    let Some(hal) = gpu() else { return };
+    let n = 100_003usize;
+    let dims = LaunchDims {
+        grid: (n.div_ceil(256) as u32, 1, 1),
+        block: (256, 1, 1),
+        shared_bytes: 0,
+    };
+    let data: Vec<u32> = (0..n as u32).collect();
+    let x = hal.copy_from("x", &data).unwrap();
+    let add = |k: u32| {
+        hal.launch("user_add_u32", dims)
+            .inout(&x)
+            .scalar(k)
+            .scalar(n as u64)
+            .run()
+    };
+    assert!(
+        matches!(add(1), Err(Error::KernelNotFound { .. })),
+        "not loaded yet"
+    );
+    // The caller need not end PTX with a NUL, whatever the text's length.
+    let mut ptx = USER_ADD_PTX.to_string();
+    while ptx.len() % 8 != 0 {
+        ptx.push(' ');
+    }
+    hal.load_module(ptx.as_bytes()).unwrap();
+    assert_eq!(
+        x.get_at(7).unwrap(),
+        7,
+        "a host copy, where phase 2 keeps one"
+    );
+    add(5).unwrap();
+    assert_eq!(
+        x.get_at(7).unwrap(),
+        12,
+        "the launch invalidated the host copy"
+    );
+    let want: Vec<u32> = data.iter().map(|v| v + 5).collect();
+    assert_eq!(x.to_vec().unwrap(), want);
+    // A bad image: the driver's error; the HAL and the loaded kernels still work.
+    let err = hal.load_module(b"not a module").unwrap_err();
+    assert!(matches!(err, Error::Cuda(_)), "{err}");
+    assert!(hal.poisoned().is_none());
+    add(1).unwrap();
+    assert_eq!(x.get_at(n - 1).unwrap(), (n - 1) as u32 + 6);
+    // Embedded kernels are still looked up first.
+    let out = hal.alloc::<u32>("out", n).unwrap();
+    hal.launch("eltwise_add_u32", dims)
+        .output(&out)
+        .input(&x)
+        .input(&x)
+        .scalar(n as u64)
+        .run()
+        .unwrap();
+    assert_eq!(out.get_at(3).unwrap(), 2 * (3 + 6));
+}
+
 #[test]
 fn round_trips_keep_every_byte_at_odd_sizes() {
     let Some(hal) = gpu() else { return };

@@ -28,12 +28,12 @@ unsafe impl Sync for Function {}
 
 impl Module {
     /// Loads an image with `cuModuleLoadData`. The caller has made the context current.
+    /// PTX text needs no terminating NUL: one is added.
     pub fn load(image: &[u8]) -> Result<Self> {
-        // The driver reads the image through a pointer and wants 8-byte alignment.
-        let mut aligned = vec![0u64; image.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+        let aligned = aligned_image(image);
         let mut raw: CUmodule = std::ptr::null_mut();
-        // SAFETY: `aligned` holds the whole image and outlives the call; the driver copies it.
+        // SAFETY: `aligned` holds the whole image and a NUL after it (the driver reads PTX
+        // up to its NUL), and outlives the call; the driver copies what it needs.
         unsafe { api()?.cuModuleLoadData(&mut raw, aligned.as_ptr().cast())? };
         Ok(Module { raw })
     }
@@ -93,6 +93,14 @@ impl Function {
     }
 }
 
+/// `image` copied to 8-byte aligned memory (the driver reads fatbins and cubins through an
+/// aligned pointer) with at least one NUL byte after it (PTX is read as a C string).
+fn aligned_image(image: &[u8]) -> Vec<u64> {
+    let mut aligned = vec![0u64; (image.len() + 1).div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+    aligned
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(d) = api() {
@@ -100,6 +108,26 @@ impl Drop for Module {
             if let Err(e) = unsafe { d.cuModuleUnload(self.raw) } {
                 log::warn!("cuModuleUnload failed: {e}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_is_copied_whole_with_a_nul_after_it() {
+        for len in [0, 1, 7, 8, 9, 16, 23] {
+            let image: Vec<u8> = (1..=len as u8).collect();
+            let aligned = aligned_image(&image);
+            let bytes: &[u8] = bytemuck::cast_slice(&aligned);
+            assert!(
+                bytes.len() > image.len(),
+                "room for the NUL at length {len}"
+            );
+            assert_eq!(&bytes[..len], &image[..]);
+            assert_eq!(bytes[len], 0, "NUL right after the image at length {len}");
         }
     }
 }
