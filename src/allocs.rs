@@ -1,7 +1,9 @@
 //! The bookkeeping of device allocations under one lock: the phase-3 block cache, the
 //! live-allocation tracker and the hot-path counts. A pooled allocation and every free
 //! take the lock once, so tracking adds only plain memory writes to a lock section the
-//! block cache needs anyway.
+//! block cache needs anyway. A tracked HAL keeps no counts of its own there:
+//! [`Allocs::counts`] derives them from the tracker's records, which spares the tracked
+//! path two of its memory writes (on the H100 host that halved what tracking costs).
 //!
 //! A request first finds its size class and name id in one probe of [`AllocKeys`], keyed
 //! by size and the static name's address; the allocation then carries both (a
@@ -33,7 +35,10 @@ struct State {
     keys: AllocKeys,
     blocks: BlockCache,
     tracker: Tracker,
+    /// The hot-path counts of an untracked HAL (a tracked one derives them).
     counts: HotCounts,
+    /// Allocations of [`Allocs::track`] released by [`Allocs::untrack`].
+    untracked: u64,
 }
 
 /// What an allocation keeps for its free: its size class, and when tracked its slot and
@@ -131,8 +136,9 @@ impl Allocs {
                 return None;
             };
             ticket.slot = slot;
+        } else {
+            s.counts.cached_allocs += parked.is_some() as u64;
         }
-        s.counts.cached_allocs += parked.is_some() as u64;
         Some(Granted {
             ticket,
             cached: parked.map(|p| p.ptr),
@@ -149,13 +155,12 @@ impl Allocs {
         }
     }
 
-    /// One lock section: counts a free and untracks it; with `offer`, the cache keeps the
+    /// One lock section: untracks or counts a free; with `offer`, the cache keeps the
     /// block if it fits. True when it was kept: the caller must not free it.
     #[inline]
     pub(crate) fn free(&self, ptr: CUdeviceptr, bytes: usize, ticket: Ticket, offer: bool) -> bool {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        s.counts.frees += 1;
         let block = Parked {
             ptr,
             slot: ticket.slot,
@@ -163,6 +168,8 @@ impl Allocs {
         let kept = offer && s.blocks.put(ticket.class, block, self.cache_limit);
         if self.tracking {
             s.tracker.release(ticket.name, ticket.slot, bytes, kept);
+        } else {
+            s.counts.frees += 1;
         }
         kept
     }
@@ -185,10 +192,9 @@ impl Allocs {
 
     /// Forgets an allocation of [`Allocs::track`] of `bytes`.
     pub(crate) fn untrack(&self, ticket: Ticket, bytes: usize) {
-        self.state
-            .lock()
-            .tracker
-            .release(ticket.name, ticket.slot, bytes, false);
+        let mut s = self.state.lock();
+        s.tracker.release(ticket.name, ticket.slot, bytes, false);
+        s.untracked += 1;
     }
 
     pub(crate) fn report(&self) -> MemoryReport {
@@ -198,8 +204,20 @@ impl Allocs {
         s.tracker.report(s.blocks.parked_slots(), cached)
     }
 
+    /// Allocations served by a cached block, and frees. A tracked HAL derives them: every
+    /// allocation the tracker counts took a parked block or a new one, and is alive, or was
+    /// freed, or was tracked for the caller and untracked since.
     pub(crate) fn counts(&self) -> HotCounts {
-        self.state.lock().counts
+        let s = self.state.lock();
+        if !self.tracking {
+            return s.counts;
+        }
+        let t = s.tracker.counts();
+        let live = t.blocks - s.blocks.parked_count();
+        HotCounts {
+            cached_allocs: t.allocations - t.fresh,
+            frees: t.allocations - live as u64 - s.untracked,
+        }
     }
 
     /// Bytes of blocks in the cache.
@@ -635,8 +653,8 @@ mod tests {
                 }
                 prop_assert_eq!(a.cached_bytes(), m.cached_bytes);
                 prop_assert_eq!(a.report(), m.report());
+                prop_assert_eq!(a.counts(), HotCounts { cached_allocs, frees });
             }
-            prop_assert_eq!(a.counts(), HotCounts { cached_allocs, frees });
         }
     }
 }

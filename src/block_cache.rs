@@ -87,6 +87,11 @@ impl BlockCache {
             .collect()
     }
 
+    /// Blocks kept.
+    pub(crate) fn parked_count(&self) -> usize {
+        self.classes.iter().map(|c| c.parked.len()).sum()
+    }
+
     /// The tracker slots parked with the blocks kept.
     pub(crate) fn parked_slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.classes
@@ -115,6 +120,7 @@ mod tests {
         assert!(!c.put(NO_CLASS, block(0xD), 500), "not a pool block");
         assert_eq!(c.bytes, 500);
         assert_eq!(c.parked_slots().collect::<Vec<_>>(), vec![7, 7]);
+        assert_eq!(c.parked_count(), 2);
         assert_eq!(c.take(small), Some(block(0xA)));
         assert_eq!((c.take(small), c.bytes), (None, 400));
         c.put_back(small, block(0xA));

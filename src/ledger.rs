@@ -109,7 +109,8 @@ pub(crate) enum AllocKind {
 }
 
 /// Counts of the allocation hot path, kept as plain integers under the lock every free
-/// and every pooled allocation takes anyway (`crate::allocs`), instead of as atomics.
+/// and every pooled allocation takes anyway (`crate::allocs`), instead of as atomics; a
+/// HAL that tracks its allocations derives them from the tracker instead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct HotCounts {
     /// Allocations served by a cached block (each also a pool hit).

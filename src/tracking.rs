@@ -197,6 +197,17 @@ struct Totals {
     allocations: u64,
 }
 
+/// Counts of everything a [`Tracker`] recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TrackerCounts {
+    /// Allocations (abandoned ones not counted).
+    pub(crate) allocations: u64,
+    /// Those that took a new block rather than a parked one.
+    pub(crate) fresh: u64,
+    /// Slots in use: blocks live or parked, and memory tracked for the caller.
+    pub(crate) blocks: usize,
+}
+
 /// Live allocations with totals per name and overall. Not synchronised: the HAL keeps it
 /// under the lock its allocation path takes anyway (see `crate::allocs`).
 ///
@@ -219,6 +230,11 @@ struct Totals {
 pub(crate) struct Tracker {
     /// Bytes of every block held for an allocation: live, or parked in the block cache.
     held: usize,
+    /// Slots in use: blocks live or parked, and memory tracked for the caller.
+    blocks: usize,
+    /// Allocations that took a new block rather than a parked one (abandoned ones not
+    /// counted).
+    fresh: u64,
     /// Most bytes in use at once.
     peak: usize,
     /// The first free slot; `slots.len()` when none is free.
@@ -264,6 +280,7 @@ impl Tracker {
         }
         if parked.is_none() {
             self.held = held;
+            self.fresh += 1;
         }
         if in_use > self.peak {
             self.peak = in_use;
@@ -283,6 +300,7 @@ impl Tracker {
     /// A slot for a new block: the first free one, or a new one.
     #[inline(never)]
     fn new_slot(&mut self, bytes: usize, name: u32) -> u32 {
+        self.blocks += 1;
         let slot = self.free_head;
         let s = Slot {
             bytes,
@@ -324,6 +342,7 @@ impl Tracker {
             t.current -= bytes;
             t.allocations -= 1;
         }
+        self.fresh -= 1;
         self.forget_block(slot, bytes);
     }
 
@@ -339,6 +358,16 @@ impl Tracker {
         s.next = self.free_head;
         self.free_head = slot;
         self.held -= bytes;
+        self.blocks -= 1;
+    }
+
+    /// The counts [`crate::allocs::Allocs`] derives its own from.
+    pub(crate) fn counts(&self) -> TrackerCounts {
+        TrackerCounts {
+            allocations: self.totals.iter().map(|t| t.allocations).sum(),
+            fresh: self.fresh,
+            blocks: self.blocks,
+        }
     }
 
     /// Every live allocation (largest first) and the totals per name (most current bytes
@@ -489,6 +518,12 @@ mod tests {
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         // Another name takes the block again, with its slot: nothing new is held.
         assert_eq!(t.track(tree, 100, Some(slot), 0, 1000), Some(slot));
+        let counts = TrackerCounts {
+            allocations: 2,
+            fresh: 1,
+            blocks: 1,
+        };
+        assert_eq!(t.counts(), counts, "the second took the parked block");
         let r = t.report(std::iter::empty(), 0);
         assert_eq!((r.current_bytes, r.peak_bytes), (100, 100));
         assert_eq!(r.largest(1), vec![("tree".to_string(), 100)]);
@@ -517,6 +552,12 @@ mod tests {
         free(&mut t, kept, 5);
         let (id, slot) = track(&mut t, Cow::Borrowed("x"), 10);
         t.abandon(id, slot, 10);
+        let counts = TrackerCounts {
+            allocations: 1,
+            fresh: 1,
+            blocks: 0,
+        };
+        assert_eq!(t.counts(), counts, "the abandoned one is not counted");
         let r = report(&t);
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         let x = &r.by_name[0];
