@@ -1,4 +1,5 @@
-//! A double-buffered upload -> kernel -> download pipeline over two streams.
+//! A double-buffered upload -> kernel -> download pipeline over two streams (three when
+//! the host stages the chunks through pinned memory).
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,9 @@ use crate::{Buffer, CudaHal, Error, HalStream, Result};
 /// Whether chunks overlap (two streams, two buffer sets) or run one after another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PipelineMode {
-    /// Chunk k's upload overlaps chunk k-1's kernel and download.
+    /// Chunk k's upload overlaps chunk k-1's kernel and download. When the host stages
+    /// chunks through pinned memory (pageable input or output), a third buffer set keeps two
+    /// chunks on the device while the host copies the next one in and an earlier one out.
     Overlapped,
     /// Each chunk is uploaded, computed and downloaded before the next starts (the
     /// reference the overlapped mode is measured against).
@@ -140,10 +143,14 @@ impl CudaHal {
         h.enter()?;
         let chunk_len = chunk_len.min(input.len());
         let (si, so) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
-        let nsets = if mode == PipelineMode::Overlapped {
-            2
-        } else {
-            1
+        let direct_in = is_pinned(bytemuck::cast_slice(input));
+        let direct_out = is_pinned(bytemuck::cast_slice(output));
+        // With staging, the host copies are a third stage: a third set lets them overlap two
+        // chunks' transfers and kernels rather than one.
+        let nsets = match mode {
+            PipelineMode::Synchronous => 1,
+            PipelineMode::Overlapped if direct_in && direct_out => 2,
+            PipelineMode::Overlapped => 3,
         };
         let mut sets = Vec::with_capacity(nsets);
         for _ in 0..nsets {
@@ -163,8 +170,6 @@ impl CudaHal {
             });
         }
         let d = api()?;
-        let direct_in = is_pinned(bytemuck::cast_slice(input));
-        let direct_out = is_pinned(bytemuck::cast_slice(output));
         let out_base = output.as_mut_ptr();
         let (mut h2d, mut comp, mut d2h) = (0f64, 0f64, 0f64);
         let mut finish = |set: &mut Set<I, O>, output: &mut [O]| -> Result<()> {

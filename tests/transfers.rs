@@ -317,6 +317,7 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     for (n, chunk) in [
         (1usize, 1usize),
         (10_000, 4096),
+        (10_000, 1500), // seven chunks: every buffer set is reused, the last chunk short
         (3 * MIB / 4 + 17, MIB / 4),
     ] {
         let input = Rng::new(20 + n as u64).u32s(n);
