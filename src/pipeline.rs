@@ -11,7 +11,7 @@ use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
 
-/// Whether chunks overlap (two streams, two buffer sets) or run one after another.
+/// Whether chunks overlap (two or three streams and buffer sets) or run one after another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PipelineMode {
     /// Chunk k's upload overlaps chunk k-1's kernel and download. When the host stages
