@@ -275,7 +275,8 @@ fn coalescing(hal: &CudaHal) {
 /// from pinned memory and from pageable `Vec`s, overlapped and synchronous. The ideal of a
 /// run is its slowest stage alone: for pinned memory the larger of transfer and compute in
 /// the synchronous run (whose stages do not queue behind each other); from a pageable `Vec`
-/// the host's staging copies are a stage too, so the larger of that and the pinned ideal.
+/// the host's staging copies are a stage too (timed in the synchronous run, where nothing
+/// else runs beside them), so the larger of that and the pinned ideal.
 fn pipeline(hal: &CudaHal) {
     let n = 256 * MIB / 4;
     let chunk = 16 * MIB / 4;
@@ -310,7 +311,6 @@ fn pipeline(hal: &CudaHal) {
         );
         rounds = ((rounds as f64 * (p.h2d_ms + p.d2h_ms) / p.compute_ms) as u32).max(1);
     }
-    let staging_ms = staging_floor_ms(&input, &mut output, chunk);
     let mut device_ideal_ms = 0.0;
     for (label, pinned) in [("pinned", true), ("pageable Vec", false)] {
         let (inp, out): (&[u32], &mut [u32]) = if pinned {
@@ -333,6 +333,7 @@ fn pipeline(hal: &CudaHal) {
         let (o, s) = (best_over.unwrap(), best_sync.unwrap());
         let ow = o.wall.as_secs_f64() * 1e3;
         let sw = s.wall.as_secs_f64() * 1e3;
+        let staging_ms = s.staging_ms;
         let (ideal_ms, ideal_name) = if pinned {
             device_ideal_ms = s.ideal_ms();
             (device_ideal_ms, "ideal max(transfer, compute)")
@@ -373,31 +374,6 @@ fn pipeline(hal: &CudaHal) {
             sw / ow
         ));
     }
-}
-
-/// The host side of a staged pipeline alone: each chunk of `input` copied into pinned
-/// memory and out of it into `output` the way the pipeline does (rayon, 1 MiB pieces);
-/// milliseconds, best of three.
-fn staging_floor_ms(input: &[u32], output: &mut [u32], chunk: usize) -> f64 {
-    use rayon::prelude::*;
-    let bytes = chunk * 4;
-    let mut pin = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
-    let copy = |dst: &mut [u8], src: &[u8]| {
-        dst.par_chunks_mut(MIB)
-            .zip(src.par_chunks(MIB))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-    };
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for (i, o) in input.chunks(chunk).zip(output.chunks_mut(chunk)) {
-            let len = i.len() * 4;
-            copy(&mut pin.as_mut_slice()[..len], bytemuck::cast_slice(i));
-            copy(bytemuck::cast_slice_mut(o), &pin.as_slice()[..len]);
-        }
-        best = best.min(t.elapsed().as_secs_f64() * 1e3);
-    }
-    best
 }
 
 fn timed(hal: &CudaHal) {

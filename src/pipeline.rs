@@ -36,6 +36,9 @@ pub struct PipelineReport {
     pub compute_ms: f64,
     /// Device time of all downloads.
     pub d2h_ms: f64,
+    /// Host time of the copies between pageable memory and pinned staging (0 when input
+    /// and output are page-locked).
+    pub staging_ms: f64,
 }
 
 impl PipelineReport {
@@ -172,6 +175,8 @@ impl CudaHal {
         let d = api()?;
         let out_base = output.as_mut_ptr();
         let (mut h2d, mut comp, mut d2h) = (0f64, 0f64, 0f64);
+        // Host time of the staging copies (shared by `finish` and the loop).
+        let staging = std::cell::Cell::new(Duration::ZERO);
         let mut finish = |set: &mut Set<I, O>, output: &mut [O]| -> Result<()> {
             let Some((start, len)) = set.busy.take() else {
                 return Ok(());
@@ -181,8 +186,10 @@ impl CudaHal {
             comp += set.ev[2].elapsed_ms(&set.ev[1])? as f64;
             d2h += set.ev[3].elapsed_ms(&set.ev[2])? as f64;
             if !direct_out {
+                let t = Instant::now();
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut output[start..start + len]);
                 par_copy(dst, &set.pin_out.mem.as_slice()[..len * so]);
+                staging.set(staging.get() + t.elapsed());
             }
             Ok(())
         };
@@ -199,7 +206,9 @@ impl CudaHal {
                 let host_in = if direct_in {
                     src.as_ptr()
                 } else {
+                    let t = Instant::now();
                     par_copy(&mut set.pin_in.mem.as_mut_slice()[..len * si], src);
+                    staging.set(staging.get() + t.elapsed());
                     set.pin_in.mem.as_ptr()
                 };
                 // SAFETY: start + len <= output.len(); the pointer is only used for the
@@ -257,6 +266,7 @@ impl CudaHal {
             h2d_ms: h2d,
             compute_ms: comp,
             d2h_ms: d2h,
+            staging_ms: staging.get().as_secs_f64() * 1e3,
         })
     }
 }

@@ -339,6 +339,7 @@ fn pipeline_matches_the_cpu_in_both_modes() {
                 .unwrap();
             assert_eq!(report.chunks, n.div_ceil(chunk));
             assert!(report.h2d_ms > 0.0 && report.compute_ms > 0.0 && report.d2h_ms > 0.0);
+            assert!(report.staging_ms > 0.0, "pageable memory is staged");
             for (i, (o, x)) in output.iter().zip(&input).enumerate() {
                 assert_eq!(*o, lcg(*x, 9), "n={n} mode={mode:?} element {i}");
             }
@@ -352,22 +353,24 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
     pin_out.host_mut().unwrap().fill(POISON);
     let before = hal.stats().unwrap().pinned;
-    hal.pipeline(
-        pin_in.host().unwrap(),
-        pin_out.host_mut().unwrap(),
-        50_000,
-        PipelineMode::Overlapped,
-        |s, i, o| {
-            hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
-                .on(s)
-                .output(o)
-                .input(i)
-                .scalar(i.len() as u64)
-                .scalar(3u32)
-                .run()
-        },
-    )
-    .unwrap();
+    let report = hal
+        .pipeline(
+            pin_in.host().unwrap(),
+            pin_out.host_mut().unwrap(),
+            50_000,
+            PipelineMode::Overlapped,
+            |s, i, o| {
+                hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
+                    .on(s)
+                    .output(o)
+                    .input(i)
+                    .scalar(i.len() as u64)
+                    .scalar(3u32)
+                    .run()
+            },
+        )
+        .unwrap();
+    assert_eq!(report.staging_ms, 0.0, "page-locked memory is not staged");
     assert!(pin_out
         .host()
         .unwrap()
