@@ -42,17 +42,21 @@ run() {  # run LABEL compute-sanitizer-args...
   echo "$line" | tee -a "$log"
   if [ "$rc" -ne 0 ] || [ "${findings:-1}" != 0 ] || [ -z "$tests" ]; then status=1; fi
 }
-# Test threads under racecheck. Over the gpu tests, with four threads, about one run in
-# four hangs inside the driver: one test thread frees pinned memory (cuMemFreeHost, a HAL's
-# staging slots going away) and spins in racecheck's callback while it holds a driver
-# lock; the other threads wait on that lock or spin in cuEventSynchronize on their copies.
-# The stacks (cuda-gdb, RESULTS.md "The racecheck hang") show no lock of this crate held.
+# One test thread under racecheck, for every suite. Over the gpu tests with four threads,
+# about one run in four hangs inside the driver: one test thread frees pinned memory
+# (cuMemFreeHost, a HAL's staging slots going away) and spins in racecheck's callback while
+# it holds a driver lock; the other threads wait on that lock or spin in cuEventSynchronize
+# on their copies. The stacks (cuda-gdb, RESULTS.md "The racecheck hang") show no lock of
+# this crate held. The transfers tests, whose HALs also free staging slots, hung once
+# under racecheck with four threads (2026-11-23, 3773cb1; no stacks were taken, so the
+# cause is not known to be the same; two reruns were clean).
 # Racecheck checks shared-memory hazards inside kernels, which one thread covers as well.
-racecheck_threads() { if [ "$1" = gpu ]; then echo 1; else echo 4; fi; }
+# scripts/racecheck-hangs.sh reproduces the hang with four threads and takes the stacks.
+racecheck_threads=1
 for b in "${bins[@]}"; do
   bin="$bundle/$b"
   run "memcheck $b" --tool memcheck --leak-check full --report-api-errors no --error-exitcode 99 "$bin" "${skip[@]}" --test-threads=4
-  run "racecheck $b" --tool racecheck --error-exitcode 99 "$bin" "${skip[@]}" --test-threads="$(racecheck_threads "$b")"
+  run "racecheck $b" --tool racecheck --error-exitcode 99 "$bin" "${skip[@]}" --test-threads="$racecheck_threads"
   run "synccheck $b" --tool synccheck --error-exitcode 99 "$bin" "${skip[@]}" --test-threads=4
   run "initcheck $b" --tool initcheck --error-exitcode 99 "$bin" "${skip[@]}" --test-threads=4
 done

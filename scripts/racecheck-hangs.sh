@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Looks for hangs of compute-sanitizer's racecheck over the gpu tests, ON THE GPU MACHINE:
-# runs it in a loop with four test threads and, when a run outlives its limit, takes every
-# thread's stack of the test process with cuda-gdb (the machine has no gdb). Writes
-# $OUT/rc.N.log per run, and $OUT/bt.N.txt and $OUT/threads.N.txt per hang.
+# Looks for hangs of compute-sanitizer's racecheck over one test suite (the gpu tests, or
+# RC_SUITE), ON THE GPU MACHINE: runs it in a loop with four test threads and, when a run
+# outlives its limit, takes every thread's stack of the test process with cuda-gdb (the
+# machine has no gdb). Writes $OUT/rc.N.log per run, and $OUT/bt.N.txt and
+# $OUT/threads.N.txt per hang.
 #
 # Stacks name the crate's frames only with line tables. Build the binary here with
 #   CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo test --release --no-run --test gpu
-# and gzip it to .gpu-bundle/extra/gpu-dbg.gz before carrying the bundle; without it the
-# packed (stripped) .gpu-bundle/all/gpu runs.
+# (or --test transfers ...) and gzip it to .gpu-bundle/extra/<suite>-dbg.gz before
+# carrying the bundle; without it the packed (stripped) .gpu-bundle/all/<suite> runs.
 #
-#   OUT=$OUT scripts/racecheck-hangs.sh     (RC_RUNS=14 runs, RC_LIMIT=25 s each, stops at
-#                                            RC_HANGS=2 hangs, RC_THREADS=4 test threads)
+#   OUT=$OUT scripts/racecheck-hangs.sh     (RC_SUITE=gpu, RC_RUNS=14 runs, RC_LIMIT=25 s
+#                                            each, stops at RC_HANGS=2 hangs, RC_THREADS=4
+#                                            test threads)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
 scripts/gpu-unpack.sh >/dev/null || exit 2
-bin=.gpu-bundle/extra/gpu-dbg
-[ -x "$bin" ] || bin=.gpu-bundle/all/gpu
+suite="${RC_SUITE:-gpu}"
+bin=".gpu-bundle/extra/$suite-dbg"
+[ -x "$bin" ] || bin=".gpu-bundle/all/$suite"
 skip=(--skip device_fault --skip poison_child --skip filling_the_device --skip bad_input)
 export CUDA_HAL_REQUIRE_GPU=1
 limit="${RC_LIMIT:-25}"
