@@ -47,9 +47,8 @@ run() {  # run LABEL compute-sanitizer-args...
 # (cuMemFreeHost, a HAL's staging slots going away) and spins in racecheck's callback while
 # it holds a driver lock; the other threads wait on that lock or spin in cuEventSynchronize
 # on their copies. The stacks (cuda-gdb, RESULTS.md "The racecheck hang") show no lock of
-# this crate held. The transfers tests, whose HALs also free staging slots, hung once
-# under racecheck with four threads (2026-11-23, 3773cb1; no stacks were taken, so the
-# cause is not known to be the same; two reruns were clean).
+# this crate held. The transfers tests hang the same way (2 of 9 runs with four threads on
+# 2026-11-23 at 026da8e; their stacks show a cuMemFreeHost in racecheck's callback too).
 # Racecheck checks shared-memory hazards inside kernels, which one thread covers as well.
 # scripts/racecheck-hangs.sh reproduces the hang with four threads and takes the stacks.
 racecheck_threads=1
