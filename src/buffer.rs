@@ -197,14 +197,20 @@ impl RawBuffer {
 
 impl Drop for RawBuffer {
     fn drop(&mut self) {
-        // No stream may still be using the memory when it is freed or reused.
-        let ordered = self.hal.ctx.bind().and_then(|()| {
-            if self.alloc.pooled {
-                self.side.wait_on(&self.hal.stream, 0, true)
-            } else {
-                self.side.wait_host()
-            }
-        });
+        // No stream may still be using the memory when it is freed or reused. With no
+        // side-stream use there is nothing to order, and no driver call: a block the cache
+        // keeps is then freed without binding the context (`free_raw` binds it for the
+        // driver's free).
+        let ordered = match self.side.pending() {
+            false => Ok(()),
+            true => self.hal.ctx.bind().and_then(|()| {
+                if self.alloc.pooled {
+                    self.side.wait_on(&self.hal.stream, 0, true)
+                } else {
+                    self.side.wait_host()
+                }
+            }),
+        };
         if let Err(e) = ordered {
             log::warn!(
                 "ordering the free of `{}` after its side-stream uses: {e}",

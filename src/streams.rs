@@ -141,6 +141,11 @@ pub(crate) struct SideUses {
 }
 
 impl SideUses {
+    /// Whether side-stream work may still use the allocation.
+    pub(crate) fn pending(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
     /// Makes `stream` wait for every pending side use not made on `stream` itself; with
     /// `clear`, forgets them (the caller is the main stream or the free).
     pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
