@@ -255,6 +255,7 @@ impl CudaHal {
     ) -> Result<Buffer<T>> {
         let b = Buffer::new(self, name.into(), len)?;
         let h = &self.inner;
+        h.enter()?;
         // SAFETY: the range is the whole fresh allocation; the memset is stream-ordered.
         h.guard(unsafe {
             api()?
@@ -301,12 +302,19 @@ impl HalInner {
     /// Checks the context is usable and current on this thread.
     #[inline]
     pub(crate) fn enter(&self) -> Result<()> {
-        if let Some(cause) = self.poisoned.get() {
-            return Err(Error::ContextPoisoned {
-                cause: cause.clone(),
-            });
-        }
+        self.usable()?;
         self.ctx.bind()
+    }
+
+    /// Checks the context is usable (not poisoned by a device fault).
+    #[inline]
+    fn usable(&self) -> Result<()> {
+        match self.poisoned.get() {
+            Some(cause) => Err(Error::ContextPoisoned {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Passes `r` through, recording a sticky driver error as poisoning the context.
@@ -325,12 +333,13 @@ impl HalInner {
     /// Allocates `bytes` (> 0): with phase 3 from the block cache or the pool on the stream,
     /// else `cuMemAlloc`. Refused before the driver is asked when it would pass the HAL's
     /// limit or the device's size. Out of memory flushes the cache, trims the pool and
-    /// retries once. The limit, the tracking and the cache take one lock section. The
-    /// context is bound even for a cached block: what the caller does next may rely on it.
+    /// retries once. The limit, the tracking and the cache take one lock section. A cached
+    /// block makes no driver call, so the context is bound only to reach the driver: every
+    /// operation that calls the driver binds it itself.
     // A `&Cow` (not `&str`): cloning it keeps a static name borrowed, with no allocation.
     #[allow(clippy::ptr_arg)]
     pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
-        self.enter()?;
+        self.usable()?;
         let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
         if bytes > self.info.total_memory {
             return Err(self.oom(name, bytes, None));
@@ -344,7 +353,12 @@ impl HalInner {
                 log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
                 ptr
             }
-            None => match self.alloc_from_driver(name, bytes, pooled) {
+            None => match self
+                .ctx
+                .bind()
+                .map_err(AllocFail::Other)
+                .and_then(|()| self.alloc_from_driver(name, bytes, pooled))
+            {
                 Ok(ptr) => ptr,
                 Err(fail) => {
                     // Forgotten first, so `in_use` does not count the refused request.
