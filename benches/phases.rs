@@ -273,6 +273,19 @@ fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
         -1,
         "<=1.5us",
     );
+    // What binding a context costs where a call checks it: a cached alloc+free makes no
+    // driver call at all, so it pays this nowhere.
+    let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
+    let per_call = median_us(200, 200, || {
+        for _ in 0..1000 {
+            // SAFETY: out-pointer to a live local.
+            unsafe { d().cuCtxGetCurrent(&mut current).unwrap() };
+        }
+    }) / 1000.0;
+    info(&format!(
+        "cuCtxGetCurrent: {:.1} ns a call (binding a context checks it; a cached alloc+free makes no driver call)",
+        per_call * 1e3
+    ));
     if PHASES.pool_alloc {
         // The same loop with the block cache off: every call reaches the driver's pool.
         let cfg = cuda_hal::HalConfig {
