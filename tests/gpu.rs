@@ -685,6 +685,66 @@ fn one_hal_shared_by_threads() {
     });
 }
 
+/// A cached alloc+free makes no driver call and binds no context, so no operation may rely
+/// on the one before it to have bound the HAL's context. Here nothing is current on the
+/// thread before each step (as after another library, or a HAL of another device, changed
+/// it): a step that reached the driver without binding would fail with an invalid context.
+#[test]
+fn every_operation_binds_the_context_whatever_is_current() {
+    let Some(hal) = gpu() else { return };
+    let unbind = || {
+        // SAFETY: only makes no context current on this thread.
+        unsafe {
+            cuda_hal::cuda_sys::driver()
+                .unwrap()
+                .cuCtxSetCurrent(std::ptr::null_mut())
+        }
+        .unwrap();
+    };
+    let n = 4096;
+    let data: Vec<u32> = (0..n as u32).collect();
+    drop(hal.alloc::<u32>("rebind", n).unwrap()); // with phase 3 the next one is cached
+    unbind();
+    let b = hal.alloc::<u32>("rebind", n).unwrap();
+    unbind();
+    b.copy_from_slice(&data).unwrap();
+    unbind();
+    assert_eq!(b.to_vec().unwrap(), data);
+    unbind();
+    b.fill(7).unwrap();
+    unbind();
+    assert_eq!(b.get_at(5).unwrap(), 7);
+    unbind();
+    let zeroed = hal.alloc_zeroed::<u32>("rebind-zeroed", n).unwrap();
+    unbind();
+    assert!(zeroed.view(|v| v.iter().all(|&x| x == 0)).unwrap());
+    unbind();
+    let copy = hal.copy_from("rebind-copy", &data).unwrap();
+    unbind();
+    let grown = copy.resized(2 * n).unwrap();
+    unbind();
+    assert_eq!(grown.slice(0, n).unwrap().to_vec().unwrap(), data);
+    unbind();
+    hal.launch(
+        "eltwise_add_u32",
+        LaunchDims::for_elements(n, hal.info().multiprocessors),
+    )
+    .output(&b)
+    .input(&copy)
+    .input(&zeroed)
+    .scalar(n as u64)
+    .run()
+    .unwrap();
+    unbind();
+    assert_eq!(b.to_vec().unwrap(), data);
+    unbind();
+    drop((b, copy, zeroed, grown));
+    unbind();
+    hal.trim_pool(0).unwrap();
+    unbind();
+    hal.synchronize().unwrap();
+}
+
 /// Runs `poison_child` in a child process: a device fault poisons the process's primary
 /// context, which would break the other tests running in this one. Afterwards this (other)
 /// process creates a new HAL and runs a kernel: the device itself is fine.
