@@ -397,7 +397,7 @@ impl HalInner {
                 if pooled {
                     self.ledger.alloc(AllocKind::Pool);
                     // A hit: the pool served the request without growing.
-                    let reserved = self.pool.stats().map(|s| s.reserved_current).unwrap_or(0);
+                    let reserved = self.pool.reserved_bytes().unwrap_or(0);
                     let before = self
                         .last_reserved
                         .swap(reserved, std::sync::atomic::Ordering::Relaxed);

@@ -75,6 +75,12 @@ impl MemPool {
         Ok(v)
     }
 
+    /// Bytes the pool holds from the OS now: one driver call, where [`MemPool::stats`]
+    /// makes four.
+    pub fn reserved_bytes(&self) -> Result<u64> {
+        self.attr(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    }
+
     /// Reads reserved and used bytes, current and high-water.
     pub fn stats(&self) -> Result<PoolStats> {
         use CUmemPool_attribute as A;
