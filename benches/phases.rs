@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{gbps, median_us};
+use common::{gbps, median_us, paired_median_us};
 
 use cuda_hal::cuda_sys::{self, CUdeviceptr, CUstream};
 use cuda_hal::driver::{MemPool, Module, PinnedFlags, PinnedMemory, Stream};
@@ -132,12 +132,9 @@ fn staging_sweep() {
 }
 
 /// Raw floor: one 4-byte synchronous cuMemcpyDtoH into pageable memory.
-fn floor_get4(ptr: CUdeviceptr) -> f64 {
-    let mut v = 0u32;
-    median_us(200, 200, || {
-        // SAFETY: reads 4 bytes of a live allocation into a local.
-        unsafe { d().cuMemcpyDtoH((&mut v as *mut u32).cast(), ptr, 4) }.unwrap();
-    })
+fn floor_get4(ptr: CUdeviceptr, v: &mut u32) {
+    // SAFETY: reads 4 bytes of a live allocation into a local.
+    unsafe { d().cuMemcpyDtoH((v as *mut u32).cast(), ptr, 4) }.unwrap();
 }
 
 fn bench_get_at(hal: &CudaHal) {
@@ -149,22 +146,28 @@ fn bench_get_at(hal: &CudaHal) {
         let b = hal.copy_from("get_at", &data).unwrap();
         let raw = b.device_ptr().unwrap().addr;
         hal.synchronize().unwrap();
-        let floor = floor_get4(raw);
         let mut idx = 0usize;
         let iters = if PHASES.offset_get_at || PHASES.host_cache {
             200
         } else {
             5
         };
-        // Cold: the host copy (phase 2) is stale, as after a kernel wrote the buffer.
+        // Cold: the host copy (phase 2) is stale, as after a kernel wrote the buffer. The
+        // floor is timed in turns with it.
         let before = hal.ledger();
         let mut calls = 0u64;
-        let cold = median_us(iters, 300, || {
-            let _ = b.device_ptr_mut().unwrap();
-            idx = (idx + 7919) % n;
-            assert_eq!(b.get_at(idx).unwrap(), data[idx]);
-            calls += 1;
-        });
+        let mut v = 0u32;
+        let (floor, cold) = paired_median_us(
+            iters,
+            300,
+            || floor_get4(raw, &mut v),
+            || {
+                let _ = b.device_ptr_mut().unwrap();
+                idx = (idx + 7919) % n;
+                assert_eq!(b.get_at(idx).unwrap(), data[idx]);
+                calls += 1;
+            },
+        );
         let moved = hal.ledger().since(&before).d2h.bytes / calls.max(1);
         row(
             &format!("get_at {mib} MiB (after device write)"),

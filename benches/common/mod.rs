@@ -24,6 +24,41 @@ pub fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
     median(&mut samples)
 }
 
+/// Medians in microseconds of `a` and `b` timed in turns (the order flipping each turn)
+/// after two warm-up calls each, over at least `min_iters` turns and about `budget_ms`: a
+/// floor and the crate measured this way see the same drift of the machine.
+pub fn paired_median_us(
+    min_iters: usize,
+    budget_ms: u64,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (f64, f64) {
+    for _ in 0..2 {
+        a();
+        b();
+    }
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    let time = |f: &mut dyn FnMut(), samples: &mut Vec<f64>| {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    };
+    while sa.len() < min_iters || (start.elapsed().as_millis() as u64) < budget_ms {
+        if sa.len() % 2 == 0 {
+            time(&mut a, &mut sa);
+            time(&mut b, &mut sb);
+        } else {
+            time(&mut b, &mut sb);
+            time(&mut a, &mut sa);
+        }
+        if sa.len() >= 100_000 {
+            break;
+        }
+    }
+    (median(&mut sa), median(&mut sb))
+}
+
 /// The median of `v` (the upper one of an even count); sorts `v`.
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
