@@ -10,8 +10,8 @@
 #   GPU_BIN_TIMEOUT seconds one binary may run before it is killed (default 240)
 #   GPU_BUNDLE      the bundle folder (default .gpu-bundle)
 #
-# Files under $OUT: env.txt, tests.log, demo.log (prover_demo, alloc_free_loop), bench.log,
-# results.md, summary.txt.
+# Files under $OUT: env.txt, tests.log, demo.log (prover_demo, alloc_free_loop), nvtx.log and
+# nvtx-check.txt (scripts/nvtx-check.py), bench.log, results.md, summary.txt.
 # The summary is the last thing printed; exits non-zero if anything failed.
 set -uo pipefail   # no -e: keep going after a failing binary
 
@@ -155,6 +155,22 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     failures+=("alloc_free_loop: $bundle/alloc_free_loop missing")
   fi
   echo "alloc_free_loop: $LOOP_STATUS"
+
+  # --- NVTX ranges, through ncu --nvtx (Nsight Systems does not run on the GPU machines) --
+  if ! command -v ncu > /dev/null; then
+    NVTX_STATUS="not checked: no ncu on this machine"
+  elif [ ! -x "$bundle/prover_demo_nvtx" ] || [ ! -f "$bundle/libnvtx3interop.so.1" ]; then
+    NVTX_STATUS="missing"
+    failures+=("nvtx: $bundle/prover_demo_nvtx or $bundle/libnvtx3interop.so.1 missing")
+  elif python3 scripts/nvtx-check.py "$bundle/prover_demo_nvtx" \
+         "$(cd "$bundle" && pwd)/libnvtx3interop.so.1" "$OUT/nvtx.log" > "$OUT/nvtx-check.txt" 2>&1; then
+    NVTX_STATUS="ok"
+  else
+    NVTX_STATUS="FAILED"
+    failures+=("nvtx: $(tail -n 1 "$OUT/nvtx-check.txt")")
+  fi
+  [ -f "$OUT/nvtx-check.txt" ] && cat "$OUT/nvtx-check.txt"
+  echo "nvtx: $NVTX_STATUS"
 fi
 
 # --- benches --------------------------------------------------------------------------
@@ -215,6 +231,7 @@ fi
   done
   [ -n "${DEMO_STATUS+set}" ] && echo "prover_demo: $DEMO_STATUS"
   [ -n "${LOOP_STATUS+set}" ] && echo "alloc_free_loop: $LOOP_STATUS"
+  [ -n "${NVTX_STATUS+set}" ] && echo "nvtx (ncu --nvtx over prover_demo_nvtx): $NVTX_STATUS"
   if [ "${#failures[@]}" -eq 0 ]; then
     echo "RESULT: PASS"
   else

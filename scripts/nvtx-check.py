@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Checks the crate's NVTX ranges ON THE GPU MACHINE through `ncu --nvtx` (Nsight Systems
+does not run there), over `prover_demo` built with the `nvtx` feature.
+
+    scripts/nvtx-check.py DEMO NVTX_LIB LOG
+
+Three ncu runs of DEMO (with CUDA_HAL_NVTX_LIB=NVTX_LIB), their output appended to LOG:
+1. every kernel, no NVTX filter: how many kernels the demo launches, by name;
+2. only kernels inside a `launch ...` range: there must be as many, by name, and the
+   innermost range around each must be `launch <that kernel> out=<buffers> in=<buffers>`;
+3. only kernels inside a range no operation opens: there must be none (the filter works,
+   so step 2's count means something).
+Prints one line per step and `NVTX: ok` or `NVTX: FAILED (...)`; exits 1 on failure.
+"""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+# A result's header: `  kernel_name (4224, 1, 1)x(256, 1, 1), Context 1, Stream 13, ...`
+RESULT = re.compile(r"^  (\w+) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context")
+# A range of a push/pop stack: `        <0,launch eltwise_add_u32 out=tmp in=acc,column-0>`
+RANGE = re.compile(r"^\s+<(\d+),(.*)>$")
+LAUNCH = re.compile(r"^launch (\w+) out=(\S+) in=(\S*)$")
+
+
+def profile(demo, lib, log, include):
+    """The profiled kernels as (name, [ranges of its NVTX stack, outermost first])."""
+    cmd = ["ncu", "--nvtx", "--section", "LaunchStats"]
+    if include:
+        cmd += ["--nvtx-include", include]
+    cmd.append(demo)
+    env = dict(os.environ, CUDA_HAL_NVTX_LIB=lib)
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n{run.stdout}{run.stderr}\n")
+    if run.returncode != 0:
+        raise RuntimeError(f"ncu exited {run.returncode} ({' '.join(cmd)})")
+    results = []
+    for line in run.stdout.splitlines():
+        m = RESULT.match(line)
+        if m:
+            results.append((m.group(1), []))
+            continue
+        m = RANGE.match(line)
+        if m and results:
+            results[-1][1].append(m.group(2))
+    return results
+
+
+def main():
+    demo, lib, log = sys.argv[1:4]
+    open(log, "w").close()
+    problems = []
+    every = profile(demo, lib, log, None)
+    launched = collections.Counter(name for name, _ in every)
+    print(f"NVTX: the demo launches {len(every)} kernels: {dict(launched)}")
+    if not every:
+        problems.append("ncu profiled no kernel of the demo")
+
+    ranged = profile(demo, lib, log, "regex:launch .*/")
+    in_ranges = collections.Counter(name for name, _ in ranged)
+    named = 0
+    for name, stack in ranged:
+        m = LAUNCH.match(stack[-1]) if stack else None
+        if not m:
+            problems.append(f"{name}: innermost range {stack[-1:]} is no launch range")
+        elif m.group(1) != name:
+            problems.append(f"{name}: inside the range of {m.group(1)}")
+        else:
+            named += 1
+    print(
+        f"NVTX: {len(ranged)} kernels inside `launch` ranges, {named} of them inside their "
+        f"own, naming their buffers (e.g. {ranged[0][1][-1] if ranged else '-'})"
+    )
+    if in_ranges != launched:
+        problems.append(f"kernels inside launch ranges {dict(in_ranges)} != launched {dict(launched)}")
+
+    none = profile(demo, lib, log, "regex:no operation opens this range/")
+    print(f"NVTX: {len(none)} kernels inside a range no operation opens (the filter works)")
+    if none:
+        problems.append(f"{len(none)} kernels matched a range no operation opens")
+
+    if problems:
+        print(f"NVTX: FAILED ({'; '.join(problems)})")
+        sys.exit(1)
+    print("NVTX: ok")
+
+
+if __name__ == "__main__":
+    main()
