@@ -1,10 +1,10 @@
 //! Uses the HAL the way a prover backend does: uploads columns, runs kernels, reads single
 //! elements and views, then prints the ledger and timings.
 //!
-//! Without a GPU (or with `--cpu`) it runs a small prover flow on [`CpuHal`] instead,
-//! through the backend-neutral [`Hal`] trait: interpolate trace columns (inverse NTT),
-//! extend them onto a coset (LDE), commit to the rows with Poseidon2 and a Merkle tree, and
-//! check an opening.
+//! Then it runs a small prover flow through the backend-neutral [`Hal`] trait: interpolate
+//! trace columns (inverse NTT), extend them onto a coset (LDE), commit to the rows with
+//! Poseidon2 and a Merkle tree, and check an opening. Without a GPU (or with `--cpu`) only
+//! that flow runs, on [`CpuHal`].
 //!
 //! `cargo run --release --example prover_demo [-- --cpu]`
 
@@ -44,7 +44,7 @@ fn main() {
         info.driver_version,
         PHASES.label()
     );
-    if let Err(e) = run(&hal) {
+    if let Err(e) = run(&hal).and_then(|()| prover_flow(&hal)) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
