@@ -23,7 +23,7 @@ import sys
 RESULT = re.compile(r"^  (\w+) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context")
 # A range of a push/pop stack: `        <0,launch eltwise_add_u32 out=tmp in=acc,column-0>`
 RANGE = re.compile(r"^\s+<(\d+),(.*)>$")
-LAUNCH = re.compile(r"^launch (\w+) out=(\S+) in=(\S*)$")
+LAUNCH = re.compile(r"^launch (\w+) out=(.*) in=(.*)$")
 
 
 def profile(demo, lib, log, include):
@@ -69,6 +69,8 @@ def main():
             problems.append(f"{name}: innermost range {stack[-1:]} is no launch range")
         elif m.group(1) != name:
             problems.append(f"{name}: inside the range of {m.group(1)}")
+        elif not (m.group(2) or m.group(3)):
+            problems.append(f"{name}: its range names no buffer ({stack[-1]})")
         else:
             named += 1
     print(
