@@ -290,28 +290,46 @@ fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
         per_call * 1e3
     ));
     if PHASES.pool_alloc {
-        // The same loop with the block cache off: every call reaches the driver's pool.
-        let cfg = cuda_hal::HalConfig {
+        // The same loop with the block cache off: every call reaches the driver's pool. Two
+        // HALs timed in turns, one counting the pool's hits (a reserved-bytes read per
+        // allocation) and one not.
+        let cfg = |count_pool_hits| cuda_hal::HalConfig {
             block_cache_bytes: 0,
+            count_pool_hits,
             ..Default::default()
         };
-        let h2 = CudaHal::with_config(0, cfg).unwrap();
-        let mut k = 0usize;
-        let t = median_us(2000, 300, || {
-            let size = sizes[k % sizes.len()];
-            k += 1;
-            drop(h2.alloc::<u8>("mixed", size).unwrap());
-        });
-        h2.synchronize().unwrap();
-        hal.synchronize().unwrap();
-        row(
-            "alloc+free, mixed, block cache off",
-            t,
-            "pool alloc+free pair",
-            floor,
-            -1,
-            "-",
+        let counting = CudaHal::with_config(0, cfg(true)).unwrap();
+        let plain = CudaHal::with_config(0, cfg(false)).unwrap();
+        let mixed = |h: &CudaHal, k: &mut usize| {
+            let size = sizes[*k % sizes.len()];
+            *k += 1;
+            drop(h.alloc::<u8>("mixed", size).unwrap());
+        };
+        let (mut k1, mut k2) = (0usize, 0usize);
+        let (t, t_plain) = paired_median_us(
+            2000,
+            300,
+            || mixed(&counting, &mut k1),
+            || mixed(&plain, &mut k2),
         );
+        counting.synchronize().unwrap();
+        plain.synchronize().unwrap();
+        hal.synchronize().unwrap();
+        let rows = [
+            ("alloc+free, mixed, block cache off", t),
+            (
+                "alloc+free, mixed, block cache off, pool hits not counted",
+                t_plain,
+            ),
+        ];
+        for (label, t) in rows {
+            row(label, t, "pool alloc+free pair", floor, -1, "-");
+        }
+        info(&format!(
+            "pool hit count: {:+.0} ns per pooled alloc+free ({:.3} us counted, {t_plain:.3} us not)",
+            (t - t_plain) * 1e3,
+            t
+        ));
     }
 }
 

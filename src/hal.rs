@@ -41,6 +41,12 @@ pub struct HalConfig {
     /// bandwidth per direction. Costs two event records per copy (about 1 us), so it is off
     /// by default.
     pub time_transfers: bool,
+    /// Phase 3: count each allocation that reaches the pool as a hit or a miss
+    /// ([`LedgerSnapshot::pool_hits`](crate::LedgerSnapshot::pool_hits), `pool_misses`) by
+    /// reading the pool's reserved bytes after it: one `cuMemPoolGetAttribute` per such
+    /// allocation (block cache hits make none). Off, those allocations are not classified:
+    /// `pool_hits` then counts only the block cache's hits and `pool_misses` stays 0.
+    pub count_pool_hits: bool,
 }
 
 impl Default for HalConfig {
@@ -53,6 +59,7 @@ impl Default for HalConfig {
             memory_limit: None,
             track_allocations: true,
             time_transfers: false,
+            count_pool_hits: true,
         }
     }
 }
@@ -396,12 +403,14 @@ impl HalInner {
             Ok(ptr) => {
                 if pooled {
                     self.ledger.alloc(AllocKind::Pool);
-                    // A hit: the pool served the request without growing.
-                    let reserved = self.pool.reserved_bytes().unwrap_or(0);
-                    let before = self
-                        .last_reserved
-                        .swap(reserved, std::sync::atomic::Ordering::Relaxed);
-                    self.ledger.pool_hit(reserved <= before);
+                    if self.config.count_pool_hits {
+                        // A hit: the pool served the request without growing.
+                        let reserved = self.pool.reserved_bytes().unwrap_or(0);
+                        let before = self
+                            .last_reserved
+                            .swap(reserved, std::sync::atomic::Ordering::Relaxed);
+                        self.ledger.pool_hit(reserved <= before);
+                    }
                 } else {
                     self.ledger.alloc(AllocKind::Driver);
                 }

@@ -191,6 +191,41 @@ fn pool_hits_and_misses_follow_pool_growth() {
 }
 
 #[test]
+fn pool_allocations_go_unclassified_when_hits_are_not_counted() {
+    let Some(_g) = gpu() else { return };
+    if !PHASES.pool_alloc {
+        return println!("pool statistics need phase 3");
+    }
+    let cfg = |count_pool_hits| HalConfig {
+        block_cache_bytes: 1 << 30,
+        count_pool_hits,
+        ..Default::default()
+    };
+    let hal = CudaHal::with_config(0, cfg(false)).unwrap();
+    let s0 = hal.ledger();
+    // A new pool grows for the first block, reuses the freed one, and the block cache
+    // serves the third request of the same size.
+    let a = hal.alloc::<u8>("a", 32 * MIB).unwrap();
+    let b = hal.alloc::<u8>("b", 16 * MIB).unwrap();
+    drop(b);
+    let c = hal.alloc::<u8>("c", 16 * MIB).unwrap();
+    let d = hal.ledger().since(&s0);
+    assert_eq!(
+        (d.pool_allocs, d.cached_allocs, d.pool_hits, d.pool_misses),
+        (2, 1, 1, 0),
+        "the pool's allocations counted, only the cache hit classified"
+    );
+    drop((a, c));
+    // The same requests on a HAL that counts: the first one grew its pool.
+    let counting = CudaHal::with_config(0, cfg(true)).unwrap();
+    let s0 = counting.ledger();
+    let a = counting.alloc::<u8>("a", 32 * MIB).unwrap();
+    let d = counting.ledger().since(&s0);
+    assert_eq!((d.pool_allocs, d.pool_hits, d.pool_misses), (1, 0, 1));
+    drop(a);
+}
+
+#[test]
 fn filling_the_device_then_freeing_returns_the_pool_to_where_it_started() {
     let Some(hal) = gpu_exclusive() else { return };
     hal.synchronize().unwrap();
