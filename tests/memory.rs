@@ -203,8 +203,8 @@ fn pool_allocations_go_unclassified_when_hits_are_not_counted() {
     };
     let hal = CudaHal::with_config(0, cfg(false)).unwrap();
     let s0 = hal.ledger();
-    // A new pool grows for the first block, reuses the freed one, and the block cache
-    // serves the third request of the same size.
+    // Two requests reach the pool (32 and 16 MiB); the freed 16 MiB block stays in the
+    // block cache and serves the third request.
     let a = hal.alloc::<u8>("a", 32 * MIB).unwrap();
     let b = hal.alloc::<u8>("b", 16 * MIB).unwrap();
     drop(b);
@@ -216,7 +216,7 @@ fn pool_allocations_go_unclassified_when_hits_are_not_counted() {
         "the pool's allocations counted, only the cache hit classified"
     );
     drop((a, c));
-    // The same requests on a HAL that counts: the first one grew its pool.
+    // On a HAL that counts, the first request grows its new pool: a miss.
     let counting = CudaHal::with_config(0, cfg(true)).unwrap();
     let s0 = counting.ledger();
     let a = counting.alloc::<u8>("a", 32 * MIB).unwrap();
