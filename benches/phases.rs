@@ -259,14 +259,15 @@ fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
         }
     });
     stream.synchronize().unwrap();
+    // One alloc+free of the next size of the mix.
+    let mixed = |h: &CudaHal, k: &mut usize| {
+        let size = sizes[*k % sizes.len()];
+        *k += 1;
+        drop(h.alloc::<u8>("mixed", size).unwrap());
+    };
     let mut k = 0usize;
     let iters = if PHASES.pool_alloc { 2000 } else { 60 };
-    let t = median_us(iters, 300, || {
-        let size = sizes[k % sizes.len()];
-        k += 1;
-        let b = hal.alloc::<u8>("mixed", size).unwrap();
-        drop(b);
-    });
+    let t = median_us(iters, 300, || mixed(hal, &mut k));
     hal.synchronize().unwrap();
     row(
         "alloc+free, mixed 4 KiB..256 MiB",
@@ -300,11 +301,6 @@ fn bench_alloc_free(hal: &CudaHal, stream: &Stream) {
         };
         let counting = CudaHal::with_config(0, cfg(true)).unwrap();
         let plain = CudaHal::with_config(0, cfg(false)).unwrap();
-        let mixed = |h: &CudaHal, k: &mut usize| {
-            let size = sizes[*k % sizes.len()];
-            *k += 1;
-            drop(h.alloc::<u8>("mixed", size).unwrap());
-        };
         let (mut k1, mut k2) = (0usize, 0usize);
         let (t, t_plain) = paired_median_us(
             2000,
