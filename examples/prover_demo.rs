@@ -35,14 +35,19 @@ fn main() {
     };
     let info = hal.info();
     println!(
-        "device 0: {} (sm_{}{}, {} SMs, {:.1} GiB), driver {}, phases: {}",
+        "device 0: {} (sm_{}{}, {} SMs, {:.1} GiB), driver {}, phases: {}, NVTX ranges: {}",
         info.name,
         info.compute_capability.0,
         info.compute_capability.1,
         info.multiprocessors,
         info.total_memory as f64 / (1u64 << 30) as f64,
         info.driver_version,
-        PHASES.label()
+        PHASES.label(),
+        if cuda_hal::nvtx::enabled() {
+            "on"
+        } else {
+            "off"
+        }
     );
     if let Err(e) = run(&hal).and_then(|()| prover_flow(&hal)) {
         eprintln!("error: {e}");

@@ -4,7 +4,9 @@ does not run there), over `prover_demo` built with the `nvtx` feature.
 
     scripts/nvtx-check.py DEMO NVTX_LIB LOG
 
-Three ncu runs of DEMO (with CUDA_HAL_NVTX_LIB=NVTX_LIB), their output appended to LOG:
+First DEMO alone, with no tool attached: it must say `NVTX ranges: off` (the crate formats
+no range names unless a tool collects them). Then three ncu runs of DEMO (with
+CUDA_HAL_NVTX_LIB=NVTX_LIB), their output appended to LOG:
 1. every kernel, no NVTX filter: how many kernels the demo launches, by name;
 2. only kernels inside a `launch ...` range: there must be as many, by name, and the
    innermost range around each must be `launch <that kernel> out=<buffers> in=<buffers>`;
@@ -54,6 +56,16 @@ def main():
     demo, lib, log = sys.argv[1:4]
     open(log, "w").close()
     problems = []
+    env = dict(os.environ, CUDA_HAL_NVTX_LIB=lib)
+    env.pop("NVTX_INJECTION64_PATH", None)
+    env.pop("CUDA_HAL_NVTX", None)
+    alone = subprocess.run([demo], env=env, capture_output=True, text=True, timeout=600)
+    with open(log, "a") as f:
+        f.write(f"$ {demo} (no tool)\n{alone.stdout}{alone.stderr}\n")
+    said = re.search(r"NVTX ranges: (\w+)", alone.stdout)
+    print(f"NVTX: with no tool attached the demo says ranges are {said.group(1) if said else '?'}")
+    if alone.returncode != 0 or not said or said.group(1) != "off":
+        problems.append("with no tool attached the demo did not run with ranges off")
     every = profile(demo, lib, log, None)
     launched = collections.Counter(name for name, _ in every)
     print(f"NVTX: the demo launches {len(every)} kernels: {dict(launched)}")

@@ -4,9 +4,14 @@
 //! `nvidia-nvtx-cu12` wheel, which the toolchain script installs) is opened at run time
 //! (`CUDA_HAL_NVTX_LIB` names another path), and every HAL operation and kernel launch pushes a range named
 //! after the operation and its buffers, such as `get_at column-3[17]` or
-//! `launch eltwise_add_u32 out=acc in=tmp,column-0`. The name is only formatted when a
-//! profiler library is present. Without the feature, or without the library, a range costs
-//! nothing.
+//! `launch eltwise_add_u32 out=acc in=tmp,column-0`.
+//!
+//! Ranges are recorded only while a tool collects them: Nsight Systems and Nsight Compute
+//! set `NVTX_INJECTION64_PATH` in the process they profile. Without one, the library's
+//! calls do nothing, so the crate does not format the names either (formatting them made
+//! a cached alloc+free several times slower). `CUDA_HAL_NVTX=1` records ranges regardless,
+//! for a tool that attaches another way; `CUDA_HAL_NVTX=0` never does. Without the feature,
+//! without the library or without a tool, a range costs nothing.
 
 /// Pops the range when dropped.
 #[must_use]
@@ -35,7 +40,8 @@ pub fn range(name: impl FnOnce() -> String) -> Range {
     }
 }
 
-/// Whether ranges are being recorded (the feature is on and the library was found).
+/// Whether ranges are being recorded: the feature is on, the library was found and a tool
+/// collects them (or `CUDA_HAL_NVTX=1`).
 pub fn enabled() -> bool {
     #[cfg(feature = "nvtx")]
     {
@@ -76,7 +82,23 @@ mod imp {
         LIB.get_or_init(load).as_ref()
     }
 
+    /// Whether ranges are wanted: `CUDA_HAL_NVTX` (`force`) says so, or else a tool set
+    /// its injection library (`injected`).
+    pub(super) fn wanted(force: Option<&str>, injected: bool) -> bool {
+        match force.map(str::trim) {
+            Some("1") => true,
+            Some("0") => false,
+            _ => injected,
+        }
+    }
+
     fn load() -> Option<Lib> {
+        let force = std::env::var("CUDA_HAL_NVTX").ok();
+        let injected = std::env::var_os("NVTX_INJECTION64_PATH").is_some();
+        if !wanted(force.as_deref(), injected) {
+            log::debug!("no NVTX tool attached (NVTX_INJECTION64_PATH unset): ranges off");
+            return None;
+        }
         let mut names: Vec<String> = Vec::new();
         if let Ok(p) = std::env::var("CUDA_HAL_NVTX_LIB") {
             names.push(p);
@@ -124,5 +146,24 @@ mod imp {
         }
         log::warn!("nvtx feature on but libnvToolsExt.so.1 not found (set CUDA_HAL_NVTX_LIB)");
         None
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::wanted;
+
+        #[test]
+        fn ranges_follow_the_tool_unless_forced() {
+            assert!(wanted(None, true), "nsys or ncu attached");
+            assert!(!wanted(None, false), "no tool: names are not formatted");
+            assert!(wanted(Some("1"), false));
+            assert!(!wanted(Some("0"), true));
+            assert!(wanted(Some(" 1 "), false));
+            assert!(
+                !wanted(Some("yes"), false),
+                "anything else leaves it to the tool"
+            );
+            assert!(wanted(Some(""), true));
+        }
     }
 }
