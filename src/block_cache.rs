@@ -24,14 +24,20 @@ struct SizeClass {
 
 /// Freed pool blocks kept for reuse, by size class.
 #[derive(Default)]
+#[repr(C)]
 pub(crate) struct BlockCache {
-    classes: Vec<SizeClass>,
-    by_size: FxHashMap<usize, u32>,
     /// Bytes of the blocks kept.
     pub(crate) bytes: usize,
+    classes: Vec<SizeClass>,
+    /// Used only when a size is first seen: boxed, off the allocation path's cache lines.
+    by_size: Box<FxHashMap<usize, u32>>,
 }
 
 impl BlockCache {
+    /// Bytes from the start that the allocation path reads: all but the boxed map.
+    #[cfg(test)]
+    pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(BlockCache, by_size);
+
     /// The class of size `bytes`, numbered when first seen.
     pub(crate) fn class_of(&mut self, bytes: usize) -> u32 {
         if let Some(&class) = self.by_size.get(&bytes) {

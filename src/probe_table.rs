@@ -24,6 +24,7 @@ pub(crate) trait ProbeEntry: Copy {
 }
 
 /// Entries of `E` by their [`ProbeEntry::hash`].
+#[repr(C)]
 pub(crate) struct ProbeTable<E> {
     /// A power of two in size.
     entries: Vec<E>,

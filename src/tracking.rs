@@ -227,25 +227,32 @@ pub(crate) struct TrackerCounts {
 ///   the present. An allocation then only adds to its name's totals. (The overall peak is
 ///   kept as allocations come, next to the limit check that needs the bytes in use.)
 #[derive(Default)]
+#[repr(C)]
 pub(crate) struct Tracker {
     /// Bytes of every block held for an allocation: live, or parked in the block cache.
     held: usize,
-    /// Slots in use: blocks live or parked, and memory tracked for the caller.
-    blocks: usize,
+    /// Most bytes in use at once.
+    peak: usize,
     /// Allocations that took a new block rather than a parked one (abandoned ones not
     /// counted).
     fresh: u64,
-    /// Most bytes in use at once.
-    peak: usize,
+    /// Slots in use: blocks live or parked, and memory tracked for the caller.
+    blocks: usize,
     /// The first free slot; `slots.len()` when none is free.
     free_head: u32,
     slots: Vec<Slot>,
     /// Indexed by name id, like `names.texts`.
     totals: Vec<Totals>,
-    names: Names,
+    /// Used only when a name is first seen and by reports: boxed, off the allocation
+    /// path's cache lines.
+    names: Box<Names>,
 }
 
 impl Tracker {
+    /// Bytes from the start that the allocation path reads: all but the boxed names.
+    #[cfg(test)]
+    pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(Tracker, names);
+
     /// The id of `name` (known from now on).
     #[allow(clippy::ptr_arg)]
     pub(crate) fn name_id(&mut self, name: &Cow<'static, str>) -> u32 {
@@ -642,10 +649,10 @@ mod tests {
         assert_eq!(names.get(texts[MAX_STATIC_NAMES + 3]), None);
         // The tracker still names them right, through the text.
         let mut t = Tracker {
-            names: Names {
+            names: Box::new(Names {
                 statics: names,
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         };
         track(&mut t, Cow::Borrowed(texts[MAX_STATIC_NAMES + 3]), 5);
