@@ -27,8 +27,6 @@ pub(crate) struct Allocs {
     tracking: bool,
     /// Most bytes the block cache keeps.
     cache_limit: usize,
-    /// The byte limit, `usize::MAX` when there is none.
-    limit: usize,
     state: Mutex<State>,
 }
 
@@ -80,8 +78,10 @@ impl Allocs {
         Allocs {
             tracking: tracking || limit.is_some(),
             cache_limit,
-            limit: limit.unwrap_or(usize::MAX),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                tracker: Tracker::with_limit(limit.unwrap_or(usize::MAX)),
+                ..State::default()
+            }),
         }
     }
 
@@ -104,44 +104,40 @@ impl Allocs {
         }
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let key = match name {
-            Cow::Borrowed(text) if self.tracking => NameKey::of(text),
-            _ => NameKey::NONE,
+        // A tracked name that is not static has no key: its id is found by its text.
+        let (key, owned) = match name {
+            Cow::Borrowed(text) if self.tracking => (NameKey::of(text), None),
+            Cow::Owned(_) if self.tracking => (NameKey::NONE, Some(s.tracker.name_id(name))),
+            _ => (NameKey::NONE, None),
         };
         let found = match s.keys.get(bytes, key) {
             Some(found) => found,
             None => s.resolve(bytes, key, name, self.tracking),
         };
-        let (class, parked) = match pooled {
-            true => (found.class, s.blocks.take(found.class)),
-            false => (NO_CLASS, None),
-        };
-        let mut ticket = Ticket {
-            class,
-            slot: NO_SLOT,
-            name: found.name,
-        };
-        if self.tracking {
-            if ticket.name == NO_NAME {
-                ticket.name = s.tracker.name_id(name);
-            }
-            let slot = s.tracker.track(
-                ticket.name,
-                bytes,
-                parked.map(|p| p.slot),
-                s.blocks.bytes,
-                self.limit,
-            );
-            let Some(slot) = slot else {
-                if let Some(p) = parked {
-                    s.blocks.put_back(class, p);
-                }
-                return None;
+        let class = if pooled { found.class } else { NO_CLASS };
+        let parked = if pooled { s.blocks.take(class) } else { None };
+        let ticket = if self.tracking {
+            let name = owned.unwrap_or(found.name);
+            let cached = s.blocks.bytes;
+            let slot = match parked {
+                Some(p) => match s.tracker.track_parked(name, bytes, p.slot, cached) {
+                    Some(slot) => slot,
+                    None => {
+                        s.blocks.put_back(class, p);
+                        return None;
+                    }
+                },
+                None => s.tracker.track_new(name, bytes, cached)?,
             };
-            ticket.slot = slot;
+            Ticket { class, slot, name }
         } else {
             s.counts.cached_allocs += parked.is_some() as u64;
-        }
+            Ticket {
+                class,
+                slot: NO_SLOT,
+                name: NO_NAME,
+            }
+        };
         Some(Granted {
             ticket,
             cached: parked.map(|p| p.ptr),
@@ -185,7 +181,7 @@ impl Allocs {
         let s = &mut *guard;
         let name = s.tracker.name_id(name);
         let cached = self.cached_held(s);
-        let slot = s.tracker.track(name, bytes, None, cached, self.limit)?;
+        let slot = s.tracker.track_new(name, bytes, cached)?;
         Some(Ticket {
             class: NO_CLASS,
             slot,

@@ -224,15 +224,18 @@ pub(crate) struct TrackerCounts {
 /// - Peaks per name are folded in lazily. A name's bytes only grow from one of its frees
 ///   to the next, so their most is reached right before a free of the name, or now: each
 ///   free folds the name's bytes into its peak before they drop, and a report folds in
-///   the present. An allocation then only adds to its name's totals. (The overall peak is
-///   kept as allocations come, next to the limit check that needs the bytes in use.)
-#[derive(Default)]
+///   the present. An allocation then only adds to its name's totals.
+/// - The overall peak is kept as allocations come, and the limit is checked only against a
+///   new peak: the peak never passes the limit, so bytes in use at or below it are within.
 #[repr(C)]
 pub(crate) struct Tracker {
     /// Bytes of every block held for an allocation: live, or parked in the block cache.
     held: usize,
-    /// Most bytes in use at once.
+    /// Most bytes in use at once. Never above `limit`: an allocation is checked against
+    /// the limit only when it would raise the peak.
     peak: usize,
+    /// The most bytes in use allowed, `usize::MAX` when there is no limit.
+    limit: usize,
     /// Allocations that took a new block rather than a parked one (abandoned ones not
     /// counted).
     fresh: u64,
@@ -248,7 +251,29 @@ pub(crate) struct Tracker {
     names: Box<Names>,
 }
 
+impl Default for Tracker {
+    /// A tracker with no limit.
+    fn default() -> Self {
+        Tracker::with_limit(usize::MAX)
+    }
+}
+
 impl Tracker {
+    /// A tracker that refuses allocations past `limit` bytes in use.
+    pub(crate) fn with_limit(limit: usize) -> Self {
+        Tracker {
+            held: 0,
+            peak: 0,
+            limit,
+            fresh: 0,
+            blocks: 0,
+            free_head: 0,
+            slots: Vec::new(),
+            totals: Vec::new(),
+            names: Box::default(),
+        }
+    }
+
     /// Bytes from the start that the allocation path reads: all but the boxed names.
     #[cfg(test)]
     pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(Tracker, names);
@@ -264,44 +289,61 @@ impl Tracker {
     }
 
     /// Records an allocation of `bytes` under name `name` (an id of [`Tracker::name_id`])
-    /// if the bytes in use stay within `limit`: a block just taken from the cache with its
-    /// slot (`parked`), or a new block. `cached` is the bytes left in the cache. Its slot,
-    /// or `None` past the limit.
+    /// served by a block just taken from the cache with its slot `slot`, if the bytes in
+    /// use stay within the limit. `cached` is the bytes left in the cache. Its slot, or
+    /// `None` past the limit.
     #[inline]
-    pub(crate) fn track(
+    pub(crate) fn track_parked(
         &mut self,
         name: u32,
         bytes: usize,
-        parked: Option<u32>,
+        slot: u32,
         cached: usize,
-        limit: usize,
     ) -> Option<u32> {
-        // A parked block is held already: only a new one adds to what is held.
-        let held = match parked {
-            Some(_) => self.held,
-            None => self.held.checked_add(bytes)?,
-        };
-        let in_use = held.wrapping_sub(cached);
-        if in_use > limit {
-            return None;
+        // A parked block is held already: what is held stays.
+        self.admit(self.held.wrapping_sub(cached))?;
+        self.add_to_name(name, bytes);
+        match self.slots.get_mut(slot as usize) {
+            Some(s) => {
+                s.name = name;
+                Some(slot)
+            }
+            None => Some(self.new_slot(bytes, name)),
         }
-        if parked.is_none() {
-            self.held = held;
-            self.fresh += 1;
-        }
+    }
+
+    /// Records an allocation of `bytes` under name `name` that took a new block, if the
+    /// bytes in use stay within the limit. `cached` is the bytes in the cache. Its slot, or
+    /// `None` past the limit.
+    #[inline]
+    pub(crate) fn track_new(&mut self, name: u32, bytes: usize, cached: usize) -> Option<u32> {
+        let held = self.held.checked_add(bytes)?;
+        self.admit(held.wrapping_sub(cached))?;
+        self.held = held;
+        self.fresh += 1;
+        self.add_to_name(name, bytes);
+        Some(self.new_slot(bytes, name))
+    }
+
+    /// Whether `in_use` bytes are within the limit, raising the peak to them. Only a new
+    /// peak can be past the limit, since the peak never is.
+    #[inline]
+    fn admit(&mut self, in_use: usize) -> Option<()> {
         if in_use > self.peak {
+            if in_use > self.limit {
+                return None;
+            }
             self.peak = in_use;
         }
-        let t = &mut self.totals[name as usize];
-        t.current += bytes;
-        t.allocations += 1;
-        Some(match parked {
-            Some(slot) if (slot as usize) < self.slots.len() => {
-                self.slots[slot as usize].name = name;
-                slot
-            }
-            _ => self.new_slot(bytes, name),
-        })
+        Some(())
+    }
+
+    #[inline]
+    fn add_to_name(&mut self, name: u32, bytes: usize) {
+        if let Some(t) = self.totals.get_mut(name as usize) {
+            t.current += bytes;
+            t.allocations += 1;
+        }
     }
 
     /// A slot for a new block: the first free one, or a new one.
@@ -431,7 +473,7 @@ mod tests {
     /// Tracks `bytes` under `name` as a new block (no cache), within no limit.
     fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> (u32, u32) {
         let id = t.name_id(&name);
-        (id, t.track(id, bytes, None, 0, usize::MAX).unwrap())
+        (id, t.track_new(id, bytes, 0).unwrap())
     }
 
     fn free(t: &mut Tracker, (name, slot): (u32, u32), bytes: usize) {
@@ -479,11 +521,11 @@ mod tests {
 
     #[test]
     fn the_limit_refuses_without_recording() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::with_limit(100);
         let [a, b] = ids(&mut t, ["a", "b"]);
-        let first = t.track(a, 60, None, 0, 100).unwrap();
-        assert_eq!(t.track(b, 41, None, 0, 100), None);
-        assert_eq!(t.track(a, usize::MAX, None, 0, usize::MAX), None);
+        let first = t.track_new(a, 60, 0).unwrap();
+        assert_eq!(t.track_new(b, 41, 0), None);
+        assert_eq!(t.track_new(a, usize::MAX, 0), None);
         let r = report(&t);
         assert_eq!((r.current_bytes, r.peak_bytes, r.live.len()), (60, 60, 1));
         assert_eq!(
@@ -493,9 +535,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", 1), ("b", 0)]
         );
-        assert!(t.track(b, 40, None, 0, 100).is_some(), "exactly at it");
+        assert!(t.track_new(b, 40, 0).is_some(), "exactly at it");
         t.release(a, first, 60, false);
-        assert!(t.track(b, 60, None, 0, 100).is_some());
+        assert!(t.track_new(b, 60, 0).is_some());
+        assert_eq!(t.track_new(b, 1, 0), None, "at the limit again");
     }
 
     #[test]
@@ -516,15 +559,15 @@ mod tests {
 
     #[test]
     fn a_parked_block_keeps_its_slot_and_is_held_but_not_in_use() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::with_limit(1000);
         let [col, tree] = ids(&mut t, ["col", "tree"]);
-        let slot = t.track(col, 100, None, 0, 1000).unwrap();
+        let slot = t.track_new(col, 100, 0).unwrap();
         // Freed into the cache: 100 bytes cached, the slot parked with the block.
         t.release(col, slot, 100, true);
         let r = t.report([slot].into_iter(), 100);
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         // Another name takes the block again, with its slot: nothing new is held.
-        assert_eq!(t.track(tree, 100, Some(slot), 0, 1000), Some(slot));
+        assert_eq!(t.track_parked(tree, 100, slot, 0), Some(slot));
         let counts = TrackerCounts {
             allocations: 2,
             fresh: 1,
@@ -542,14 +585,14 @@ mod tests {
         assert_eq!(by, vec![("tree", 1, 100, 100), ("col", 0, 0, 100)]);
         // Parked again; a new block of 950 passes the limit with 100 cached, not in use.
         t.release(tree, slot, 100, true);
-        assert!(t.track(col, 950, None, 100, 1000).is_some());
+        assert!(t.track_new(col, 950, 100).is_some());
         // Taking the parked block back would pass it: refused, nothing changes.
-        assert_eq!(t.track(tree, 100, Some(slot), 0, 1000), None);
+        assert_eq!(t.track_parked(tree, 100, slot, 0), None);
         assert_eq!(t.report([slot].into_iter(), 100).current_bytes, 950);
         // The drained block leaves: its slot is free, its bytes no longer held.
         t.forget_block(slot, 100);
         assert_eq!(t.report(std::iter::empty(), 0).current_bytes, 950);
-        assert_eq!(t.track(tree, 50, None, 0, 1000), Some(slot));
+        assert_eq!(t.track_new(tree, 50, 0), Some(slot));
     }
 
     #[test]
