@@ -239,8 +239,6 @@ pub(crate) struct Tracker {
     /// Allocations that took a new block rather than a parked one (abandoned ones not
     /// counted).
     fresh: u64,
-    /// Slots in use: blocks live or parked, and memory tracked for the caller.
-    blocks: usize,
     /// The first free slot; `slots.len()` when none is free.
     free_head: u32,
     slots: Vec<Slot>,
@@ -266,7 +264,6 @@ impl Tracker {
             peak: 0,
             limit,
             fresh: 0,
-            blocks: 0,
             free_head: 0,
             slots: Vec::new(),
             totals: Vec::new(),
@@ -308,7 +305,8 @@ impl Tracker {
                 s.name = name;
                 Some(slot)
             }
-            None => Some(self.new_slot(bytes, name)),
+            // (Not a slot of this tracker's: the block gets one.)
+            None => Some(self.new_slot_cold(bytes, name)),
         }
     }
 
@@ -347,9 +345,8 @@ impl Tracker {
     }
 
     /// A slot for a new block: the first free one, or a new one.
-    #[inline(never)]
+    #[inline]
     fn new_slot(&mut self, bytes: usize, name: u32) -> u32 {
-        self.blocks += 1;
         let slot = self.free_head;
         let s = Slot {
             bytes,
@@ -360,13 +357,26 @@ impl Tracker {
             Some(free) => {
                 self.free_head = free.next;
                 *free = s;
+                slot
             }
-            None => {
-                self.slots.push(s);
-                self.free_head = self.slots.len() as u32;
-            }
+            None => self.push_slot(s),
         }
-        slot
+    }
+
+    /// [`Tracker::new_slot`] off the hot path.
+    #[cold]
+    #[inline(never)]
+    fn new_slot_cold(&mut self, bytes: usize, name: u32) -> u32 {
+        self.new_slot(bytes, name)
+    }
+
+    /// A new slot at the end of the table, none being free.
+    #[cold]
+    #[inline(never)]
+    fn push_slot(&mut self, s: Slot) -> u32 {
+        self.slots.push(s);
+        self.free_head = self.slots.len() as u32;
+        self.free_head - 1
     }
 
     /// Records that an allocation (`name`, `slot`, as tracked) was freed: its block was
@@ -396,6 +406,7 @@ impl Tracker {
     }
 
     /// Forgets a block that goes back to the driver: its bytes and its slot.
+    #[inline]
     pub(crate) fn forget_block(&mut self, slot: u32, bytes: usize) {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return;
@@ -407,7 +418,6 @@ impl Tracker {
         s.next = self.free_head;
         self.free_head = slot;
         self.held -= bytes;
-        self.blocks -= 1;
     }
 
     /// The counts [`crate::allocs::Allocs`] derives its own from.
@@ -415,7 +425,7 @@ impl Tracker {
         TrackerCounts {
             allocations: self.totals.iter().map(|t| t.allocations).sum(),
             fresh: self.fresh,
-            blocks: self.blocks,
+            blocks: self.slots.iter().filter(|s| s.name != FREE).count(),
         }
     }
 
