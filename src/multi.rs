@@ -82,9 +82,7 @@ impl<T: Pod> Buffer<T> {
         });
         let same_device = dst_hal.info().ordinal == src_hal.info().ordinal;
         if !same_device && !dst_hal.can_access_peer(&src_hal)? {
-            // Staged through the host.
-            let v = src.to_vec()?;
-            return self.copy_from_slice(&v);
+            return self.copy_from_device_via_host(src);
         }
         if !same_device {
             dst_hal.enable_peer_access(&src_hal)?;
@@ -123,6 +121,42 @@ impl<T: Pod> Buffer<T> {
             d.guard(d.stream.synchronize())?;
         }
         Ok(())
+    }
+
+    /// Copies `src` (same length), from any HAL, into this buffer through host memory:
+    /// the route [`Buffer::copy_from_device`] takes between devices that cannot access
+    /// each other, here taken whatever the devices. It needs no peer mapping, and it costs
+    /// a download and an upload. Returns once the data is in place or queued.
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_hal::Result<()> {
+    /// let set = cuda_hal::HalSet::all()?;
+    /// let a = set.get(0).unwrap().copy_from("on-0", &[1u32, 2, 3])?;
+    /// let b = set.next().alloc::<u32>("elsewhere", 3)?;
+    /// b.copy_from_device_via_host(&a)?;
+    /// assert_eq!(b.to_vec()?, vec![1, 2, 3]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn copy_from_device_via_host(&self, src: &Buffer<T>) -> Result<()> {
+        if src.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                name: self.name().to_string(),
+                expected: self.len(),
+                actual: src.len(),
+            });
+        }
+        let _range = crate::nvtx::range(|| {
+            format!(
+                "copy_from_device_via_host {} (dev {}) <- {} (dev {})",
+                self.name(),
+                self.hal().info().ordinal,
+                src.name(),
+                src.hal().info().ordinal
+            )
+        });
+        let v = src.to_vec()?;
+        self.copy_from_slice(&v)
     }
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Rng, MIB};
-use cuda_hal::{driver, CudaHal, HalSet, PHASES};
+use cuda_hal::{driver, CudaHal, Error, HalSet, PHASES};
 
 fn need_two() -> Option<HalSet> {
     let n = driver::device_count().unwrap_or(0);
@@ -73,6 +73,20 @@ fn buffers_copy_between_devices_both_ways() {
         c.copy_from_device(&tmp).unwrap();
         drop(tmp);
         assert_eq!(c.to_vec().unwrap(), data, "1 -> 0, n = {n}");
+        // Through the host, whatever the devices can do: the route between devices that
+        // cannot access each other.
+        let e = h1.alloc::<u32>("via-host-on-1", n).unwrap();
+        e.copy_from_device_via_host(&a).unwrap();
+        assert_eq!(e.to_vec().unwrap(), data, "0 -> 1 via the host, n = {n}");
+        let f = h0.copy_from("via-host-on-0", &vec![0u32; n]).unwrap();
+        f.copy_from_device_via_host(&e).unwrap();
+        assert_eq!(f.to_vec().unwrap(), data, "1 -> 0 via the host, n = {n}");
+        let short = h1.alloc::<u32>("short", n + 1).unwrap();
+        assert!(matches!(
+            f.copy_from_device_via_host(&short),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert_eq!(f.get_at(n - 1).unwrap(), data[n - 1], "left as it was");
     }
     // A host-newer source (phase 2) is uploaded before the peer copy reads it.
     let a = h0.copy_from("edited", &[1u32; 64]).unwrap();
