@@ -8,6 +8,7 @@ use bytemuck::Pod;
 use cuda_sys::CUresult;
 
 use crate::driver::{api, device_count, Event};
+use crate::hal_trait::check;
 use crate::{Buffer, CudaHal, Error, HalConfig, Result};
 
 impl CudaHal {
@@ -60,13 +61,7 @@ impl<T: Pod> Buffer<T> {
     /// copy staged through the host otherwise. Returns once the data is in place or queued
     /// on this buffer's stream in order with its later work.
     pub fn copy_from_device(&self, src: &Buffer<T>) -> Result<()> {
-        if src.len() != self.len() {
-            return Err(Error::LengthMismatch {
-                name: self.name().to_string(),
-                expected: self.len(),
-                actual: src.len(),
-            });
-        }
+        check::lengths(self.len(), &[(self.name(), src.len())])?;
         let (dst_hal, src_hal) = (self.hal(), src.hal());
         if dst_hal.same(src.raw().hal()) {
             return self.copy_from_buffer(src);
@@ -139,13 +134,7 @@ impl<T: Pod> Buffer<T> {
     /// # }
     /// ```
     pub fn copy_from_device_via_host(&self, src: &Buffer<T>) -> Result<()> {
-        if src.len() != self.len() {
-            return Err(Error::LengthMismatch {
-                name: self.name().to_string(),
-                expected: self.len(),
-                actual: src.len(),
-            });
-        }
+        check::lengths(self.len(), &[(self.name(), src.len())])?;
         let _range = crate::nvtx::range(|| {
             format!(
                 "copy_from_device_via_host {} (dev {}) <- {} (dev {})",
