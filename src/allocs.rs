@@ -115,28 +115,34 @@ impl Allocs {
             None => s.resolve(bytes, key, name, self.tracking),
         };
         let class = if pooled { found.class } else { NO_CLASS };
-        let parked = if pooled { s.blocks.take(class) } else { None };
-        let ticket = if self.tracking {
+        let (ticket, parked) = if self.tracking {
             let name = owned.unwrap_or(found.name);
+            // Charged before the cache is touched: the name's writes retire while the
+            // cache's loads are in flight.
+            s.tracker.charge(name, bytes);
+            let parked = if pooled { s.blocks.take(class) } else { None };
             let cached = s.blocks.bytes;
             let slot = match parked {
-                Some(p) => match s.tracker.track_parked(name, bytes, p.slot, cached) {
-                    Some(slot) => slot,
-                    None => {
-                        s.blocks.put_back(class, p);
-                        return None;
-                    }
-                },
-                None => s.tracker.track_new(name, bytes, cached)?,
+                Some(p) => s.tracker.track_parked(name, bytes, p.slot, cached),
+                None => s.tracker.track_new(name, bytes, cached),
             };
-            Ticket { class, slot, name }
+            let Some(slot) = slot else {
+                if let Some(p) = parked {
+                    s.blocks.put_back(class, p);
+                }
+                s.tracker.refund(name, bytes);
+                return None;
+            };
+            (Ticket { class, slot, name }, parked)
         } else {
+            let parked = if pooled { s.blocks.take(class) } else { None };
             s.counts.cached_allocs += parked.is_some() as u64;
-            Ticket {
+            let ticket = Ticket {
                 class,
                 slot: NO_SLOT,
                 name: NO_NAME,
-            }
+            };
+            (ticket, parked)
         };
         Some(Granted {
             ticket,
@@ -164,11 +170,15 @@ impl Allocs {
             ptr,
             slot: ticket.slot,
         };
-        let kept = offer && s.blocks.put(ticket.class, block, self.cache_limit);
+        // The name's part first, as in `alloc`.
         if self.tracking {
-            s.tracker.release(ticket.name, ticket.slot, bytes, kept);
-        } else {
+            s.tracker.uncharge(ticket.name, bytes);
+        }
+        let kept = offer && s.blocks.put(ticket.class, block, self.cache_limit);
+        if !self.tracking {
             s.counts.frees += 1;
+        } else if !kept {
+            s.tracker.forget_block(ticket.slot, bytes);
         }
         kept
     }
@@ -181,7 +191,7 @@ impl Allocs {
         let s = &mut *guard;
         let name = s.tracker.name_id(name);
         let cached = self.cached_held(s);
-        let slot = s.tracker.track_new(name, bytes, cached)?;
+        let slot = s.tracker.charge_and_track_new(name, bytes, cached)?;
         Some(Ticket {
             class: NO_CLASS,
             slot,

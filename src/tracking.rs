@@ -188,8 +188,10 @@ struct Slot {
     next: u32,
 }
 
-/// What the hot path keeps per name (the live count is found by the report).
+/// What the hot path keeps per name (the live count is found by the report). Aligned so
+/// that a name's fields share one cache line.
 #[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
 struct Totals {
     current: usize,
     /// The peak up to the name's last free: see [`Tracker`] on peaks.
@@ -221,6 +223,9 @@ pub(crate) struct TrackerCounts {
 ///   cached blocks) less the cache's own count, which the cache keeps anyway.
 /// - Name ids come from the caller, who finds them once per size and static name (see
 ///   `crate::alloc_keys`).
+/// - An allocation is charged to its name first in the lock section, before the block
+///   cache is touched (see `crate::allocs::Allocs::alloc`), and a free takes it off first:
+///   those writes then retire while the cache's loads are still in flight.
 /// - Peaks per name are folded in lazily. A name's bytes only grow from one of its frees
 ///   to the next, so their most is reached right before a free of the name, or now: each
 ///   free folds the name's bytes into its peak before they drop, and a report folds in
@@ -285,10 +290,31 @@ impl Tracker {
         id
     }
 
-    /// Records an allocation of `bytes` under name `name` (an id of [`Tracker::name_id`])
-    /// served by a block just taken from the cache with its slot `slot`, if the bytes in
-    /// use stay within the limit. `cached` is the bytes left in the cache. Its slot, or
-    /// `None` past the limit.
+    /// Charges an allocation of `bytes` to name `name` (an id of [`Tracker::name_id`]): the
+    /// first step of tracking it, before [`Tracker::track_parked`] or
+    /// [`Tracker::track_new`]. Taken back with [`Tracker::refund`] if they refuse it.
+    /// (Wrapping: a request too large to hold is refused after its charge, and refunded.)
+    #[inline]
+    pub(crate) fn charge(&mut self, name: u32, bytes: usize) {
+        if let Some(t) = self.totals.get_mut(name as usize) {
+            t.current = t.current.wrapping_add(bytes);
+            t.allocations += 1;
+        }
+    }
+
+    /// Takes back the charge of an allocation that was refused: not counted as made.
+    #[cold]
+    pub(crate) fn refund(&mut self, name: u32, bytes: usize) {
+        if let Some(t) = self.totals.get_mut(name as usize) {
+            t.current = t.current.wrapping_sub(bytes);
+            t.allocations -= 1;
+        }
+    }
+
+    /// Records an allocation of `bytes` under name `name`, [charged](Tracker::charge)
+    /// already, served by a block just taken from the cache with its slot `slot`, if the
+    /// bytes in use stay within the limit. `cached` is the bytes left in the cache. Its
+    /// slot, or `None` past the limit (the caller refunds the charge).
     #[inline]
     pub(crate) fn track_parked(
         &mut self,
@@ -299,7 +325,6 @@ impl Tracker {
     ) -> Option<u32> {
         // A parked block is held already: what is held stays.
         self.admit(self.held.wrapping_sub(cached))?;
-        self.add_to_name(name, bytes);
         match self.slots.get_mut(slot as usize) {
             Some(s) => {
                 s.name = name;
@@ -310,17 +335,33 @@ impl Tracker {
         }
     }
 
-    /// Records an allocation of `bytes` under name `name` that took a new block, if the
-    /// bytes in use stay within the limit. `cached` is the bytes in the cache. Its slot, or
-    /// `None` past the limit.
+    /// Records an allocation of `bytes` under name `name`, [charged](Tracker::charge)
+    /// already, that took a new block, if the bytes in use stay within the limit. `cached`
+    /// is the bytes in the cache. Its slot, or `None` past the limit (the caller refunds
+    /// the charge).
     #[inline]
     pub(crate) fn track_new(&mut self, name: u32, bytes: usize, cached: usize) -> Option<u32> {
         let held = self.held.checked_add(bytes)?;
         self.admit(held.wrapping_sub(cached))?;
         self.held = held;
         self.fresh += 1;
-        self.add_to_name(name, bytes);
         Some(self.new_slot(bytes, name))
+    }
+
+    /// Charges and tracks an allocation that takes a new block, refunded past the limit:
+    /// [`Tracker::track_new`] for callers off the hot path.
+    pub(crate) fn charge_and_track_new(
+        &mut self,
+        name: u32,
+        bytes: usize,
+        cached: usize,
+    ) -> Option<u32> {
+        self.charge(name, bytes);
+        let slot = self.track_new(name, bytes, cached);
+        if slot.is_none() {
+            self.refund(name, bytes);
+        }
+        slot
     }
 
     /// Whether `in_use` bytes are within the limit, raising the peak to them. Only a new
@@ -334,14 +375,6 @@ impl Tracker {
             self.peak = in_use;
         }
         Some(())
-    }
-
-    #[inline]
-    fn add_to_name(&mut self, name: u32, bytes: usize) {
-        if let Some(t) = self.totals.get_mut(name as usize) {
-            t.current += bytes;
-            t.allocations += 1;
-        }
     }
 
     /// A slot for a new block: the first free one, or a new one.
@@ -383,24 +416,28 @@ impl Tracker {
     /// parked in the cache with its slot (`parked`), or went back to the driver.
     #[inline]
     pub(crate) fn release(&mut self, name: u32, slot: u32, bytes: usize, parked: bool) {
+        self.uncharge(name, bytes);
+        if !parked {
+            self.forget_block(slot, bytes);
+        }
+    }
+
+    /// The name's part of [`Tracker::release`]: its peak folded in, the bytes taken off.
+    /// First in a free's lock section, for the reason [`Tracker::charge`] is.
+    #[inline]
+    pub(crate) fn uncharge(&mut self, name: u32, bytes: usize) {
         if let Some(t) = self.totals.get_mut(name as usize) {
             if t.current > t.peak {
                 t.peak = t.current;
             }
             t.current -= bytes;
         }
-        if !parked {
-            self.forget_block(slot, bytes);
-        }
     }
 
     /// Takes back an allocation the driver then refused: not counted as made, and left out
     /// of its name's peak (the overall peak counted it already).
     pub(crate) fn abandon(&mut self, name: u32, slot: u32, bytes: usize) {
-        if let Some(t) = self.totals.get_mut(name as usize) {
-            t.current -= bytes;
-            t.allocations -= 1;
-        }
+        self.refund(name, bytes);
         self.fresh -= 1;
         self.forget_block(slot, bytes);
     }
@@ -483,7 +520,7 @@ mod tests {
     /// Tracks `bytes` under `name` as a new block (no cache), within no limit.
     fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> (u32, u32) {
         let id = t.name_id(&name);
-        (id, t.track_new(id, bytes, 0).unwrap())
+        (id, t.charge_and_track_new(id, bytes, 0).unwrap())
     }
 
     fn free(t: &mut Tracker, (name, slot): (u32, u32), bytes: usize) {
@@ -533,9 +570,9 @@ mod tests {
     fn the_limit_refuses_without_recording() {
         let mut t = Tracker::with_limit(100);
         let [a, b] = ids(&mut t, ["a", "b"]);
-        let first = t.track_new(a, 60, 0).unwrap();
-        assert_eq!(t.track_new(b, 41, 0), None);
-        assert_eq!(t.track_new(a, usize::MAX, 0), None);
+        let first = t.charge_and_track_new(a, 60, 0).unwrap();
+        assert_eq!(t.charge_and_track_new(b, 41, 0), None);
+        assert_eq!(t.charge_and_track_new(a, usize::MAX, 0), None);
         let r = report(&t);
         assert_eq!((r.current_bytes, r.peak_bytes, r.live.len()), (60, 60, 1));
         assert_eq!(
@@ -545,10 +582,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("a", 1), ("b", 0)]
         );
-        assert!(t.track_new(b, 40, 0).is_some(), "exactly at it");
+        assert!(t.charge_and_track_new(b, 40, 0).is_some(), "exactly at it");
         t.release(a, first, 60, false);
-        assert!(t.track_new(b, 60, 0).is_some());
-        assert_eq!(t.track_new(b, 1, 0), None, "at the limit again");
+        assert!(t.charge_and_track_new(b, 60, 0).is_some());
+        assert_eq!(t.charge_and_track_new(b, 1, 0), None, "at the limit again");
     }
 
     #[test]
@@ -571,12 +608,13 @@ mod tests {
     fn a_parked_block_keeps_its_slot_and_is_held_but_not_in_use() {
         let mut t = Tracker::with_limit(1000);
         let [col, tree] = ids(&mut t, ["col", "tree"]);
-        let slot = t.track_new(col, 100, 0).unwrap();
+        let slot = t.charge_and_track_new(col, 100, 0).unwrap();
         // Freed into the cache: 100 bytes cached, the slot parked with the block.
         t.release(col, slot, 100, true);
         let r = t.report([slot].into_iter(), 100);
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         // Another name takes the block again, with its slot: nothing new is held.
+        t.charge(tree, 100);
         assert_eq!(t.track_parked(tree, 100, slot, 0), Some(slot));
         let counts = TrackerCounts {
             allocations: 2,
@@ -595,14 +633,16 @@ mod tests {
         assert_eq!(by, vec![("tree", 1, 100, 100), ("col", 0, 0, 100)]);
         // Parked again; a new block of 950 passes the limit with 100 cached, not in use.
         t.release(tree, slot, 100, true);
-        assert!(t.track_new(col, 950, 100).is_some());
-        // Taking the parked block back would pass it: refused, nothing changes.
+        assert!(t.charge_and_track_new(col, 950, 100).is_some());
+        // Taking the parked block back would pass it: refused, and the charge refunded.
+        t.charge(tree, 100);
         assert_eq!(t.track_parked(tree, 100, slot, 0), None);
+        t.refund(tree, 100);
         assert_eq!(t.report([slot].into_iter(), 100).current_bytes, 950);
         // The drained block leaves: its slot is free, its bytes no longer held.
         t.forget_block(slot, 100);
         assert_eq!(t.report(std::iter::empty(), 0).current_bytes, 950);
-        assert_eq!(t.track_new(tree, 50, 0), Some(slot));
+        assert_eq!(t.charge_and_track_new(tree, 50, 0), Some(slot));
     }
 
     #[test]
