@@ -80,6 +80,7 @@ scripts/gpu-unpack.sh "$bundle" || exit 2
 {
   echo "== date -u";            date -u
   echo "== uname -a";           uname -a
+  echo "== host CPU";           lscpu 2>/dev/null | grep -E "^(Model name|Vendor ID|CPU family|Model):" || true
   echo "== nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
   echo "== nvidia-smi";         nvidia-smi 2>&1
