@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::alloc_mix::{NAMES, SIZES};
-use common::{median, median_us};
+use common::{median, median_ci95, median_us};
 
 use cuda_hal::cuda_sys;
 use cuda_hal::{ArenaLayout, CudaHal, HalConfig};
@@ -23,8 +23,10 @@ const MIB: usize = 1 << 20;
 /// Set in the processes [`tracking_overhead`] starts: run one measurement, print it, exit.
 const TRACKING_CHILD: &str = "CUDA_HAL_BENCH_TRACKING_RUN";
 /// Processes the tracking overhead is measured in (odd, for a median), unless
-/// `CUDA_HAL_TRACKING_PROCESSES` says otherwise.
-const TRACKING_PROCESSES: usize = 9;
+/// `CUDA_HAL_TRACKING_PROCESSES` says otherwise. From one process to the next the cached
+/// figure moves by about a point (code and heap placement); 25 bring the 95% interval of
+/// the median to about a quarter of a point either side.
+const TRACKING_PROCESSES: usize = 25;
 
 /// The count the environment variable `name` gives (at least 1), or `default`.
 fn env_count(name: &str, default: usize) -> usize {
@@ -122,8 +124,10 @@ fn tracking_overhead() {
             .map(|&r| format!("{:+.2}% ({:+.1} ns)", pct(r), (r.0 - r.1) * 1e3))
             .collect();
         let quarter = v.len() / 4;
+        let ratios: Vec<f64> = v.iter().map(|&r| pct(r)).collect();
+        let (low, high) = median_ci95(&ratios);
         println!(
-            "INFO|memory|tracking overhead on alloc+free ({label}): median {:+.2}% ({:+.2} ns: {a:.4} us vs {b:.4} us) over {} processes, middle half {:+.2}% to {:+.2}%; each: {}",
+            "INFO|memory|tracking overhead on alloc+free ({label}): median {:+.2}% ({:+.2} ns: {a:.4} us vs {b:.4} us) over {} processes, 95% interval of the median {low:+.2}% to {high:+.2}%, middle half {:+.2}% to {:+.2}%; each: {}",
             pct((a, b)),
             (a - b) * 1e3,
             v.len(),

@@ -8,7 +8,8 @@
 # DIR holds the binaries as bm-NAME (or bm-NAME.gz, unpacked on first use), each built
 # here with `cargo bench --no-run --bench memory` from the code to compare. Prints one line
 # per process: `NAME cached% on_us off_us pool% on_us off_us` (block cache on, then off;
-# tracked and untracked alloc+free in microseconds).
+# tracked and untracked alloc+free in microseconds). `scripts/ab-stats.py` summarises
+# them.
 set -euo pipefail
 rounds=$1 dir=$2
 shift 2

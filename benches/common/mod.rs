@@ -65,6 +65,32 @@ pub fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// A 95% confidence interval of the median of `v`: the 2.5th and 97.5th percentiles of
+/// the medians of 4000 resamples of `v` (with replacement; a fixed seed, so that a run's
+/// figures can be reproduced from its printed values).
+pub fn median_ci95(v: &[f64]) -> (f64, f64) {
+    const RESAMPLES: usize = 4000;
+    // xorshift64*: plenty for resampling indices.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    };
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let mut s: Vec<f64> = (0..v.len()).map(|_| v[next(v.len())]).collect();
+            median(&mut s)
+        })
+        .collect();
+    medians.sort_by(|a, b| a.total_cmp(b));
+    (
+        medians[RESAMPLES / 40],
+        medians[RESAMPLES - 1 - RESAMPLES / 40],
+    )
+}
+
 /// GB/s for `bytes` moved in `us` microseconds.
 pub fn gbps(bytes: usize, us: f64) -> f64 {
     bytes as f64 / us / 1e3
