@@ -202,7 +202,7 @@ impl Allocs {
     /// Forgets an allocation of [`Allocs::track`] of `bytes`.
     pub(crate) fn untrack(&self, ticket: Ticket, bytes: usize) {
         let mut s = self.state.lock();
-        s.tracker.release(ticket.name, ticket.slot, bytes, false);
+        s.tracker.release(ticket.name, ticket.slot, bytes);
         s.untracked += 1;
     }
 

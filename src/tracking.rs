@@ -412,14 +412,13 @@ impl Tracker {
         self.free_head - 1
     }
 
-    /// Records that an allocation (`name`, `slot`, as tracked) was freed: its block was
-    /// parked in the cache with its slot (`parked`), or went back to the driver.
+    /// Records that an allocation (`name`, `slot`, as tracked) was freed and its memory
+    /// went back to the driver. (A block the cache keeps is only
+    /// [uncharged](Tracker::uncharge): its slot is parked with it.)
     #[inline]
-    pub(crate) fn release(&mut self, name: u32, slot: u32, bytes: usize, parked: bool) {
+    pub(crate) fn release(&mut self, name: u32, slot: u32, bytes: usize) {
         self.uncharge(name, bytes);
-        if !parked {
-            self.forget_block(slot, bytes);
-        }
+        self.forget_block(slot, bytes);
     }
 
     /// The name's part of [`Tracker::release`]: its peak folded in, the bytes taken off.
@@ -524,7 +523,7 @@ mod tests {
     }
 
     fn free(t: &mut Tracker, (name, slot): (u32, u32), bytes: usize) {
-        t.release(name, slot, bytes, false);
+        t.release(name, slot, bytes);
     }
 
     /// The ids of static names.
@@ -583,7 +582,7 @@ mod tests {
             vec![("a", 1), ("b", 0)]
         );
         assert!(t.charge_and_track_new(b, 40, 0).is_some(), "exactly at it");
-        t.release(a, first, 60, false);
+        t.release(a, first, 60);
         assert!(t.charge_and_track_new(b, 60, 0).is_some());
         assert_eq!(t.charge_and_track_new(b, 1, 0), None, "at the limit again");
     }
@@ -610,7 +609,7 @@ mod tests {
         let [col, tree] = ids(&mut t, ["col", "tree"]);
         let slot = t.charge_and_track_new(col, 100, 0).unwrap();
         // Freed into the cache: 100 bytes cached, the slot parked with the block.
-        t.release(col, slot, 100, true);
+        t.uncharge(col, 100);
         let r = t.report([slot].into_iter(), 100);
         assert_eq!((r.current_bytes, r.live.len()), (0, 0));
         // Another name takes the block again, with its slot: nothing new is held.
@@ -632,7 +631,7 @@ mod tests {
             .collect();
         assert_eq!(by, vec![("tree", 1, 100, 100), ("col", 0, 0, 100)]);
         // Parked again; a new block of 950 passes the limit with 100 cached, not in use.
-        t.release(tree, slot, 100, true);
+        t.uncharge(tree, 100);
         assert!(t.charge_and_track_new(col, 950, 100).is_some());
         // Taking the parked block back would pass it: refused, and the charge refunded.
         t.charge(tree, 100);
