@@ -78,6 +78,27 @@ pub struct RawBuffer {
 }
 
 impl RawBuffer {
+    /// A new allocation of `bytes` (> 0) on `hal`: a cached block by the fast path, else by
+    /// the slow one. Not generic, so that the allocation path is compiled once, with
+    /// [`HalInner::alloc_cached`] inlined into it.
+    #[inline(never)]
+    fn allocate(hal: &Arc<HalInner>, name: Cow<'static, str>, bytes: usize) -> Result<Arc<Self>> {
+        let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
+        let alloc = match hal.alloc_cached(&name, bytes) {
+            Some(alloc) => alloc,
+            None => hal.alloc_slow(&name, bytes)?,
+        };
+        Ok(Arc::new(RawBuffer {
+            hal: hal.clone(),
+            name,
+            ptr: alloc.ptr,
+            bytes,
+            alloc,
+            cache: Mutex::new(HostCopy::default()),
+            side: SideUses::default(),
+        }))
+    }
+
     pub(crate) fn hal(&self) -> &Arc<HalInner> {
         &self.hal
     }
@@ -279,17 +300,8 @@ impl<T: Pod> Buffer<T> {
                     largest: Vec::new(),
                     driver: None,
                 })?;
-        let alloc = hal.inner.alloc_raw(&name, bytes)?;
         Ok(Buffer {
-            raw: Arc::new(RawBuffer {
-                hal: hal.inner.clone(),
-                name,
-                ptr: alloc.ptr,
-                bytes,
-                alloc,
-                cache: Mutex::new(HostCopy::default()),
-                side: SideUses::default(),
-            }),
+            raw: RawBuffer::allocate(&hal.inner, name, bytes)?,
             offset: 0,
             len,
             _t: PhantomData,

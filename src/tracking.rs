@@ -290,6 +290,11 @@ impl Tracker {
         id
     }
 
+    /// The id of `name` if it is known, without making it known.
+    pub(crate) fn known_name(&self, name: &str) -> Option<u32> {
+        self.names.by_text.get(name).copied()
+    }
+
     /// Charges an allocation of `bytes` to name `name` (an id of [`Tracker::name_id`]): the
     /// first step of tracking it, before [`Tracker::track_parked`] or
     /// [`Tracker::track_new`]. Taken back with [`Tracker::refund`] if they refuse it.
