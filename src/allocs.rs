@@ -530,11 +530,13 @@ mod tests {
             Cow::Owned("column".to_string()),
         ];
         let next_ptr = AtomicU64::new(1);
+        let fast_hits = AtomicU64::new(0);
         let in_use = parking_lot::Mutex::new(HashSet::new());
         let held: Vec<Vec<(CUdeviceptr, usize, Ticket)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (a, names, next_ptr, in_use) = (&a, &names, &next_ptr, &in_use);
+                    let fast_hits = &fast_hits;
                     scope.spawn(move || {
                         let mut held = Vec::new();
                         for i in 0..ROUNDS {
@@ -542,9 +544,12 @@ mod tests {
                             // Half the threads take the fast path first, as the HAL does.
                             let name = &names[i % 3];
                             let g = match t % 2 == 0 {
-                                true => a.alloc_cached(name, bytes).map(|(ticket, ptr)| Granted {
-                                    ticket,
-                                    cached: Some(ptr),
+                                true => a.alloc_cached(name, bytes).map(|(ticket, ptr)| {
+                                    fast_hits.fetch_add(1, Relaxed);
+                                    Granted {
+                                        ticket,
+                                        cached: Some(ptr),
+                                    }
                                 }),
                                 false => None,
                             };
@@ -600,6 +605,7 @@ mod tests {
         let fresh = next_ptr.load(Relaxed) - 1;
         assert_eq!(c.cached_allocs + fresh, (THREADS * ROUNDS) as u64);
         assert!(c.cached_allocs > 0, "the cache served some");
+        assert!(fast_hits.load(Relaxed) > 0, "the fast path served some");
     }
 
     /// A plain model of the bookkeeping: live allocations by id, totals per name, and the
