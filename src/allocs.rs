@@ -1,9 +1,7 @@
 //! The bookkeeping of device allocations under one lock: the phase-3 block cache, the
-//! live-allocation tracker and the hot-path counts. An allocation the block cache serves
-//! and every free take the lock once, so tracking adds only plain memory writes to a lock
-//! section the block cache needs anyway. ([`Allocs::alloc_cached`] is that allocation's
-//! fast path; a request it leaves, which then goes to the driver, takes the lock again in
-//! [`Allocs::alloc`].) A tracked HAL keeps no counts of its own there:
+//! live-allocation tracker and the hot-path counts. A pooled allocation and every free
+//! take the lock once, so tracking adds only plain memory writes to a lock section the
+//! block cache needs anyway. A tracked HAL keeps no counts of its own there:
 //! [`Allocs::counts`] derives them from the tracker's records, which spares the tracked
 //! path two of its memory writes (on the H100 host that halved what tracking costs).
 //!
@@ -150,62 +148,6 @@ impl Allocs {
             ticket,
             cached: parked.map(|p| p.ptr),
         })
-    }
-
-    /// The fast path's lock section: a cached block of exactly `bytes` (> 0), tracked when
-    /// tracking and within the limit; `None`, with nothing recorded, when there is no such
-    /// block or the limit refuses (then [`Allocs::alloc`] takes the request, and reports).
-    #[allow(clippy::ptr_arg)]
-    #[inline]
-    pub(crate) fn alloc_cached(
-        &self,
-        name: &Cow<'static, str>,
-        bytes: usize,
-    ) -> Option<(Ticket, CUdeviceptr)> {
-        // With the block cache off there is nothing to find: no lock taken for nothing.
-        if self.cache_limit == 0 {
-            return None;
-        }
-        let mut guard = self.state.lock();
-        let s = &mut *guard;
-        // A request (or an owned name) not seen before is resolved by `alloc`.
-        let (key, owned) = match name {
-            Cow::Borrowed(text) if self.tracking => (NameKey::of(text), None),
-            Cow::Owned(text) if self.tracking => (NameKey::NONE, Some(s.tracker.known_name(text)?)),
-            _ => (NameKey::NONE, None),
-        };
-        let found = s.keys.get(bytes, key)?;
-        if !self.tracking {
-            let parked = s.blocks.take(found.class)?;
-            s.counts.cached_allocs += 1;
-            return Some((
-                Ticket {
-                    class: found.class,
-                    slot: NO_SLOT,
-                    name: NO_NAME,
-                },
-                parked.ptr,
-            ));
-        }
-        let name = owned.unwrap_or(found.name);
-        // Charged before the cache is touched, as in `alloc`; taken back if it has no block.
-        s.tracker.charge(name, bytes);
-        let Some(parked) = s.blocks.take(found.class) else {
-            s.tracker.refund(name, bytes);
-            return None;
-        };
-        let cached = s.blocks.bytes;
-        match s.tracker.track_parked(name, bytes, parked.slot, cached) {
-            Some(slot) => {
-                let class = found.class;
-                Some((Ticket { class, slot, name }, parked.ptr))
-            }
-            None => {
-                s.blocks.put_back(found.class, parked);
-                s.tracker.refund(name, bytes);
-                None
-            }
-        }
     }
 
     /// Forgets the tracked allocation of `bytes` the driver then refused.
@@ -400,56 +342,6 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_path_serves_known_requests_from_the_cache_only() {
-        for tracking in [true, false] {
-            let a = Allocs::new(tracking, None, 1000);
-            assert_eq!(a.alloc_cached(&COL, 100), None, "a request not seen before");
-            let g = a.alloc(&COL, 100, true).unwrap();
-            assert_eq!(a.alloc_cached(&COL, 100), None, "no block cached");
-            assert!(a.free(0xA000, 100, g.ticket, true));
-            let (ticket, ptr) = a.alloc_cached(&COL, 100).expect("served by the cache");
-            assert_eq!((ptr, a.cached_bytes()), (0xA000, 0));
-            assert_eq!(ticket.id().is_some(), tracking);
-            assert_eq!(a.report().current_bytes, if tracking { 100 } else { 0 });
-            assert_eq!(a.counts().cached_allocs, 1);
-            assert!(a.free(0xA000, 100, ticket, true));
-            // An owned name, once its request is known (untracked, all names are one).
-            let owned = Cow::Owned("scratch".to_string());
-            if tracking {
-                assert_eq!(a.alloc_cached(&owned, 100), None, "not seen before");
-                let g = a.alloc(&owned, 100, true).unwrap();
-                assert!(a.free(0xA000, 100, g.ticket, true));
-            }
-            let (ticket, _) = a.alloc_cached(&owned, 100).expect("an owned name too");
-            if tracking {
-                let r = a.report();
-                assert_eq!((r.live.len(), r.live[0].name.as_str()), (1, "scratch"));
-            }
-            assert!(a.free(0xA000, 100, ticket, true));
-        }
-    }
-
-    #[test]
-    fn the_fast_path_leaves_a_request_past_the_limit_to_the_slow_one() {
-        let a = Allocs::new(false, Some(100), 1000);
-        let g = a.alloc(&COL, 80, true).unwrap();
-        assert!(a.free(0xA000, 80, g.ticket, true));
-        let held = a.alloc(&COL, 50, true).unwrap();
-        let before = (a.report(), a.counts());
-        assert_eq!(a.alloc_cached(&COL, 80), None, "50 + 80 > 100");
-        assert_eq!(
-            (a.report(), a.counts(), a.cached_bytes()),
-            (before.0, before.1, 80)
-        );
-        assert!(
-            a.alloc(&COL, 80, true).is_none(),
-            "and the slow one refuses it"
-        );
-        a.free(0xB000, 50, held.ticket, false);
-        assert_eq!(a.alloc_cached(&COL, 80).map(|(_, p)| p), Some(0xA000));
-    }
-
-    #[test]
     fn without_tracking_only_the_cache_and_counts_are_kept() {
         let a = Allocs::new(false, None, 1000);
         let g = a.alloc(&COL, 100, false).unwrap();
@@ -530,30 +422,16 @@ mod tests {
             Cow::Owned("column".to_string()),
         ];
         let next_ptr = AtomicU64::new(1);
-        let fast_hits = AtomicU64::new(0);
         let in_use = parking_lot::Mutex::new(HashSet::new());
         let held: Vec<Vec<(CUdeviceptr, usize, Ticket)>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (a, names, next_ptr, in_use) = (&a, &names, &next_ptr, &in_use);
-                    let fast_hits = &fast_hits;
                     scope.spawn(move || {
                         let mut held = Vec::new();
                         for i in 0..ROUNDS {
                             let bytes = 64 * (1 + (i * 7 + t) % 4);
-                            // Half the threads take the fast path first, as the HAL does.
-                            let name = &names[i % 3];
-                            let g = match t % 2 == 0 {
-                                true => a.alloc_cached(name, bytes).map(|(ticket, ptr)| {
-                                    fast_hits.fetch_add(1, Relaxed);
-                                    Granted {
-                                        ticket,
-                                        cached: Some(ptr),
-                                    }
-                                }),
-                                false => None,
-                            };
-                            let g = g.unwrap_or_else(|| a.alloc(name, bytes, true).unwrap());
+                            let g = a.alloc(&names[i % 3], bytes, true).unwrap();
                             let ptr = g.cached.unwrap_or_else(|| next_ptr.fetch_add(1, Relaxed));
                             assert!(in_use.lock().insert(ptr), "block {ptr} handed out twice");
                             held.push((ptr, bytes, g.ticket));
@@ -605,7 +483,6 @@ mod tests {
         let fresh = next_ptr.load(Relaxed) - 1;
         assert_eq!(c.cached_allocs + fresh, (THREADS * ROUNDS) as u64);
         assert!(c.cached_allocs > 0, "the cache served some");
-        assert!(fast_hits.load(Relaxed) > 0, "the fast path served some");
     }
 
     /// A plain model of the bookkeeping: live allocations by id, totals per name, and the
@@ -655,12 +532,10 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// With `fast`, the HAL's fast path first ([`Allocs::alloc_cached`]).
         Alloc {
             name: usize,
             owned: bool,
             size: usize,
-            fast: bool,
         },
         Managed {
             name: usize,
@@ -675,8 +550,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            6 => (0..NAMES.len(), any::<bool>(), 0..SIZES.len(), any::<bool>())
-                .prop_map(|(name, owned, size, fast)| Op::Alloc { name, owned, size, fast }),
+            6 => (0..NAMES.len(), any::<bool>(), 0..SIZES.len())
+                .prop_map(|(name, owned, size)| Op::Alloc { name, owned, size }),
             1 => (0..NAMES.len(), 0..SIZES.len()).prop_map(|(name, size)| Op::Managed { name, size }),
             5 => (any::<usize>(), prop::bool::weighted(0.8))
                 .prop_map(|(pick, offer)| Op::Free { pick, offer }),
@@ -706,9 +581,9 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Alloc { .. } | Op::Managed { .. } => {
-                        let (name, owned, size, fast, managed) = match op {
-                            Op::Alloc { name, owned, size, fast } => (name, owned, size, fast, false),
-                            Op::Managed { name, size } => (name, false, size, false, true),
+                        let (name, owned, size, managed) = match op {
+                            Op::Alloc { name, owned, size } => (name, owned, size, false),
+                            Op::Managed { name, size } => (name, false, size, true),
                             _ => unreachable!(),
                         };
                         let (text, bytes) = (NAMES[name], SIZES[size]);
@@ -733,26 +608,7 @@ mod tests {
                             next_ptr += 1;
                             (next_ptr, got.expect("within the limit"))
                         } else {
-                            // The fast path serves a cached block within the limit, or
-                            // changes nothing and leaves the request to `alloc`.
-                            let fast = match fast && pooled {
-                                true => {
-                                    let before = (a.report(), a.counts(), a.cached_bytes());
-                                    let got = a.alloc_cached(&cow, bytes);
-                                    if got.is_none() {
-                                        prop_assert_eq!((a.report(), a.counts(), a.cached_bytes()), before);
-                                    }
-                                    got
-                                }
-                                false => None,
-                            };
-                            let got = match fast {
-                                Some((ticket, ptr)) => {
-                                    prop_assert!(!refused, "the fast path passed the limit");
-                                    Some(Granted { ticket, cached: Some(ptr) })
-                                }
-                                None => a.alloc(&cow, bytes, pooled),
-                            };
+                            let got = a.alloc(&cow, bytes, pooled);
                             if refused {
                                 prop_assert!(got.is_none());
                                 continue;

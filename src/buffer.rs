@@ -78,25 +78,21 @@ pub struct RawBuffer {
 }
 
 impl RawBuffer {
-    /// A new allocation of `bytes` (> 0) on `hal`: a cached block by the fast path, else by
-    /// the slow one. Not generic, so that the allocation path is compiled once, with
-    /// [`HalInner::alloc_cached`] inlined into it.
+    /// A new allocation of `bytes` (> 0) on `hal`. Not generic, so that the allocation path
+    /// is compiled once, with [`HalInner::alloc_with`] inlined into it.
     #[inline(never)]
     fn allocate(hal: &Arc<HalInner>, name: Cow<'static, str>, bytes: usize) -> Result<Arc<Self>> {
-        let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
-        let alloc = match hal.alloc_cached(&name, bytes) {
-            Some(alloc) => alloc,
-            None => hal.alloc_slow(&name, bytes)?,
-        };
-        Ok(Arc::new(RawBuffer {
-            hal: hal.clone(),
-            name,
-            ptr: alloc.ptr,
-            bytes,
-            alloc,
-            cache: Mutex::new(HostCopy::default()),
-            side: SideUses::default(),
-        }))
+        hal.alloc_with(name, bytes, |alloc, name| {
+            Arc::new(RawBuffer {
+                hal: hal.clone(),
+                name,
+                ptr: alloc.ptr,
+                bytes,
+                alloc,
+                cache: Mutex::new(HostCopy::default()),
+                side: SideUses::default(),
+            })
+        })
     }
 
     pub(crate) fn hal(&self) -> &Arc<HalInner> {

@@ -337,59 +337,39 @@ impl HalInner {
         }
     }
 
-    /// The fast path of an allocation of `bytes` (> 0): with phase 3, a block the cache kept,
-    /// tracked and within the limit as [`HalInner::alloc_slow`] would. `None`, with nothing
-    /// recorded, when there is none or anything is amiss: [`HalInner::alloc_slow`] then
-    /// takes the request, and reports. Opens no NVTX range: the caller does.
-    ///
-    /// Inlined and returning no `Result`, so that the caller gets the allocation in
-    /// registers. (Returned through memory, as a `Result` is, its fields written one by one
-    /// were read back as wider words before the writes had retired: a store-forwarding
-    /// stall on every allocation, 11-16% of a cached alloc+free on the H100 host.)
-    #[allow(clippy::ptr_arg)]
-    #[inline]
-    pub(crate) fn alloc_cached(
-        &self,
-        name: &Cow<'static, str>,
-        bytes: usize,
-    ) -> Option<DeviceAlloc> {
-        if !PHASES.pool_alloc || self.poisoned.get().is_some() || bytes > self.info.total_memory {
-            return None;
-        }
-        let (ticket, ptr) = self.allocs.alloc_cached(name, bytes)?;
-        log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
-        Some(DeviceAlloc {
-            ptr,
-            bytes,
-            pooled: true,
-            ticket,
-        })
-    }
-
-    /// Allocates `bytes` (> 0) in an NVTX range: [`HalInner::alloc_slow`].
-    #[allow(clippy::ptr_arg)]
-    pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
-        let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
-        self.alloc_slow(name, bytes)
-    }
-
-    /// Allocates `bytes` (> 0): with phase 3 from the block cache or the pool on the stream,
-    /// else `cuMemAlloc`. Refused before the driver is asked when it would pass the HAL's
-    /// limit or the device's size. Out of memory flushes the cache, trims the pool and
-    /// retries once. The limit, the tracking and the cache take one lock section. A cached
-    /// block makes no driver call, so the context is bound only to reach the driver: every
-    /// operation that calls the driver binds it itself. Opens no NVTX range: the caller
-    /// does.
+    /// Allocates `bytes` (> 0): [`HalInner::alloc_with`], the allocation returned as is.
     // A `&Cow` (not `&str`): cloning it keeps a static name borrowed, with no allocation.
     #[allow(clippy::ptr_arg)]
-    pub(crate) fn alloc_slow(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
+    pub(crate) fn alloc_raw(&self, name: &Cow<'static, str>, bytes: usize) -> Result<DeviceAlloc> {
+        self.alloc_with(name.clone(), bytes, |alloc, _| alloc)
+    }
+
+    /// Allocates `bytes` (> 0) and hands the allocation, with its name, to `finish`: with
+    /// phase 3 from the block cache or the pool on the stream, else `cuMemAlloc`. Refused
+    /// before the driver is asked when it would pass the HAL's limit or the device's size.
+    /// Out of memory flushes the cache, trims the pool and retries once. The limit, the
+    /// tracking and the cache take one lock section. A cached block makes no driver call,
+    /// so the context is bound only to reach the driver: every operation that calls the
+    /// driver binds it itself.
+    ///
+    /// Inlined, so that `finish` gets the allocation in registers. (Returned as a `Result` through memory, its fields written one by one
+    /// were read back as wider words before the writes had retired: a store-forwarding
+    /// stall on every allocation, 11-16% of a cached alloc+free on the H100 host.)
+    #[inline]
+    pub(crate) fn alloc_with<R>(
+        &self,
+        name: Cow<'static, str>,
+        bytes: usize,
+        finish: impl FnOnce(DeviceAlloc, Cow<'static, str>) -> R,
+    ) -> Result<R> {
         self.usable()?;
+        let _range = crate::nvtx::range(|| format!("alloc {name} ({bytes} B)"));
         if bytes > self.info.total_memory {
-            return Err(self.oom(name, bytes, None));
+            return Err(self.oom(&name, bytes, None));
         }
         let pooled = PHASES.pool_alloc;
-        let Some(Granted { ticket, cached }) = self.allocs.alloc(name, bytes, pooled) else {
-            return Err(self.oom(name, bytes, None));
+        let Some(Granted { ticket, cached }) = self.allocs.alloc(&name, bytes, pooled) else {
+            return Err(self.oom(&name, bytes, None));
         };
         let ptr = match cached {
             Some(ptr) => {
@@ -400,25 +380,26 @@ impl HalInner {
                 .ctx
                 .bind()
                 .map_err(AllocFail::Other)
-                .and_then(|()| self.alloc_from_driver(name, bytes, pooled))
+                .and_then(|()| self.alloc_from_driver(&name, bytes, pooled))
             {
                 Ok(ptr) => ptr,
                 Err(fail) => {
                     // Forgotten first, so `in_use` does not count the refused request.
                     self.allocs.abandon(ticket, bytes);
                     return Err(match fail {
-                        AllocFail::OutOfMemory(e) => self.oom(name, bytes, Some(e)),
+                        AllocFail::OutOfMemory(e) => self.oom(&name, bytes, Some(e)),
                         AllocFail::Other(e) => e,
                     });
                 }
             },
         };
-        Ok(DeviceAlloc {
+        let alloc = DeviceAlloc {
             ptr,
             bytes,
             pooled,
             ticket,
-        })
+        };
+        Ok(finish(alloc, name))
     }
 
     /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory trims and

@@ -290,11 +290,6 @@ impl Tracker {
         id
     }
 
-    /// The id of `name` if it is known, without making it known.
-    pub(crate) fn known_name(&self, name: &str) -> Option<u32> {
-        self.names.by_text.get(name).copied()
-    }
-
     /// Charges an allocation of `bytes` to name `name` (an id of [`Tracker::name_id`]): the
     /// first step of tracking it, before [`Tracker::track_parked`] or
     /// [`Tracker::track_new`]. Taken back with [`Tracker::refund`] if they refuse it.
@@ -386,18 +381,21 @@ impl Tracker {
     #[inline]
     fn new_slot(&mut self, bytes: usize, name: u32) -> u32 {
         let slot = self.free_head;
-        let s = Slot {
-            bytes,
-            name,
-            next: 0,
-        };
         match self.slots.get_mut(slot as usize) {
             Some(free) => {
                 self.free_head = free.next;
-                *free = s;
+                // Field by field: a `Slot` built first and copied whole was read back as one
+                // wide word before its writes had retired (a store-forwarding stall).
+                free.bytes = bytes;
+                free.name = name;
+                free.next = 0;
                 slot
             }
-            None => self.push_slot(s),
+            None => self.push_slot(Slot {
+                bytes,
+                name,
+                next: 0,
+            }),
         }
     }
 
