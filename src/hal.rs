@@ -352,9 +352,10 @@ impl HalInner {
     /// so the context is bound only to reach the driver: every operation that calls the
     /// driver binds it itself.
     ///
-    /// Inlined, so that `finish` gets the allocation in registers. (Returned as a `Result` through memory, its fields written one by one
-    /// were read back as wider words before the writes had retired: a store-forwarding
-    /// stall on every allocation, 11-16% of a cached alloc+free on the H100 host.)
+    /// Inlined, so that `finish` gets the allocation in registers. (Returned as a `Result`
+    /// through memory, its fields written one by one were read back as wider words before
+    /// the writes had retired: a store-forwarding stall on every allocation, 12-13% of a
+    /// cached alloc+free on the H100 host.)
     #[inline]
     pub(crate) fn alloc_with<R>(
         &self,
