@@ -104,19 +104,15 @@ impl Allocs {
         }
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        // A tracked name that is not static has no key: its id is found by its text.
-        let (key, owned) = match name {
-            Cow::Borrowed(text) if self.tracking => (NameKey::of(text), None),
-            Cow::Owned(_) if self.tracking => (NameKey::NONE, Some(s.tracker.name_id(name))),
-            _ => (NameKey::NONE, None),
-        };
-        let found = match s.keys.get(bytes, key) {
-            Some(found) => found,
-            None => s.resolve(bytes, key, name, self.tracking),
+        let found = match name {
+            Cow::Borrowed(text) if self.tracking => s.find(bytes, NameKey::of(text), name, true),
+            // A tracked name that is not static has no key: its id is found by its text.
+            Cow::Owned(_) if self.tracking => s.find_owned(bytes, name),
+            _ => s.find(bytes, NameKey::NONE, name, false),
         };
         let class = if pooled { found.class } else { NO_CLASS };
         let (ticket, parked) = if self.tracking {
-            let name = owned.unwrap_or(found.name);
+            let name = found.name;
             // Charged before the cache is touched: the name's writes retire while the
             // cache's loads are in flight.
             s.tracker.charge(name, bytes);
@@ -222,10 +218,10 @@ impl Allocs {
             return s.counts;
         }
         let t = s.tracker.counts();
-        let live = t.blocks - s.blocks.parked_count();
+        let live = (t.blocks - s.blocks.parked_count()) as u64;
         HotCounts {
-            cached_allocs: t.allocations - t.fresh,
-            frees: t.allocations - live as u64 - s.untracked,
+            cached_allocs: t.freed + live - t.fresh,
+            frees: t.freed - s.untracked,
         }
     }
 
@@ -259,6 +255,33 @@ impl Allocs {
 }
 
 impl State {
+    /// What a request with `key` resolves to: its size class, and its name id when
+    /// `tracking` (see [`State::resolve`]).
+    #[allow(clippy::ptr_arg)]
+    #[inline]
+    fn find(
+        &mut self,
+        bytes: usize,
+        key: NameKey,
+        name: &Cow<'static, str>,
+        tracking: bool,
+    ) -> Resolved {
+        match self.keys.get(bytes, key) {
+            Some(found) => found,
+            None => self.resolve(bytes, key, name, tracking),
+        }
+    }
+
+    /// What a tracked request with a name that is not static resolves to: its size class
+    /// by the key with no name, its name id by the text.
+    #[allow(clippy::ptr_arg)]
+    #[inline(never)]
+    fn find_owned(&mut self, bytes: usize, name: &Cow<'static, str>) -> Resolved {
+        let class = self.find(bytes, NameKey::NONE, name, false).class;
+        let name = self.tracker.name_id(name);
+        Resolved { class, name }
+    }
+
     /// Resolves a request the slow way (the size class by its size, the name by its
     /// address or text) and remembers it.
     #[allow(clippy::ptr_arg)]

@@ -196,14 +196,16 @@ struct Totals {
     current: usize,
     /// The peak up to the name's last free: see [`Tracker`] on peaks.
     peak: usize,
-    allocations: u64,
+    /// Allocations of the name freed so far: its allocations are these and its live ones.
+    frees: u64,
 }
 
 /// Counts of everything a [`Tracker`] recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TrackerCounts {
-    /// Allocations (abandoned ones not counted).
-    pub(crate) allocations: u64,
+    /// Allocations freed (abandoned ones not counted): every allocation made is one of
+    /// these or alive.
+    pub(crate) freed: u64,
     /// Those that took a new block rather than a parked one.
     pub(crate) fresh: u64,
     /// Slots in use: blocks live or parked, and memory tracked for the caller.
@@ -223,6 +225,9 @@ pub(crate) struct TrackerCounts {
 ///   cached blocks) less the cache's own count, which the cache keeps anyway.
 /// - Name ids come from the caller, who finds them once per size and static name (see
 ///   `crate::alloc_keys`).
+/// - An allocation adds its bytes to its name's and names its slot; allocations are
+///   counted when freed (a name's allocations are its frees and its live ones, which a
+///   report counts). Work moved from the allocation to the free measured cheaper there.
 /// - An allocation is charged to its name first in the lock section, before the block
 ///   cache is touched (see `crate::allocs::Allocs::alloc`), and a free takes it off first:
 ///   those writes then retire while the cache's loads are still in flight.
@@ -232,6 +237,8 @@ pub(crate) struct TrackerCounts {
 ///   the present. An allocation then only adds to its name's totals.
 /// - The overall peak is kept as allocations come, and the limit is checked only against a
 ///   new peak: the peak never passes the limit, so bytes in use at or below it are within.
+///   An allocation from the cache compares the bytes the cache keeps with a floor (see
+///   `floor`), and is checked only under it.
 #[repr(C)]
 pub(crate) struct Tracker {
     /// Bytes of every block held for an allocation: live, or parked in the block cache.
@@ -241,6 +248,11 @@ pub(crate) struct Tracker {
     peak: usize,
     /// The most bytes in use allowed, `usize::MAX` when there is no limit.
     limit: usize,
+    /// At least the fewest cached bytes that keep the bytes in use (held less cached) at
+    /// or under the peak, `held - peak`: an allocation from the cache that leaves fewer
+    /// may set a new peak, and is checked. Kept lazily: what raises `held - peak` raises
+    /// it, what lowers it leaves it, and the check sets it exactly.
+    floor: usize,
     /// Allocations that took a new block rather than a parked one (abandoned ones not
     /// counted).
     fresh: u64,
@@ -268,6 +280,7 @@ impl Tracker {
             held: 0,
             peak: 0,
             limit,
+            floor: 0,
             fresh: 0,
             free_head: 0,
             slots: Vec::new(),
@@ -298,16 +311,14 @@ impl Tracker {
     pub(crate) fn charge(&mut self, name: u32, bytes: usize) {
         if let Some(t) = self.totals.get_mut(name as usize) {
             t.current = t.current.wrapping_add(bytes);
-            t.allocations += 1;
         }
     }
 
-    /// Takes back the charge of an allocation that was refused: not counted as made.
+    /// Takes back the charge of an allocation that was refused.
     #[cold]
     pub(crate) fn refund(&mut self, name: u32, bytes: usize) {
         if let Some(t) = self.totals.get_mut(name as usize) {
             t.current = t.current.wrapping_sub(bytes);
-            t.allocations -= 1;
         }
     }
 
@@ -323,8 +334,11 @@ impl Tracker {
         slot: u32,
         cached: usize,
     ) -> Option<u32> {
-        // A parked block is held already: what is held stays.
-        self.admit(self.held.wrapping_sub(cached))?;
+        // A parked block is held already: what is held stays, and the bytes in use pass the
+        // peak only if the cache keeps fewer than the floor.
+        if cached < self.floor {
+            self.admit_parked(cached)?;
+        }
         match self.slots.get_mut(slot as usize) {
             Some(s) => {
                 s.name = name;
@@ -344,6 +358,9 @@ impl Tracker {
         let held = self.held.checked_add(bytes)?;
         self.admit(held.wrapping_sub(cached))?;
         self.held = held;
+        // `held - peak` rose by up to `bytes`: the floor becomes `held`, which is at least
+        // that, and the next allocation from the cache sets it exactly.
+        self.floor = held;
         self.fresh += 1;
         Some(self.new_slot(bytes, name))
     }
@@ -374,6 +391,16 @@ impl Tracker {
             }
             self.peak = in_use;
         }
+        Some(())
+    }
+
+    /// [`Tracker::admit`] for an allocation from the cache that leaves `cached` bytes
+    /// there, under the floor; the floor is then set exactly.
+    #[cold]
+    #[inline(never)]
+    fn admit_parked(&mut self, cached: usize) -> Option<()> {
+        self.admit(self.held.wrapping_sub(cached))?;
+        self.floor = self.held.saturating_sub(self.peak);
         Some(())
     }
 
@@ -433,6 +460,7 @@ impl Tracker {
                 t.peak = t.current;
             }
             t.current -= bytes;
+            t.frees += 1;
         }
     }
 
@@ -456,13 +484,14 @@ impl Tracker {
         s.name = FREE;
         s.next = self.free_head;
         self.free_head = slot;
+        // (`held - peak` drops: the floor may stay above it.)
         self.held -= bytes;
     }
 
     /// The counts [`crate::allocs::Allocs`] derives its own from.
     pub(crate) fn counts(&self) -> TrackerCounts {
         TrackerCounts {
-            allocations: self.totals.iter().map(|t| t.allocations).sum(),
+            freed: self.totals.iter().map(|t| t.frees).sum(),
             fresh: self.fresh,
             blocks: self.slots.iter().filter(|s| s.name != FREE).count(),
         }
@@ -498,7 +527,7 @@ impl Tracker {
                 live,
                 current_bytes: t.current,
                 peak_bytes: t.peak.max(t.current),
-                allocations: t.allocations,
+                allocations: t.frees + live as u64,
             })
             .collect();
         by_name.sort_by(|a, b| {
@@ -619,7 +648,7 @@ mod tests {
         t.charge(tree, 100);
         assert_eq!(t.track_parked(tree, 100, slot, 0), Some(slot));
         let counts = TrackerCounts {
-            allocations: 2,
+            freed: 1,
             fresh: 1,
             blocks: 1,
         };
@@ -648,6 +677,47 @@ mod tests {
     }
 
     #[test]
+    fn a_floor_left_high_by_a_driver_free_is_set_again_by_the_next_check() {
+        let mut t = Tracker::with_limit(1000);
+        let [col] = ids(&mut t, ["col"]);
+        let a = t.charge_and_track_new(col, 100, 0).unwrap();
+        let b = t.charge_and_track_new(col, 100, 0).unwrap();
+        assert_eq!(
+            (t.peak, t.floor),
+            (200, 200),
+            "a new block sets the floor to held"
+        );
+        t.uncharge(col, 100); // a parked: 100 cached
+        t.release(col, b, 100); // b back to the driver: 100 held, all of it cached
+        assert_eq!(t.floor, 200, "left high");
+        t.charge(col, 100);
+        assert_eq!(
+            t.track_parked(col, 100, a, 0),
+            Some(a),
+            "checked: no new peak"
+        );
+        assert_eq!(t.floor, 0, "held 100 cannot pass the peak of 200");
+        t.uncharge(col, 100);
+        t.charge(col, 100);
+        assert_eq!(t.track_parked(col, 100, a, 0), Some(a), "not checked");
+        let r = report(&t);
+        assert_eq!((r.current_bytes, r.peak_bytes), (100, 200));
+        // Under a limit the check refuses what would pass it, whatever the floor.
+        let mut t = Tracker::with_limit(150);
+        let [col] = ids(&mut t, ["col"]);
+        let a = t.charge_and_track_new(col, 100, 0).unwrap();
+        t.uncharge(col, 100);
+        assert!(
+            t.charge_and_track_new(col, 100, 100).is_some(),
+            "in use 100"
+        );
+        t.charge(col, 100);
+        assert_eq!(t.track_parked(col, 100, a, 0), None, "in use 200 > 150");
+        t.refund(col, 100);
+        assert_eq!(report(&t).peak_bytes, 100);
+    }
+
+    #[test]
     fn an_abandoned_allocation_is_not_counted() {
         let mut t = Tracker::default();
         let kept = track(&mut t, Cow::Borrowed("x"), 5);
@@ -655,7 +725,7 @@ mod tests {
         let (id, slot) = track(&mut t, Cow::Borrowed("x"), 10);
         t.abandon(id, slot, 10);
         let counts = TrackerCounts {
-            allocations: 1,
+            freed: 1,
             fresh: 1,
             blocks: 0,
         };
