@@ -105,10 +105,10 @@ impl Allocs {
         let mut guard = self.state.lock();
         let s = &mut *guard;
         let found = match name {
-            Cow::Borrowed(text) if self.tracking => s.find(bytes, NameKey::of(text), name, true),
+            Cow::Borrowed(text) if self.tracking => s.find(bytes, NameKey::of(text), name),
             // A tracked name that is not static has no key: its id is found by its text.
             Cow::Owned(_) if self.tracking => s.find_owned(bytes, name),
-            _ => s.find(bytes, NameKey::NONE, name, false),
+            _ => s.find(bytes, NameKey::NONE, name),
         };
         let class = if pooled { found.class } else { NO_CLASS };
         let (ticket, parked) = if self.tracking {
@@ -255,20 +255,14 @@ impl Allocs {
 }
 
 impl State {
-    /// What a request with `key` resolves to: its size class, and its name id when
-    /// `tracking` (see [`State::resolve`]).
+    /// What a request with `key` resolves to: its size class, and its name id unless
+    /// `key` is [`NameKey::NONE`] (see [`State::resolve`]).
     #[allow(clippy::ptr_arg)]
     #[inline]
-    fn find(
-        &mut self,
-        bytes: usize,
-        key: NameKey,
-        name: &Cow<'static, str>,
-        tracking: bool,
-    ) -> Resolved {
+    fn find(&mut self, bytes: usize, key: NameKey, name: &Cow<'static, str>) -> Resolved {
         match self.keys.get(bytes, key) {
             Some(found) => found,
-            None => self.resolve(bytes, key, name, tracking),
+            None => self.resolve(bytes, key, name),
         }
     }
 
@@ -277,26 +271,21 @@ impl State {
     #[allow(clippy::ptr_arg)]
     #[inline(never)]
     fn find_owned(&mut self, bytes: usize, name: &Cow<'static, str>) -> Resolved {
-        let class = self.find(bytes, NameKey::NONE, name, false).class;
+        let class = self.find(bytes, NameKey::NONE, name).class;
         let name = self.tracker.name_id(name);
         Resolved { class, name }
     }
 
-    /// Resolves a request the slow way (the size class by its size, the name by its
-    /// address or text) and remembers it.
+    /// Resolves a request the slow way (the size class by its size, the name of a key
+    /// that has one by its address or text) and remembers it. Only tracked requests key
+    /// their names.
     #[allow(clippy::ptr_arg)]
     #[inline(never)]
-    fn resolve(
-        &mut self,
-        bytes: usize,
-        key: NameKey,
-        name: &Cow<'static, str>,
-        tracking: bool,
-    ) -> Resolved {
+    fn resolve(&mut self, bytes: usize, key: NameKey, name: &Cow<'static, str>) -> Resolved {
         let class = self.blocks.class_of(bytes);
-        let name = match tracking && !key.is_none() {
-            true => self.tracker.name_id(name),
-            false => NO_NAME,
+        let name = match key.is_none() {
+            false => self.tracker.name_id(name),
+            true => NO_NAME,
         };
         let found = Resolved { class, name };
         self.keys.insert(bytes, key, found);
