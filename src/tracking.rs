@@ -225,9 +225,9 @@ pub(crate) struct TrackerCounts {
 ///   cached blocks) less the cache's own count, which the cache keeps anyway.
 /// - Name ids come from the caller, who finds them once per size and static name (see
 ///   `crate::alloc_keys`).
-/// - An allocation adds its bytes to its name's and names its slot; allocations are
-///   counted when freed (a name's allocations are its frees and its live ones, which a
-///   report counts). Work moved from the allocation to the free measured cheaper there.
+/// - An allocation adds its bytes to its name's and names its slot. Allocations are
+///   counted when freed, which keeps a write off the allocation: a name's allocations are
+///   its frees and its live ones, which a report counts.
 /// - An allocation is charged to its name first in the lock section, before the block
 ///   cache is touched (see `crate::allocs::Allocs::alloc`), and a free takes it off first:
 ///   those writes then retire while the cache's loads are still in flight.
@@ -687,8 +687,8 @@ mod tests {
             (200, 200),
             "a new block sets the floor to held"
         );
-        t.uncharge(col, 100); // a parked: 100 cached
-        t.release(col, b, 100); // b back to the driver: 100 held, all of it cached
+        t.uncharge(col, 100); // `a` parked: 100 cached
+        t.release(col, b, 100); // `b` back to the driver: 100 held, all of it cached
         assert_eq!(t.floor, 200, "left high");
         t.charge(col, 100);
         assert_eq!(
