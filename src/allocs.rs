@@ -283,9 +283,10 @@ impl State {
     #[inline(never)]
     fn resolve(&mut self, bytes: usize, key: NameKey, name: &Cow<'static, str>) -> Resolved {
         let class = self.blocks.class_of(bytes);
-        let name = match key.is_none() {
-            false => self.tracker.name_id(name),
-            true => NO_NAME,
+        let name = if key.is_none() {
+            NO_NAME
+        } else {
+            self.tracker.name_id(name)
         };
         let found = Resolved { class, name };
         self.keys.insert(bytes, key, found);
