@@ -7,9 +7,11 @@
 #   scripts/gpu-pack.sh baseline all   # only these builds (the others are left as they are)
 #
 # Layout: .gpu-bundle/<build>/<test target>, .gpu-bundle/<build>/bench-phases,
-#         .gpu-bundle/prover_demo, .gpu-bundle/manifest.txt. The executables are gzipped
-#         (each embeds the kernel fatbin; packed they fit one 64 MiB carry);
-#         scripts/gpu-unpack.sh, which gpu-run.sh calls, unpacks them on the GPU machine.
+#         .gpu-bundle/prover_demo, .gpu-bundle/doctests.tar.xz (the doc examples, one
+#         executable each), .gpu-bundle/manifest.txt. The executables are gzipped (each
+#         embeds the kernel fatbin; packed they fit one 64 MiB carry), the doc examples
+#         xz-compressed together (they share most of their bytes); scripts/gpu-unpack.sh,
+#         which gpu-run.sh calls, unpacks them on the GPU machine.
 set -euo pipefail
 
 # Integration-test targets (tests/<name>.rs) that need a GPU; space separated.
@@ -110,6 +112,23 @@ echo "== alloc_free_loop example (default features)" >&2
 exe="$(cargo build --release -p cuda-hal --example alloc_free_loop --message-format=json \
          | pick_exe example alloc_free_loop)"
 cp "$exe" "$bundle/alloc_free_loop"
+
+echo "== doc examples (default features), one executable each" >&2
+# rustdoc keeps the doctests' executables only with unstable options (RUSTC_BOOTSTRAP lets
+# the stable toolchain take them). Its own target folder keeps the flags from
+# invalidating the builds above.
+doc_target="$root/target/doctest-build"
+rm -rf "$doc_target/doctests"
+RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$doc_target" \
+  RUSTDOCFLAGS="-Z unstable-options --persist-doctests $doc_target/doctests --no-run -C strip=symbols" \
+  cargo test --release --doc -p cuda-hal --quiet >&2
+n_doc="$(find "$doc_target/doctests" -name rust_out -type f | wc -l)"
+if [ "$n_doc" -eq 0 ]; then
+  echo "gpu-pack: rustdoc kept no doc example executables" >&2
+  exit 1
+fi
+tar -cf - -C "$doc_target" doctests | xz -9e -T1 > "$bundle/doctests.tar.xz"
+echo "   doctests.tar.xz: $n_doc doc examples" >&2
 
 # The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
 fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"

@@ -10,8 +10,9 @@
 #   GPU_BIN_TIMEOUT seconds one binary may run before it is killed (default 240)
 #   GPU_BUNDLE      the bundle folder (default .gpu-bundle)
 #
-# Files under $OUT: env.txt, tests.log, demo.log (prover_demo, alloc_free_loop), nvtx.log and
-# nvtx-check.txt (scripts/nvtx-check.py), bench.log, results.md, summary.txt.
+# Files under $OUT: env.txt, tests.log, doctests.log (the doc examples), demo.log (prover_demo,
+# alloc_free_loop), nvtx.log and nvtx-check.txt (scripts/nvtx-check.py), bench.log,
+# results.md, summary.txt.
 # The summary is the last thing printed; exits non-zero if anything failed.
 set -uo pipefail   # no -e: keep going after a failing binary
 
@@ -128,6 +129,30 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     done
   done
 
+  # --- doc examples (default features) ---------------------------------------------
+  # Each prints "no CUDA device here" where it finds no device and returns: here that is a
+  # failure, like a skipped test.
+  : > "$OUT/doctests.log"
+  D_PASS=0; D_FAIL=0
+  mapfile -t dbins < <(find "$bundle/doctests" -name rust_out -type f 2>/dev/null | sort)
+  if [ "${#dbins[@]}" -eq 0 ]; then
+    failures+=("doc examples: none in $bundle/doctests")
+  fi
+  for bin in "${dbins[@]}"; do
+    name="$(basename "$(dirname "$bin")")"
+    run_bin "$OUT/doctests.log" "doc example $name" "$bin"
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+      D_FAIL=$((D_FAIL + 1)); failures+=("doc example $name: exit $rc")
+    elif grep -aq "no CUDA device here" "$last"; then
+      D_FAIL=$((D_FAIL + 1)); failures+=("doc example $name: skipped (no CUDA device)")
+    else
+      D_PASS=$((D_PASS + 1))
+    fi
+  done
+  DOC_STATUS="$D_PASS passed, $D_FAIL failed"
+  echo "doc examples: $DOC_STATUS"
+
   # --- demo (default features) -------------------------------------------------------
   : > "$OUT/demo.log"
   if [ -x "$bundle/prover_demo" ]; then
@@ -230,6 +255,7 @@ fi
     [ -n "${BENCH_STATUS[$b]+set}" ] && line+="  | bench: ${BENCH_STATUS[$b]}"
     echo "$line"
   done
+  [ -n "${DOC_STATUS+set}" ] && echo "doc examples: $DOC_STATUS"
   [ -n "${DEMO_STATUS+set}" ] && echo "prover_demo: $DEMO_STATUS"
   [ -n "${LOOP_STATUS+set}" ] && echo "alloc_free_loop: $LOOP_STATUS"
   [ -n "${NVTX_STATUS+set}" ] && echo "nvtx (ncu --nvtx over prover_demo_nvtx): $NVTX_STATUS"

@@ -12,3 +12,11 @@ while IFS= read -r -d '' gz; do
   gzip -d -f "$gz"
   chmod +x "${gz%.gz}"
 done < <(find "$bundle" -type f -name '*.gz' -print0)
+# The doc examples: <bundle>/doctests/<source file and line>/rust_out. Python's tarfile,
+# in case the machine has no xz.
+if [ -f "$bundle/doctests.tar.xz" ]; then
+  rm -rf "$bundle/doctests"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$bundle/doctests.tar.xz" "$bundle"
+  rm -f "$bundle/doctests.tar.xz"
+fi

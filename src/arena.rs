@@ -45,7 +45,10 @@ fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
 ///
 /// ```
 /// use cuda_hal::{ArenaLayout, CudaHal};
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let mut arena = hal.batch_arena("batch", 1 << 20, ArenaLayout::Bump).unwrap();
 /// for round in 0..3u32 {
 ///     let batch = arena.begin_batch();
@@ -86,6 +89,24 @@ impl<T> Deref for ArenaView<'_, T> {
 impl CudaHal {
     /// Allocates an arena of `capacity` bytes (rounded up to the slots' total for the slot
     /// layout) with one driver allocation.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let slots = vec![("trace".to_string(), 4096), ("ids".to_string(), 256)];
+    /// let mut arena = hal.batch_arena("slots", 0, ArenaLayout::Slots(slots)).unwrap();
+    /// assert!(arena.can_fit(&[4096, 256]) && !arena.can_fit(&[8192]));
+    /// let batch = arena.begin_batch();
+    /// let ids = batch.alloc::<u32>("ids", 64).unwrap();
+    /// ids.copy_from_slice(&[9; 64]).unwrap();
+    /// match batch.alloc::<u32>("trace", 2048) {
+    ///     Err(Error::ArenaFull { requested, capacity, .. }) => assert_eq!((requested, capacity), (8192, 4096)),
+    ///     other => panic!("expected ArenaFull, got {:?}", other.err()),
+    /// }
+    /// ```
     pub fn batch_arena(
         &self,
         name: impl Into<Cow<'static, str>>,

@@ -242,7 +242,10 @@ impl Drop for RawBuffer {
 ///
 /// ```
 /// use cuda_hal::CudaHal;
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let col = hal.copy_from("column", &[5u32, 6, 7, 8]).unwrap();
 /// let tail = col.slice(2, 2).unwrap();
 /// assert_eq!(tail.to_vec().unwrap(), vec![7, 8]);

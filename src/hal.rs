@@ -16,7 +16,30 @@ use crate::staging::{StagingConfig, StagingPool, StagingStats};
 use crate::tracking::MemoryReport;
 use crate::{Error, Result, PHASES};
 
-/// Settings of a [`CudaHal`].
+/// Settings of a [`CudaHal`]. A byte limit, for example, refuses an allocation before
+/// the driver is asked, and says what holds the memory:
+///
+/// ```
+/// use cuda_hal::{CudaHal, Error, HalConfig};
+/// let config = HalConfig {
+///     memory_limit: Some(1 << 20),
+///     ..HalConfig::default()
+/// };
+/// let Ok(hal) = CudaHal::with_config(0, config) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let witness = hal.alloc::<u8>("witness", 768 << 10).unwrap();
+/// match hal.alloc::<u8>("trace", 512 << 10) {
+///     Err(Error::OutOfMemory { requested, in_use, limit, largest, .. }) => {
+///         assert_eq!((requested, in_use, limit), (512 << 10, 768 << 10, Some(1 << 20)));
+///         assert_eq!(largest[0], ("witness".to_string(), 768 << 10));
+///     }
+///     other => panic!("expected OutOfMemory, got {other:?}"),
+/// }
+/// drop(witness);
+/// assert!(hal.alloc::<u8>("trace", 512 << 10).is_ok()); // within the limit now
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HalConfig {
     /// Bytes the HAL's pool keeps reserved when the stream synchronises; the default
@@ -207,6 +230,22 @@ impl CudaHal {
     }
 
     /// Counters, pool statistics and staging statistics.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// drop(hal.alloc::<u8>("scratch", 1 << 20).unwrap());
+    /// let stats = hal.stats().unwrap();
+    /// println!("pool reserves {} B, uses {} B", stats.pool.reserved_current, stats.pool.used_current);
+    /// if cuda_hal::PHASES.pool_alloc {
+    ///     assert_eq!(stats.cached_bytes, 1 << 20); // the freed block waits for its size
+    ///     hal.trim_pool(0).unwrap();
+    ///     assert_eq!(hal.stats().unwrap().cached_bytes, 0);
+    /// }
+    /// ```
     pub fn stats(&self) -> Result<HalStats> {
         let h = &self.inner;
         h.ctx.bind()?;
@@ -226,7 +265,25 @@ impl CudaHal {
         self.inner.stream.raw()
     }
 
-    /// Just the counters (no driver call).
+    /// Just the counters (no driver call). Pool hits and misses count pooled allocations
+    /// served without and with the pool growing:
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let before = hal.ledger();
+    /// for _ in 0..3 {
+    ///     drop(hal.alloc::<u32>("round", 1 << 16).unwrap());
+    /// }
+    /// let d = hal.ledger().since(&before);
+    /// assert_eq!(d.frees, 3);
+    /// if cuda_hal::PHASES.pool_alloc {
+    ///     assert!(d.pool_hits >= 2, "the same size again needs no growth: {d:?}");
+    /// }
+    /// ```
     pub fn ledger(&self) -> LedgerSnapshot {
         let h = &self.inner;
         h.ledger.snapshot(h.allocs.counts())
@@ -290,12 +347,44 @@ impl CudaHal {
         CudaHal { inner }
     }
 
-    /// Every live allocation by name and size, with totals per name and overall.
+    /// Every live allocation by name and size, with totals per name and overall (current
+    /// and peak). Its `Display` is the report a HAL logs when its last handle is dropped
+    /// while buffers live.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = hal.alloc::<u32>("column", 1024).unwrap();
+    /// drop(hal.alloc::<u32>("column", 256).unwrap());
+    /// let report = hal.memory_report();
+    /// assert_eq!(report.current_bytes, 4096);
+    /// let column = report.by_name.iter().find(|t| t.name == "column").unwrap();
+    /// assert_eq!((column.live, column.current_bytes, column.peak_bytes), (1, 4096, 5120));
+    /// assert_eq!(column.allocations, 2);
+    /// println!("{report}");
+    /// drop(a);
+    /// ```
     pub fn memory_report(&self) -> MemoryReport {
         self.inner.allocs.report()
     }
 
     /// The live allocations, largest first (same as `memory_report().live`).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let _small = hal.alloc::<u8>("digest", 32).unwrap();
+    /// let _big = hal.alloc::<u8>(format!("layer-{}", 3), 4096).unwrap();
+    /// let live = hal.live_allocations();
+    /// assert_eq!((live[0].name.as_str(), live[0].bytes), ("layer-3", 4096));
+    /// assert_eq!((live[1].name.as_str(), live[1].bytes), ("digest", 32));
+    /// ```
     pub fn live_allocations(&self) -> Vec<crate::LiveAllocation> {
         self.inner.allocs.report().live
     }

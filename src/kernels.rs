@@ -133,7 +133,10 @@ enum Access {
 ///
 /// ```
 /// use cuda_hal::{CudaHal, LaunchDims};
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let a = hal.copy_from("a", &[1u32, 2, 3]).unwrap();
 /// let b = hal.copy_from("b", &[10u32, 20, 30]).unwrap();
 /// let out = hal.alloc::<u32>("out", 3).unwrap();
@@ -179,7 +182,10 @@ impl CudaHal {
     ///
     /// ```
     /// use cuda_hal::{CudaHal, LaunchDims};
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// // PTX of `extern "C" __global__ void twice_u32(unsigned *x)` on 32 threads.
     /// let ptx = r#"
     /// .version 7.0

@@ -20,7 +20,7 @@
 //! use cuda_hal::{ops, CudaHal};
 //! let hal = match CudaHal::new(0) {
 //!     Ok(hal) => hal,
-//!     Err(e) => return println!("no GPU: {e}"),
+//!     Err(e) => return println!("no CUDA device here: {e}"),
 //! };
 //! let a = hal.copy_from("a", &[1.0f32, 2.0, 3.0]).unwrap();
 //! let b = hal.copy_from("b", &[0.5f32, 0.5, 0.5]).unwrap();

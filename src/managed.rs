@@ -29,10 +29,14 @@ pub enum ManagedAdvice {
 /// (GB10, Grace Hopper) the CPU and GPU share the same physical memory.
 ///
 /// ```
-/// use cuda_hal::CudaHal;
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// use cuda_hal::{CudaHal, ManagedAdvice};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let mut m = hal.alloc_managed::<u32>("shared", 1000).unwrap();
 /// m.host_mut().unwrap().fill(3);
+/// m.advise(ManagedAdvice::ReadMostly).unwrap();
 /// m.prefetch_to_device().unwrap();
 /// assert_eq!(m.host().unwrap()[999], 3);
 /// ```

@@ -32,6 +32,21 @@ impl CudaHal {
     /// Lets kernels and copies of this HAL's context read and write `other`'s memory.
     /// Returns false when the devices cannot access each other (copies are then staged
     /// through the host). Enabling twice is fine.
+    ///
+    /// ```
+    /// use cuda_hal::{driver::device_count, CudaHal};
+    /// let Ok(hal0) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let hal1 = match device_count() {
+    ///     Ok(n) if n > 1 => CudaHal::new(1).unwrap(),
+    ///     _ => hal0.clone(), // one device: it can always access itself
+    /// };
+    /// let enabled = hal0.enable_peer_access(&hal1).unwrap();
+    /// assert_eq!(enabled, hal0.can_access_peer(&hal1).unwrap());
+    /// assert!(hal0.enable_peer_access(&hal1).is_ok(), "enabling twice is fine");
+    /// ```
     pub fn enable_peer_access(&self, other: &CudaHal) -> Result<bool> {
         if self.info().ordinal == other.info().ordinal {
             return Ok(true);
@@ -60,6 +75,21 @@ impl<T: Pod> Buffer<T> {
     /// copy on one device, a peer copy between devices that can access each other, and a
     /// copy staged through the host otherwise. Returns once the data is in place or queued
     /// on this buffer's stream in order with its later work.
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// // The first and the last device (the same one on a machine with one GPU).
+    /// let (first, last) = (set.get(0).unwrap(), set.get(set.len() - 1).unwrap());
+    /// println!("peer access: {}", set.peer_access(set.len() - 1, 0));
+    /// let a = first.copy_from("on-first", &[1u32, 2, 3]).unwrap();
+    /// let b = last.alloc::<u32>("on-last", 3).unwrap();
+    /// b.copy_from_device(&a).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
+    /// ```
     pub fn copy_from_device(&self, src: &Buffer<T>) -> Result<()> {
         check::lengths(self.len(), &[(self.name(), src.len())])?;
         let (dst_hal, src_hal) = (self.hal(), src.hal());
@@ -123,15 +153,16 @@ impl<T: Pod> Buffer<T> {
     /// each other, here taken whatever the devices. It needs no peer mapping, and it costs
     /// a download and an upload. Returns once the data is in place or queued.
     ///
-    /// ```no_run
-    /// # fn main() -> cuda_hal::Result<()> {
-    /// let set = cuda_hal::HalSet::all()?;
-    /// let a = set.get(0).unwrap().copy_from("on-0", &[1u32, 2, 3])?;
-    /// let b = set.next().alloc::<u32>("elsewhere", 3)?;
-    /// b.copy_from_device_via_host(&a)?;
-    /// assert_eq!(b.to_vec()?, vec![1, 2, 3]);
-    /// # Ok(())
-    /// # }
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = set.get(0).unwrap().copy_from("on-0", &[1u32, 2, 3]).unwrap();
+    /// let b = set.get(set.len() - 1).unwrap().alloc::<u32>("elsewhere", 3).unwrap();
+    /// b.copy_from_device_via_host(&a).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
     /// ```
     pub fn copy_from_device_via_host(&self, src: &Buffer<T>) -> Result<()> {
         check::lengths(self.len(), &[(self.name(), src.len())])?;
@@ -154,7 +185,10 @@ impl<T: Pod> Buffer<T> {
 ///
 /// ```
 /// use cuda_hal::HalSet;
-/// let Ok(set) = HalSet::all() else { return };
+/// let Ok(set) = HalSet::all() else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let hal = set.next();                  // device 0, then 1, ..., then 0 again
 /// println!("{} devices, using {}", set.len(), hal.info().name);
 /// ```

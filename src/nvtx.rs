@@ -20,7 +20,16 @@ pub struct Range {
     active: bool,
 }
 
-/// Pushes a range named by `name()` (called only when NVTX is active).
+/// Pushes a range named by `name()` (called only when NVTX is active), popped when the
+/// returned [`Range`] drops: your own phases then read in the timeline around the HAL's.
+///
+/// ```
+/// for round in 0..2 {
+///     let _range = cuda_hal::nvtx::range(|| format!("fri fold round {round}"));
+///     // ... the round's HAL calls, each a range inside this one ...
+/// }
+/// println!("recording: {}", cuda_hal::nvtx::enabled());
+/// ```
 #[inline]
 pub fn range(name: impl FnOnce() -> String) -> Range {
     #[cfg(feature = "nvtx")]

@@ -17,7 +17,10 @@ use crate::{Buffer, CudaHal, Error, HalStream, Result};
 ///
 /// ```
 /// use cuda_hal::{CudaHal, PinnedFlags};
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let mut pinned = hal.alloc_pinned::<u32>(1024, PinnedFlags::default()).unwrap();
 /// pinned.host_mut().unwrap().fill(7);
 /// let dev = hal.alloc::<u32>("dev", 1024).unwrap();

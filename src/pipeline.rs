@@ -105,7 +105,10 @@ impl CudaHal {
     ///
     /// ```
     /// use cuda_hal::{CudaHal, LaunchDims, PipelineMode};
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// let input: Vec<u32> = (0..10_000).collect();
     /// let mut output = vec![0u32; input.len()];
     /// let report = hal

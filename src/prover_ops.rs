@@ -353,7 +353,10 @@ impl CudaHal {
     /// use cuda_hal::field::Elem;
     /// use cuda_hal::poseidon2::Poseidon2;
     /// use cuda_hal::{CudaHal, HalBuffer};
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// let state: [Elem; 16] = std::array::from_fn(|i| Elem::new(i as u32));
     /// let b = hal.copy_from("states", &state).unwrap();
     /// hal.poseidon2_permute(&b, 16).unwrap();

@@ -10,7 +10,10 @@ impl<T: Pod> Buffer<T> {
     ///
     /// ```
     /// use cuda_hal::CudaHal;
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
     /// let b = b.resized(5).unwrap();
     /// assert_eq!(b.slice(0, 3).unwrap().to_vec().unwrap(), vec![1, 2, 3]);
@@ -32,7 +35,10 @@ impl<T: Pod> Buffer<T> {
 ///
 /// ```
 /// use cuda_hal::{CudaHal, GrowableBuffer};
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let mut g = GrowableBuffer::<u32>::new(&hal, "rows", 4, 2.0).unwrap();
 /// g.extend_from_slice(&[1, 2, 3, 4, 5]).unwrap();
 /// assert_eq!(g.capacity(), 8);

@@ -23,7 +23,10 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 ///
 /// ```
 /// use cuda_hal::CudaHal;
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let copies = hal.create_stream().unwrap();
 /// let done = hal.create_event().unwrap();
 /// done.record(&copies).unwrap();

@@ -18,7 +18,10 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 ///
 /// ```
 /// use cuda_hal::CudaHal;
-/// let Ok(hal) = CudaHal::new(0) else { return };
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
 /// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
 /// let pending = b.read_async().unwrap();
 /// // ... other CPU work ...
@@ -242,7 +245,10 @@ impl CudaHal {
     ///
     /// ```
     /// use cuda_hal::CudaHal;
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// let a = hal.copy_from("a", &[10u32, 11, 12]).unwrap();
     /// let b = hal.copy_from("b", &[20u32, 21]).unwrap();
     /// assert_eq!(hal.gather(&[(&a, 2), (&b, 0), (&a, 0)]).unwrap(), vec![12, 20, 10]);
@@ -354,7 +360,10 @@ impl CudaHal {
     ///
     /// ```
     /// use cuda_hal::CudaHal;
-    /// let Ok(hal) = CudaHal::new(0) else { return };
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
     /// let a = hal.alloc::<u32>("a", 2).unwrap();
     /// let b = hal.alloc::<u32>("b", 3).unwrap();
     /// hal.upload_batch(&[(&a, &[1, 2][..]), (&b, &[3, 4, 5][..])]).unwrap();

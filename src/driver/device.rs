@@ -25,6 +25,21 @@ pub fn device_count() -> Result<usize> {
 }
 
 /// What the HAL knows about its device, read once at creation.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let info = hal.info();
+/// let (major, minor) = info.compute_capability;
+/// println!("{}: sm_{major}{minor}, {} SMs", info.name, info.multiprocessors);
+/// if info.is_coherent_unified() {
+///     println!("CPU and GPU share memory (GB10, Grace Hopper)");
+/// }
+/// assert!(info.total_memory > 0);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// Device ordinal.
