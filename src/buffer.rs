@@ -378,6 +378,18 @@ impl<T: Pod> Buffer<T> {
     /// A view of `len` elements of type `U` starting `byte_offset` bytes into this buffer,
     /// sharing the allocation (and its host copy). The offset must be a multiple of
     /// `size_of::<U>()` from the start of the allocation.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let words = hal.copy_from("words", &[0x0000_0002_0000_0001u64, 3]).unwrap();
+    /// let halves = words.reinterpret::<u32>(0, 4).unwrap(); // the same bytes as u32
+    /// assert_eq!(halves.to_vec().unwrap(), vec![1, 2, 3, 0]);
+    /// assert!(words.reinterpret::<u32>(2, 1).is_err(), "not aligned for u32");
+    /// ```
     pub fn reinterpret<U: Pod>(&self, byte_offset: usize, len: usize) -> Result<Buffer<U>> {
         let su = std::mem::size_of::<U>();
         if len == 0 || su == 0 {
@@ -408,6 +420,21 @@ impl<T: Pod> Buffer<T> {
 
     /// Element `i`. Phase 2 reads a valid host copy; phase 1 copies only this element;
     /// the baseline copies the whole buffer.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("evals", &[4u32, 5, 6]).unwrap();
+    /// assert_eq!(b.get_at(2).unwrap(), 6);
+    /// match b.get_at(3) {
+    ///     Err(Error::OutOfRange { name, start, len, .. }) => assert_eq!((name.as_str(), start, len), ("evals", 3, 3)),
+    ///     other => panic!("expected OutOfRange, got {other:?}"),
+    /// }
+    /// assert_eq!(b.get_at(0).unwrap(), 4); // the HAL is as usable as before
+    /// ```
     pub fn get_at(&self, i: usize) -> Result<T> {
         let _range = crate::nvtx::range(|| format!("get_at {}[{i}]", self.name()));
         if i >= self.len {
@@ -494,6 +521,18 @@ impl<T: Pod> Buffer<T> {
 
     /// Runs `f` over the elements on the host. Phase 2 reads the cached host copy (no
     /// transfer while it is valid); otherwise the buffer is copied into a new `Vec`.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("column", &(1..=100u32).collect::<Vec<_>>()).unwrap();
+    /// let sum = b.view(|s| s.iter().sum::<u32>()).unwrap();
+    /// let max = b.view(|s| *s.iter().max().unwrap()).unwrap(); // phase 2: no second transfer
+    /// assert_eq!((sum, max), (5050, 100));
+    /// ```
     pub fn view<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         let _range = crate::nvtx::range(|| format!("view {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
@@ -555,6 +594,20 @@ impl<T: Pod> Buffer<T> {
 
     /// Copies the elements into `dst`, which must have the same length. Phase 2 serves a
     /// valid host copy; otherwise the data goes straight into `dst` (no cache fill).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("row", &[1u16, 2, 3]).unwrap();
+    /// let mut out = [0u16; 3];
+    /// b.copy_to_slice(&mut out).unwrap();
+    /// assert_eq!(out, [1, 2, 3]);
+    /// let mut short = [0u16; 2];
+    /// assert!(matches!(b.copy_to_slice(&mut short), Err(Error::LengthMismatch { expected: 3, actual: 2, .. })));
+    /// ```
     pub fn copy_to_slice(&self, dst: &mut [T]) -> Result<()> {
         let _range = crate::nvtx::range(|| format!("copy_to_slice {}", self.name()));
         if dst.len() != self.len {
@@ -607,6 +660,18 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Copies `src` (same length, any buffer of the same HAL) into this buffer on the device.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let src = hal.copy_from("src", &[1u32, 2, 3, 4]).unwrap();
+    /// let dst = hal.alloc_zeroed::<u32>("dst", 8).unwrap();
+    /// dst.slice(4, 4).unwrap().copy_from_buffer(&src).unwrap(); // device to device
+    /// assert_eq!(dst.to_vec().unwrap(), vec![0, 0, 0, 0, 1, 2, 3, 4]);
+    /// ```
     pub fn copy_from_buffer(&self, src: &Buffer<T>) -> Result<()> {
         let _range =
             crate::nvtx::range(|| format!("copy_from_buffer {} <- {}", self.name(), src.name()));
@@ -650,6 +715,23 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Device address for writing in your own kernels: marks the host copy stale.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[0u32; 256]).unwrap();
+    /// let p = b.device_ptr_mut().unwrap();
+    /// // Your own work on the HAL's stream; here a driver memset.
+    /// // SAFETY: `p` is the buffer's live range, and the memset is queued on the HAL's stream.
+    /// unsafe {
+    ///     let d = cuda_hal::cuda_sys::driver().unwrap();
+    ///     d.cuMemsetD32Async(p.addr, 9, p.bytes / 4, hal.stream_handle()).unwrap();
+    /// }
+    /// assert_eq!(b.get_at(255).unwrap(), 9); // the host copy was marked stale
+    /// ```
     pub fn device_ptr_mut(&self) -> Result<DevicePtr> {
         self.raw.hal.enter()?;
         self.raw.prepare_device_access(self.byte_range(), true)?;

@@ -21,6 +21,17 @@ impl EltwiseElement for f32 {
 impl<T: Pod> Buffer<T> {
     /// Sets every element to `value` on the device (4- and 8-byte elements by kernel,
     /// 1- and 2-byte elements by memset).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u64>("ones", 1000).unwrap();
+    /// b.fill(1).unwrap();
+    /// assert_eq!(b.view(|s| s.iter().sum::<u64>()).unwrap(), 1000);
+    /// ```
     pub fn fill(&self, value: T) -> Result<()> {
         let hal = self.hal();
         let n = self.len() as u64;
@@ -99,11 +110,38 @@ fn eltwise<T: EltwiseElement>(
 
 /// `out[i] = a[i] + b[i]` (u32 wraps). All three must have the same length, and `out` must
 /// not overlap `a` or `b`.
+///
+/// ```
+/// use cuda_hal::{ops, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let a = hal.copy_from("a", &[u32::MAX, 1]).unwrap();
+/// let b = hal.copy_from("b", &[2u32, 2]).unwrap();
+/// let out = hal.alloc::<u32>("out", 2).unwrap();
+/// ops::add(&out, &a, &b).unwrap();
+/// assert_eq!(out.to_vec().unwrap(), vec![1, 3]); // wraps
+/// assert!(ops::add(&a, &a, &b).is_err(), "out must not overlap an input");
+/// ```
 pub fn add<T: EltwiseElement>(out: &Buffer<T>, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
     eltwise("add", out, a, b)
 }
 
 /// `out[i] = a[i] * b[i]` (u32 wraps).
+///
+/// ```
+/// use cuda_hal::{ops, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let a = hal.copy_from("a", &[1.5f32, -2.0]).unwrap();
+/// let b = hal.copy_from("b", &[2.0f32, 4.0]).unwrap();
+/// let out = hal.alloc::<f32>("out", 2).unwrap();
+/// ops::mul(&out, &a, &b).unwrap();
+/// assert_eq!(out.to_vec().unwrap(), vec![3.0, -8.0]);
+/// ```
 pub fn mul<T: EltwiseElement>(out: &Buffer<T>, a: &Buffer<T>, b: &Buffer<T>) -> Result<()> {
     eltwise("mul", out, a, b)
 }

@@ -249,6 +249,22 @@ pub struct RegisteredHost<'a, T> {
 
 impl CudaHal {
     /// Page-locks `data` until the returned guard is dropped.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut trace = vec![5u32; 1 << 16];
+    /// let mut host = hal.register_host(&mut trace).unwrap(); // page-locked while `host` lives
+    /// let dev = hal.alloc::<u32>("trace", 1 << 16).unwrap();
+    /// dev.copy_from_registered(&host).unwrap();
+    /// host.as_mut_slice().fill(0);
+    /// dev.copy_to_registered(&mut host).unwrap();
+    /// drop(host);
+    /// assert_eq!(trace[100], 5);
+    /// ```
     pub fn register_host<'a, T: Pod>(&self, data: &'a mut [T]) -> Result<RegisteredHost<'a, T>> {
         if data.is_empty() {
             return Err(Error::ZeroLength {

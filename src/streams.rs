@@ -48,6 +48,18 @@ pub struct HalEvent {
 
 impl CudaHal {
     /// A new non-blocking stream on this HAL's device.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// let b = hal.copy_from("b", &[1u32; 64]).unwrap();
+    /// b.read_async_on(&side).unwrap().wait().unwrap(); // a download beside the main stream
+    /// assert!(!side.is_main() && hal.main_stream().is_main());
+    /// ```
     pub fn create_stream(&self) -> Result<HalStream> {
         self.inner.enter()?;
         Ok(HalStream {
@@ -130,6 +142,22 @@ impl HalEvent {
     }
 
     /// Device milliseconds from `start` to this event (both recorded and complete).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 1 << 20).unwrap();
+    /// let (start, end) = (hal.create_event().unwrap(), hal.create_event().unwrap());
+    /// let main = hal.main_stream();
+    /// start.record(&main).unwrap();
+    /// b.fill(1).unwrap();
+    /// end.record(&main).unwrap();
+    /// end.synchronize().unwrap();
+    /// println!("fill: {:.3} ms on the device", end.elapsed_ms(&start).unwrap());
+    /// ```
     pub fn elapsed_ms(&self, start: &HalEvent) -> Result<f32> {
         self.hal.enter()?;
         self.hal.guard(self.event.elapsed_ms(&start.event))

@@ -87,6 +87,23 @@ impl<T: Pod> PendingRead<T> {
     }
 
     /// The data if the copy is done, `None` if it is still in flight.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("commitment", &[7u32; 1024]).unwrap();
+    /// let mut pending = b.read_async().unwrap();
+    /// let data = loop {
+    ///     if let Some(v) = pending.try_get().unwrap() {
+    ///         break v;
+    ///     }
+    ///     std::thread::yield_now(); // or other CPU work
+    /// };
+    /// assert_eq!(data[1023], 7);
+    /// ```
     pub fn try_get(&mut self) -> Result<Option<Vec<T>>> {
         if !self.is_ready() {
             return Ok(None);
@@ -168,6 +185,19 @@ impl<T: Pod> Buffer<T> {
 
     /// Uploads `src` through pinned staging whatever the phase features: returns once the
     /// caller's slice is free (the data is in pinned memory and its copy queued).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("witness", 4096).unwrap();
+    /// let mut host = vec![3u32; 4096];
+    /// b.upload_async(&host).unwrap();
+    /// host.fill(0); // the slice is free at once: the copy reads pinned staging
+    /// assert_eq!(b.get_at(4095).unwrap(), 3);
+    /// ```
     pub fn upload_async(&self, src: &[T]) -> Result<()> {
         if src.len() != self.len() {
             return Err(Error::LengthMismatch {
@@ -233,6 +263,17 @@ impl<T: Pod> Buffer<T> {
 
     /// Elements at `indices`, read with one gather kernel and one copy (a batched
     /// `get_at`). With phase 2, elements whose host copy is valid are read from it.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let evals = hal.copy_from("evals", &(0..1000u32).map(|i| i * i).collect::<Vec<_>>()).unwrap();
+    /// // FRI queries: one gather kernel and one copy instead of one copy each.
+    /// assert_eq!(evals.get_many(&[3, 999, 10]).unwrap(), vec![9, 998_001, 100]);
+    /// ```
     pub fn get_many(&self, indices: &[usize]) -> Result<Vec<T>> {
         let items: Vec<(&Buffer<T>, usize)> = indices.iter().map(|i| (self, *i)).collect();
         self.hal().gather(&items)
