@@ -7,6 +7,19 @@
 use std::ops::Range;
 
 /// A set of disjoint, non-adjacent, sorted byte ranges.
+///
+/// ```
+/// use cuda_hal::host_cache::IntervalSet;
+/// let mut s = IntervalSet::new();
+/// s.insert(0..10);
+/// s.insert(10..20); // adjacent: merged
+/// s.insert(40..50);
+/// assert_eq!(s.ranges(), &[0..20, 40..50]);
+/// s.remove(5..45);
+/// assert_eq!(s.ranges(), &[0..5, 45..50]);
+/// assert_eq!(s.missing(&(0..50)), vec![5..45]);
+/// assert!(s.contains(&(1..4)) && !s.overlaps(&(10..20)) && s.total() == 10);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IntervalSet {
     ranges: Vec<Range<usize>>,
@@ -123,7 +136,24 @@ pub enum BorrowKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conflict;
 
-/// Bookkeeping of one allocation's host copy.
+/// Bookkeeping of one allocation's host copy: the steps a buffer of 100 bytes takes for a
+/// `view_mut` of its first half, then a kernel that reads it all.
+///
+/// ```
+/// use cuda_hal::host_cache::{BorrowKind, CacheState};
+/// let mut c = CacheState::default();
+/// // The host reads 0..50: nothing is cached yet, so all of it is downloaded.
+/// assert_eq!(c.plan_read(&(0..50)).unwrap(), vec![0..50]);
+/// c.mark_downloaded(0..50);
+/// let view = c.begin_borrow(0..50, BorrowKind::Exclusive).unwrap();
+/// assert!(c.plan_device_access(&(0..100)).is_err(), "no kernel while the view is open");
+/// c.end_borrow(view);
+/// // The kernel reads 0..100: the edited half goes up first.
+/// assert_eq!(c.plan_device_access(&(0..100)).unwrap(), vec![0..50]);
+/// c.mark_device_access(0..100, false);
+/// assert!(c.dirty().is_empty());
+/// assert_eq!(c.plan_read(&(0..50)).unwrap(), vec![], "still cached: no transfer");
+/// ```
 #[derive(Debug, Default)]
 pub struct CacheState {
     readable: IntervalSet,
