@@ -16,7 +16,14 @@ done < <(find "$bundle" -type f -name '*.gz' -print0)
 # in case the machine has no xz.
 if [ -f "$bundle/doctests.tar.xz" ]; then
   rm -rf "$bundle/doctests"
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+  python3 -c '
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="data")
+    except TypeError:  # a Python without extraction filters
+        t.extractall(sys.argv[2])
+' \
     "$bundle/doctests.tar.xz" "$bundle"
   rm -f "$bundle/doctests.tar.xz"
 fi
