@@ -12,6 +12,7 @@ use crate::driver::{api, DeviceInfo, Event, MemPool, PoolStats, PrimaryContext, 
 use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
 use crate::pinned::{PinnedPool, PinnedPoolStats};
+use crate::recycler::Recycler;
 use crate::staging::{StagingConfig, StagingPool, StagingStats};
 use crate::tracking::MemoryReport;
 use crate::{Error, Result, PHASES};
@@ -162,6 +163,12 @@ pub(crate) struct HalInner {
     /// operation, so a lock-free read.
     poisoned: once_cell::sync::OnceCell<cuda_sys::Error>,
     timings: Mutex<Timings>,
+    /// HALs on other devices this one has asked to reach, and whether it can (peer access
+    /// on and their pools open to this device): see `CudaHal::enable_peer_access`. A weak
+    /// handle keeps the other's allocation, so its address is never another HAL's.
+    pub(crate) peers: Mutex<Vec<(std::sync::Weak<HalInner>, bool)>>,
+    /// Events for ordering, reused once no one holds them: see [`HalInner::event`].
+    events: Recycler<Event>,
     last_reserved: std::sync::atomic::AtomicU64,
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
     handles: std::sync::atomic::AtomicUsize,
@@ -202,6 +209,8 @@ impl CudaHal {
                 ledger: Ledger::default(),
                 poisoned: once_cell::sync::OnceCell::new(),
                 timings: Mutex::new(Timings::default()),
+                peers: Mutex::new(Vec::new()),
+                events: Recycler::new(EVENTS_KEPT),
                 last_reserved: std::sync::atomic::AtomicU64::new(0),
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
@@ -394,7 +403,17 @@ impl CudaHal {
     }
 }
 
+/// Events a HAL keeps for reuse: more than the operations in flight on its streams that
+/// hold one at a time in ordinary use.
+const EVENTS_KEPT: usize = 16;
+
 impl HalInner {
+    /// An event of this context that no one waits on, to record on one of its streams:
+    /// a reused one when one is free. The context is current.
+    pub(crate) fn event(&self) -> Result<Arc<Event>> {
+        self.events.take(Event::new)
+    }
+
     /// Checks the context is usable and current on this thread.
     #[inline]
     pub(crate) fn enter(&self) -> Result<()> {

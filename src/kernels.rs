@@ -14,7 +14,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::buffer::{Buffer, RawBuffer};
-use crate::driver::{Event, Function, Module};
+use crate::driver::{Function, Module};
 use crate::streams::HalStream;
 use crate::{CudaHal, Error, Result};
 
@@ -346,7 +346,7 @@ impl<'h> Launch<'h> {
         h.ledger.launch();
         h.guard(r)?;
         if let Some(s) = &side {
-            let done = Arc::new(Event::new()?);
+            let done = h.event()?;
             done.record(&s.stream)?;
             for (raw, _, _) in &self.buffers {
                 raw.side.add(s.id, done.clone());

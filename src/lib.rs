@@ -55,6 +55,7 @@ mod pipeline;
 pub mod poseidon2;
 mod probe_table;
 mod prover_ops;
+mod recycler;
 mod resize;
 mod staging;
 mod streams;

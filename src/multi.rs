@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cuda_sys::CUresult;
 
-use crate::driver::{api, device_count, Event};
+use crate::driver::{api, device_count};
 use crate::hal_trait::check;
 use crate::{Buffer, CudaHal, Error, HalConfig, Result};
 
@@ -31,7 +31,8 @@ impl CudaHal {
 
     /// Lets kernels and copies of this HAL's context read and write `other`'s memory.
     /// Returns false when the devices cannot access each other (copies are then staged
-    /// through the host). Enabling twice is fine.
+    /// through the host). The answer is remembered per pair of HALs: asking again makes no
+    /// driver call.
     ///
     /// ```
     /// use cuda_hal::{driver::device_count, CudaHal};
@@ -51,6 +52,27 @@ impl CudaHal {
         if self.info().ordinal == other.info().ordinal {
             return Ok(true);
         }
+        if let Some(known) = self.known_peer(other) {
+            return Ok(known);
+        }
+        let enabled = self.enable_peer_access_uncached(other)?;
+        let mut peers = self.inner.peers.lock();
+        peers.retain(|(hal, _)| hal.strong_count() > 0);
+        peers.push((Arc::downgrade(&other.inner), enabled));
+        Ok(enabled)
+    }
+
+    /// What [`CudaHal::enable_peer_access`] found for `other` before, if it was asked.
+    fn known_peer(&self, other: &CudaHal) -> Option<bool> {
+        let peers = self.inner.peers.lock();
+        peers
+            .iter()
+            .find(|(hal, _)| std::ptr::eq(hal.as_ptr(), Arc::as_ptr(&other.inner)))
+            .map(|&(_, enabled)| enabled)
+    }
+
+    /// [`CudaHal::enable_peer_access`] without the memo: asks the driver.
+    fn enable_peer_access_uncached(&self, other: &CudaHal) -> Result<bool> {
         if !self.can_access_peer(other)? {
             return Ok(false);
         }
@@ -105,23 +127,29 @@ impl<T: Pod> Buffer<T> {
                 src_hal.info().ordinal
             )
         });
-        let same_device = dst_hal.info().ordinal == src_hal.info().ordinal;
-        if !same_device && !dst_hal.can_access_peer(&src_hal)? {
+        // (Asks the driver once per pair of HALs, then remembers.)
+        if !dst_hal.enable_peer_access(&src_hal)? {
             return self.copy_from_device_via_host(src);
         }
-        if !same_device {
-            dst_hal.enable_peer_access(&src_hal)?;
-        }
         let (d, s) = (&dst_hal.inner, &src_hal.inner);
-        // The source's stream must be done writing it; the destination's queue waits.
+        // The source's stream must be done writing it: the destination's queue waits for
+        // it, unless it has done everything queued so far (a wait across devices costs a
+        // few microseconds on the device, more than a small copy).
         s.enter()?;
         src.raw().prepare_device_access(src.byte_range(), false)?;
-        let ready = Event::new()?;
-        ready.record(&s.stream)?;
+        let ready = if s.guard(s.stream.is_idle())? {
+            None
+        } else {
+            let ready = s.event()?;
+            ready.record(&s.stream)?;
+            Some(ready)
+        };
         d.enter()?;
         let r = self.byte_range();
         self.raw().prepare_device_access(r.clone(), true)?;
-        d.stream.wait_event(&ready)?;
+        if let Some(ready) = &ready {
+            d.stream.wait_event(ready)?;
+        }
         // SAFETY: both ranges lie in live allocations of their contexts; the copy is queued
         // after the source's writes (event) and before the destination's later work.
         d.guard(unsafe {
@@ -138,7 +166,7 @@ impl<T: Pod> Buffer<T> {
         })?;
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
         // The source is not freed or overwritten until the copy has read it.
-        let done = Arc::new(Event::new()?);
+        let done = d.event()?;
         done.record(&d.stream)?;
         src.raw().side.add(u64::MAX - d.info().ordinal as u64, done);
         self.raw().invalidate_host(r);
@@ -150,8 +178,10 @@ impl<T: Pod> Buffer<T> {
 
     /// Copies `src` (same length), from any HAL, into this buffer through host memory:
     /// the route [`Buffer::copy_from_device`] takes between devices that cannot access
-    /// each other, here taken whatever the devices. It needs no peer mapping, and it costs
-    /// a download and an upload. Returns once the data is in place or queued.
+    /// each other, here taken whatever the devices. It needs no peer mapping: the data goes
+    /// through pinned slots of this HAL's pinned pool, 4 MiB at a time, downloads on the
+    /// source's stream overlapping uploads on this one, and the host thread only queues
+    /// them. Returns once the data is in place or queued.
     ///
     /// ```
     /// use cuda_hal::HalSet;
@@ -175,10 +205,94 @@ impl<T: Pod> Buffer<T> {
                 src.hal().info().ordinal
             )
         });
-        let v = src.to_vec()?;
-        self.copy_from_slice(&v)
+        let bytes = self.size_bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (dst_hal, src_hal) = (self.hal(), src.hal());
+        let (d, s) = (&dst_hal.inner, &src_hal.inner);
+        s.enter()?;
+        src.raw().prepare_device_access(src.byte_range(), false)?;
+        // Recorded on the source's stream: made in its context.
+        let chunk = TRANSIT_CHUNK.min(bytes);
+        let slots = bytes.div_ceil(chunk).min(TRANSIT_SLOTS);
+        let filled = (0..slots).map(|_| s.event()).collect::<Result<Vec<_>>>()?;
+        d.enter()?;
+        let r = self.byte_range();
+        self.raw().prepare_device_access(r.clone(), true)?;
+        let drained = (0..slots).map(|_| d.event()).collect::<Result<Vec<_>>>()?;
+        let mut blocks = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            blocks.push(d.pinned.take(chunk)?);
+        }
+        let queued = (|| -> Result<()> {
+            for (i, offset) in (0..bytes).step_by(chunk).enumerate() {
+                let (len, k) = (chunk.min(bytes - offset), i % slots);
+                let host = blocks[k].mem.as_ptr().cast::<std::ffi::c_void>();
+                s.enter()?;
+                if i >= slots {
+                    // The slot's last upload has read it.
+                    s.stream.wait_event(&drained[k])?;
+                }
+                // SAFETY: the source range lies in a live allocation of its context; the
+                // pinned slot holds `chunk` bytes and no copy in flight uses it (above).
+                s.guard(unsafe {
+                    api()?
+                        .cuMemcpyDtoHAsync(host, src.raw_ptr() + offset as u64, len, s.stream.raw())
+                        .map_err(Error::from)
+                })?;
+                filled[k].record(&s.stream)?;
+                d.enter()?;
+                d.stream.wait_event(&filled[k])?;
+                // SAFETY: the destination range lies in a live allocation of this context;
+                // the slot was filled by the download the stream now waits for.
+                d.guard(unsafe {
+                    api()?
+                        .cuMemcpyHtoDAsync(
+                            self.raw_ptr() + offset as u64,
+                            host,
+                            len,
+                            d.stream.raw(),
+                        )
+                        .map_err(Error::from)
+                })?;
+                drained[k].record(&d.stream)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = queued {
+            // Copies may be in flight: let them finish before the slots go back.
+            let _ = s.enter().and_then(|()| s.stream.synchronize());
+            let _ = d.enter().and_then(|()| d.stream.synchronize());
+            for b in blocks {
+                d.pinned.give(b);
+            }
+            return Err(e);
+        }
+        // The last upload comes after every download (its stream waited for each) and
+        // after the other uploads: once it is done, so are all the copies.
+        let last = drained[(bytes.div_ceil(chunk) - 1) % slots].clone();
+        for mut b in blocks {
+            b.set_pending(last.clone());
+            d.pinned.give(b);
+        }
+        s.ledger.copy(crate::ledger::Dir::D2H, bytes);
+        d.ledger.copy(crate::ledger::Dir::H2D, bytes);
+        // The source is not freed or overwritten until the downloads have read it.
+        src.raw().side.add(u64::MAX - d.info().ordinal as u64, last);
+        self.raw().invalidate_host(r);
+        if !crate::PHASES.async_copy {
+            d.guard(d.stream.synchronize())?;
+        }
+        Ok(())
     }
 }
+
+/// Bytes of one pinned slot of [`Buffer::copy_from_device_via_host`]: one download and
+/// one upload each.
+const TRANSIT_CHUNK: usize = 4 << 20;
+/// Slots in turn: while one is uploaded, the next ones are downloaded.
+const TRANSIT_SLOTS: usize = 4;
 
 /// One HAL per device, handed out round-robin, with peer access enabled between every pair
 /// of devices that supports it.

@@ -198,7 +198,15 @@ impl PinnedPool {
             None => {
                 self.misses.fetch_add(1, Relaxed);
                 Ok(PinnedBlock {
-                    mem: PinnedMemory::new(size, PinnedFlags::default())?,
+                    // Portable: copies between devices stage through these blocks from the
+                    // other device's context too.
+                    mem: PinnedMemory::new(
+                        size,
+                        PinnedFlags {
+                            portable: true,
+                            ..PinnedFlags::default()
+                        },
+                    )?,
                     pending: None,
                 })
             }
@@ -348,7 +356,7 @@ impl<T: Pod> Buffer<T> {
         src.settle()?;
         let r = self.byte_range();
         self.access_on(stream, r.clone(), true)?;
-        let ev = Arc::new(Event::new()?);
+        let ev = h.event()?;
         // SAFETY: src holds size_bytes() bytes and is not written by the host until `ev`
         // completes (host_mut and Drop wait for it); the destination range is this buffer's.
         h.guard(unsafe {
@@ -387,7 +395,7 @@ impl<T: Pod> Buffer<T> {
         dst.settle()?;
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
-        let ev = Arc::new(Event::new()?);
+        let ev = h.event()?;
         // SAFETY: dst has room for size_bytes() bytes and is not read or freed by the host
         // until `ev` completes (host and Drop wait for it).
         h.guard(unsafe {

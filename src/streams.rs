@@ -116,7 +116,7 @@ impl HalStream {
         if self.is_main() {
             return Ok(());
         }
-        let ev = Event::new()?;
+        let ev = self.hal.event()?;
         ev.record(&self.hal.stream)?;
         self.stream.wait_event(&ev)
     }

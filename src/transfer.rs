@@ -157,7 +157,7 @@ impl<T: Pod> Buffer<T> {
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
         let block = h.guard(h.pinned.take(self.size_bytes()))?;
-        let done = Arc::new(Event::new()?);
+        let done = h.event()?;
         // SAFETY: the block has room for size_bytes(); it is handed out again only after
         // `done` completes (PendingRead and the pool both wait for it).
         h.guard(unsafe {
@@ -237,7 +237,7 @@ impl<T: Pod> Buffer<T> {
         let staged = &mut block.mem.as_mut_slice()[..len];
         staged.fill(0);
         fill(staged);
-        let done = Arc::new(Event::new()?);
+        let done = h.event()?;
         // SAFETY: the block holds `len` staged bytes and is reused only after `done`; the
         // destination range lies inside this buffer (checked above).
         let res = unsafe {
@@ -472,7 +472,7 @@ impl CudaHal {
             h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total)?;
         let scratch = scratch_alloc.ptr;
         let d = api()?;
-        let done = Arc::new(Event::new()?);
+        let done = h.event()?;
         let result = (|| -> Result<()> {
             // SAFETY: the block holds `total` staged bytes and is reused only after `done`;
             // scratch has `total` bytes.

@@ -61,7 +61,9 @@ fn one_hal_per_device_round_robin() {
 fn buffers_copy_between_devices_both_ways() {
     let Some(set) = need_two() else { return };
     let (h0, h1) = (set.get(0).unwrap(), set.get(1).unwrap());
-    for n in [1usize, 1000, 16 * MIB / 4 + 3] {
+    // Through the host, 16 MiB + 12 B is five 4 MiB chunks over four pinned slots (the
+    // first reused), and 40 MiB + 4 B eleven.
+    for n in [1usize, 1000, 16 * MIB / 4 + 3, 40 * MIB / 4 + 1] {
         let data = Rng::new(n as u64).u32s(n);
         let a = h0.copy_from("on-0", &data).unwrap();
         let b = h1.copy_from("on-1", &vec![0xDEAD_BEEFu32; n]).unwrap();
@@ -81,6 +83,18 @@ fn buffers_copy_between_devices_both_ways() {
         let f = h0.copy_from("via-host-on-0", &vec![0u32; n]).unwrap();
         f.copy_from_device_via_host(&e).unwrap();
         assert_eq!(f.to_vec().unwrap(), data, "1 -> 0 via the host, n = {n}");
+        // Queued in order on both streams: a later write to the source does not reach the
+        // copy, and the source may go at once.
+        let g = h1.alloc::<u32>("via-host-again", n).unwrap();
+        g.copy_from_device_via_host(&f).unwrap();
+        f.fill(0xABCD).unwrap();
+        drop(f);
+        assert_eq!(
+            g.to_vec().unwrap(),
+            data,
+            "queued before the write, n = {n}"
+        );
+        let f = h0.copy_from("via-host-on-0", &data).unwrap();
         let short = h1.alloc::<u32>("short", n + 1).unwrap();
         assert!(matches!(
             f.copy_from_device_via_host(&short),
@@ -95,6 +109,28 @@ fn buffers_copy_between_devices_both_ways() {
     b.copy_from_device(&a).unwrap();
     assert_eq!(b.get_at(63).unwrap(), 99);
     println!("phases {}", PHASES.label());
+    // A source still being written when the copy is asked for: both routes wait for it.
+    let busy = h0.alloc::<u32>("busy-src", 16 * MIB).unwrap();
+    for (round, value) in [5u32, 6].into_iter().enumerate() {
+        busy.fill(value).unwrap();
+        let into = h1.alloc::<u32>("after-busy", 16 * MIB).unwrap();
+        if round == 0 {
+            into.copy_from_device(&busy).unwrap();
+        } else {
+            into.copy_from_device_via_host(&busy).unwrap();
+        }
+        let got = into.to_vec().unwrap();
+        assert!(got.iter().all(|&x| x == value), "round {round}");
+    }
+    // Peer access is remembered per pair of HALs, not per device: a new HAL on device 0
+    // (a new pool, which must grant device 1 access) after the last one went.
+    for round in 0..3u32 {
+        let fresh = CudaHal::new(0).unwrap();
+        let src = fresh.copy_from("fresh-src", &[round; 4096]).unwrap();
+        let dst = h1.alloc::<u32>("from-fresh", 4096).unwrap();
+        dst.copy_from_device(&src).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), vec![round; 4096], "round {round}");
+    }
     // Two HALs on one device copy directly.
     let other = CudaHal::new(1).unwrap();
     let d = other.alloc::<u32>("same-device", 64).unwrap();

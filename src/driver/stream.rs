@@ -36,6 +36,16 @@ impl Stream {
         Ok(())
     }
 
+    /// Whether all work queued on the stream so far is done, without blocking.
+    pub fn is_idle(&self) -> Result<bool> {
+        // SAFETY: raw is a live stream.
+        match unsafe { api()?.cuStreamQuery(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some(cuda_sys::CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Blocks until all work queued on the stream is done.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: raw is a live stream.
