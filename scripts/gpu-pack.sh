@@ -20,7 +20,7 @@ GPU_TESTS="gpu transfers memory model"
 GPU_TESTS_ALL_ONLY="multi_gpu prover_ops"
 # Benches run in every build, and benches run only in the all-features build.
 GPU_BENCHES="phases"
-GPU_BENCHES_ALL_ONLY="transfers memory stress prover"
+GPU_BENCHES_ALL_ONLY="transfers memory stress prover multi_gpu"
 # Fail when the packed bundle is larger than this (the carry limit is 64 MiB in all).
 BUNDLE_LIMIT_MIB=62
 

@@ -163,12 +163,8 @@ pub(crate) struct HalInner {
     /// operation, so a lock-free read.
     poisoned: once_cell::sync::OnceCell<cuda_sys::Error>,
     timings: Mutex<Timings>,
-    /// HALs on other devices this one has asked to reach, and whether it can (peer access
-    /// on and their pools open to this device): see `CudaHal::enable_peer_access`. A weak
-    /// handle keeps the other's allocation, so its address is never another HAL's.
-    pub(crate) peers: Mutex<Vec<(std::sync::Weak<HalInner>, bool)>>,
-    /// Events for ordering, reused once no one holds them: see [`HalInner::event`].
-    events: Recycler<Event>,
+    /// Peer access and reused events: boxed, off the allocation path's lines.
+    pub(crate) aside: Box<Aside>,
     last_reserved: std::sync::atomic::AtomicU64,
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
     handles: std::sync::atomic::AtomicUsize,
@@ -209,8 +205,10 @@ impl CudaHal {
                 ledger: Ledger::default(),
                 poisoned: once_cell::sync::OnceCell::new(),
                 timings: Mutex::new(Timings::default()),
-                peers: Mutex::new(Vec::new()),
-                events: Recycler::new(EVENTS_KEPT),
+                aside: Box::new(Aside {
+                    peers: Mutex::new(Vec::new()),
+                    events: Recycler::new(EVENTS_KEPT),
+                }),
                 last_reserved: std::sync::atomic::AtomicU64::new(0),
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
@@ -403,6 +401,16 @@ impl CudaHal {
     }
 }
 
+/// What a HAL keeps for operations off the allocation path.
+pub(crate) struct Aside {
+    /// HALs on other devices this one has asked to reach, and whether it can (peer access
+    /// on and their pools open to this device): see `CudaHal::enable_peer_access`. A weak
+    /// handle keeps the other's allocation, so its address is never another HAL's.
+    pub(crate) peers: Mutex<Vec<(std::sync::Weak<HalInner>, bool)>>,
+    /// Events for ordering, reused once no one holds them: see [`HalInner::event`].
+    pub(crate) events: Recycler<Event>,
+}
+
 /// Events a HAL keeps for reuse: more than the operations in flight on its streams that
 /// hold one at a time in ordinary use.
 const EVENTS_KEPT: usize = 16;
@@ -411,7 +419,7 @@ impl HalInner {
     /// An event of this context that no one waits on, to record on one of its streams:
     /// a reused one when one is free. The context is current.
     pub(crate) fn event(&self) -> Result<Arc<Event>> {
-        self.events.take(Event::new)
+        self.aside.events.take(Event::new)
     }
 
     /// Checks the context is usable and current on this thread.

@@ -56,7 +56,7 @@ impl CudaHal {
             return Ok(known);
         }
         let enabled = self.enable_peer_access_uncached(other)?;
-        let mut peers = self.inner.peers.lock();
+        let mut peers = self.inner.aside.peers.lock();
         peers.retain(|(hal, _)| hal.strong_count() > 0);
         peers.push((Arc::downgrade(&other.inner), enabled));
         Ok(enabled)
@@ -64,7 +64,7 @@ impl CudaHal {
 
     /// What [`CudaHal::enable_peer_access`] found for `other` before, if it was asked.
     fn known_peer(&self, other: &CudaHal) -> Option<bool> {
-        let peers = self.inner.peers.lock();
+        let peers = self.inner.aside.peers.lock();
         peers
             .iter()
             .find(|(hal, _)| std::ptr::eq(hal.as_ptr(), Arc::as_ptr(&other.inner)))

@@ -1,0 +1,174 @@
+//! Copies between two devices (all-features build), issue #5's multi-GPU part:
+//! `copy_from_device` against the driver's peer copy, and the host route against a plain
+//! download and upload. `ROW|multi_gpu|operation|crate_us|floor|floor_us|bytes|target`.
+//!
+//! Needs two devices. With fewer it prints `SKIPPED:` and no rows, unless
+//! `CUDA_HAL_REQUIRE_GPUS` asks for two or more: then it fails.
+
+mod common;
+
+use common::{gbps, paired_median_us};
+
+use cuda_hal::cuda_sys;
+use cuda_hal::driver::device_count;
+use cuda_hal::CudaHal;
+
+const MIB: usize = 1 << 20;
+
+fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
+    println!("ROW|multi_gpu|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let devices = device_count().unwrap_or(0);
+    let required: usize = std::env::var("CUDA_HAL_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if devices < 2 {
+        assert!(
+            required < 2,
+            "CUDA_HAL_REQUIRE_GPUS={required} but {devices} device(s)"
+        );
+        return println!("SKIPPED: {devices} device(s) here; copies between devices need two");
+    }
+    peer(&CudaHal::new(0).unwrap(), &CudaHal::new(1).unwrap());
+}
+
+/// The current context: the one `hal`'s last operation bound.
+fn current_context(hal: &CudaHal) -> cuda_sys::CUcontext {
+    hal.synchronize().unwrap();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe {
+        cuda_sys::driver()
+            .unwrap()
+            .cuCtxGetCurrent(&mut ctx)
+            .unwrap()
+    };
+    ctx
+}
+
+/// Copies between devices 0 and 1: `copy_from_device` against the driver's peer copy on
+/// the same stream (each followed by a stream synchronize), and the host route against a
+/// plain download and upload through a pageable `Vec`.
+fn peer(hal0: &CudaHal, hal1: &CudaHal) {
+    let peer = hal1.enable_peer_access(hal0).unwrap();
+    println!("INFO|multi_gpu|peer copies: device 1 <- device 0, peer access {peer}");
+    let (ctx0, ctx1) = (current_context(hal0), current_context(hal1));
+    let stream = hal1.stream_handle();
+    let api = cuda_sys::driver().unwrap();
+    for (label, bytes) in [
+        ("4 KiB", 4 << 10),
+        ("1 MiB", MIB),
+        ("64 MiB", 64 * MIB),
+        ("256 MiB", 256 * MIB),
+    ] {
+        let n = bytes / 4;
+        let src = hal0.alloc::<u32>("peer-src", n).unwrap();
+        src.fill(7).unwrap();
+        hal0.synchronize().unwrap();
+        let dst = hal1.alloc::<u32>("peer-dst", n).unwrap();
+        let (d, s) = (
+            dst.device_ptr_mut().unwrap().addr,
+            src.device_ptr().unwrap().addr,
+        );
+        let (budget, min) = if bytes >= 64 * MIB {
+            (600, 20)
+        } else {
+            (300, 200)
+        };
+        let (t, floor) = paired_median_us(
+            min,
+            budget,
+            || {
+                dst.copy_from_device(&src).unwrap();
+                hal1.synchronize().unwrap();
+            },
+            || {
+                // SAFETY: both ranges are live allocations of `bytes`; the stream is
+                // device 1's, and its context is made current first.
+                unsafe {
+                    api.cuCtxSetCurrent(ctx1).unwrap();
+                    api.cuMemcpyPeerAsync(d, ctx1, s, ctx0, bytes, stream)
+                        .unwrap();
+                    api.cuStreamSynchronize(stream).unwrap();
+                }
+            },
+        );
+        assert_eq!(dst.get_at(n - 1).unwrap(), 7, "the copy arrived");
+        if bytes == 4 << 10 {
+            // What ordering the copy after the source's stream costs the driver alone.
+            let (ordered, _) = paired_median_us(
+                200,
+                300,
+                || {
+                    // SAFETY: as below; the event is recorded on device 0's stream in its
+                    // context and waited for by device 1's.
+                    unsafe {
+                        let mut ev = std::ptr::null_mut();
+                        api.cuCtxSetCurrent(ctx0).unwrap();
+                        api.cuEventCreate(&mut ev, 2).unwrap();
+                        api.cuEventRecord(ev, hal0.stream_handle()).unwrap();
+                        api.cuCtxSetCurrent(ctx1).unwrap();
+                        api.cuStreamWaitEvent(stream, ev, 0).unwrap();
+                        api.cuMemcpyPeerAsync(d, ctx1, s, ctx0, bytes, stream)
+                            .unwrap();
+                        api.cuStreamSynchronize(stream).unwrap();
+                        api.cuEventDestroy(ev).unwrap();
+                    }
+                },
+                || {},
+            );
+            println!(
+                "INFO|multi_gpu|  peer copy {label}: the driver's copy ordered after device 0's stream (event create, record, wait, destroy) + sync: {ordered:.2} us"
+            );
+        }
+        row(
+            &format!("copy_from_device {label}, device 1 <- 0 (+ sync)"),
+            t,
+            "cuMemcpyPeerAsync + sync",
+            floor,
+            bytes as i64,
+            "-",
+        );
+        println!(
+            "INFO|multi_gpu|  peer copy {label}: crate {:.1} GB/s, driver {:.1} GB/s",
+            gbps(bytes, t),
+            gbps(bytes, floor)
+        );
+        if bytes == 64 * MIB {
+            let mut host = vec![0u8; bytes];
+            let (t, floor) = paired_median_us(
+                10,
+                600,
+                || {
+                    dst.copy_from_device_via_host(&src).unwrap();
+                    hal1.synchronize().unwrap();
+                },
+                || {
+                    // SAFETY: `host` holds `bytes`; both device ranges are live
+                    // allocations of `bytes`; each copy runs with its device's context.
+                    unsafe {
+                        api.cuCtxSetCurrent(ctx0).unwrap();
+                        api.cuMemcpyDtoH(host.as_mut_ptr().cast(), s, bytes)
+                            .unwrap();
+                        api.cuCtxSetCurrent(ctx1).unwrap();
+                        api.cuMemcpyHtoD(d, host.as_ptr().cast(), bytes).unwrap();
+                    }
+                },
+            );
+            row(
+                &format!("copy_from_device_via_host {label}, device 1 <- 0 (+ sync)"),
+                t,
+                "cuMemcpyDtoH + cuMemcpyHtoD, pageable",
+                floor,
+                bytes as i64,
+                "-",
+            );
+        }
+    }
+}
