@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 
 use bytemuck::Pod;
 
@@ -260,16 +260,33 @@ impl Batch<'_> {
             .max()
             .unwrap_or(base);
         if end > start {
+            let spans = views
+                .iter()
+                .zip(items)
+                .map(|(v, (_, data))| (v.byte_range(), bytemuck::cast_slice(data)))
+                .collect();
             region.upload_layout(start - base, end - start, |staged| {
-                for (v, (_, data)) in views.iter().zip(items) {
-                    let r = v.byte_range();
-                    staged[r.start - start..r.end - start]
-                        .copy_from_slice(bytemuck::cast_slice(data));
-                }
+                pack(staged, start, spans)
             })?;
         }
         Ok(views)
     }
+}
+
+/// Writes every byte of `staged`, which stands for the region's bytes from `start`: each
+/// span's bytes at its range, and zeros in the gaps between spans (alignment). One pass
+/// over the block: it is reused pinned memory, so what a span does not cover would
+/// otherwise be another batch's bytes. The spans do not overlap, in any order.
+fn pack(staged: &mut [u8], start: usize, mut spans: Vec<(Range<usize>, &[u8])>) {
+    spans.sort_unstable_by_key(|(r, _)| r.start);
+    let mut at = 0;
+    for (r, bytes) in spans {
+        let r = r.start - start..r.end - start;
+        staged[at..r.start].fill(0);
+        staged[r.clone()].copy_from_slice(bytes);
+        at = r.end;
+    }
+    staged[at..].fill(0);
 }
 
 impl Drop for Batch<'_> {
@@ -281,5 +298,39 @@ impl Drop for Batch<'_> {
             *p = (*p).max(*u);
         }
         s.reallocations_avoided += self.views.get();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack;
+
+    #[test]
+    fn pack_writes_spans_in_any_order_and_zeros_the_gaps() {
+        // Stale bytes of an earlier batch in the reused block.
+        let mut staged = vec![0xEEu8; 16];
+        let (a, b) = ([1u8, 2, 3], [4u8; 4]);
+        // The region's bytes 100..116: `b` at 108..112, `a` at 101..104.
+        pack(
+            &mut staged,
+            100,
+            vec![(108..112, &b[..]), (101..104, &a[..])],
+        );
+        assert_eq!(
+            staged,
+            [0, 1, 2, 3, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0],
+            "spans in place, every other byte zero"
+        );
+    }
+
+    #[test]
+    fn pack_with_no_gaps_copies_the_spans_back_to_back() {
+        let mut staged = vec![0xEEu8; 6];
+        pack(
+            &mut staged,
+            0,
+            vec![(0..2, &[9u8, 8][..]), (2..6, &[7u8; 4][..])],
+        );
+        assert_eq!(staged, [9, 8, 7, 7, 7, 7]);
     }
 }

@@ -216,7 +216,8 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Uploads `len` bytes at byte `offset` of this buffer from a pinned block that `fill`
-    /// writes (zeroed first), with one copy and no device allocation.
+    /// writes, with one copy and no device allocation. `fill` writes every byte: the block
+    /// is reused pinned memory, not zeroed.
     pub(crate) fn upload_layout(
         &self,
         offset: usize,
@@ -234,9 +235,7 @@ impl<T: Pod> Buffer<T> {
         }
         self.raw().prepare_device_access(r.clone(), true)?;
         let mut block = h.guard(h.pinned.take(len))?;
-        let staged = &mut block.mem.as_mut_slice()[..len];
-        staged.fill(0);
-        fill(staged);
+        fill(&mut block.mem.as_mut_slice()[..len]);
         let done = h.event()?;
         // SAFETY: the block holds `len` staged bytes and is reused only after `done`; the
         // destination range lies inside this buffer (checked above).

@@ -337,6 +337,14 @@ fn batch_arena_reuses_one_region() {
     drop(x);
     drop(b);
     assert_eq!(slots.stats().slot_peaks, vec![4096, 0]);
+    // Items in another order than their slots, of odd sizes: each lands in its own slot
+    // (the staging block is packed in one pass, gaps zeroed).
+    let b = slots.begin_batch();
+    let v = b
+        .upload(&[("y", &[2u8; 999][..]), ("x", &[1u8; 4095][..])])
+        .unwrap();
+    assert_eq!(v[0].to_vec().unwrap(), vec![2u8; 999]);
+    assert_eq!(v[1].to_vec().unwrap(), vec![1u8; 4095]);
 }
 
 #[test]
