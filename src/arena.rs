@@ -10,6 +10,21 @@ use bytemuck::Pod;
 use crate::{Buffer, CudaHal, Error, Result};
 
 /// How an arena hands out its region.
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// // Slots: each input of a proof has its own fixed room.
+/// let slots = ArenaLayout::Slots(vec![("trace".into(), 1 << 20), ("public".into(), 4096)]);
+/// let arena = hal.batch_arena("inputs", 0, slots).unwrap();
+/// assert_eq!(arena.capacity(), (1 << 20) + 4096);
+/// // Bump: whatever the batch needs, in order, up to the capacity.
+/// let arena = hal.batch_arena("scratch", 1 << 20, ArenaLayout::Bump).unwrap();
+/// assert_eq!(arena.capacity(), 1 << 20);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArenaLayout {
     /// A fixed capacity in bytes per named slot; a batch takes each slot at most once.
@@ -19,6 +34,23 @@ pub enum ArenaLayout {
 }
 
 /// Counters of an arena.
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let mut arena = hal.batch_arena("a", 1 << 16, ArenaLayout::Bump).unwrap();
+/// for n in [10usize, 1000, 100] {
+///     let batch = arena.begin_batch();
+///     batch.alloc::<u32>("x", n).unwrap();
+///     batch.alloc::<u32>("y", n).unwrap();
+/// }
+/// let s = arena.stats();
+/// assert_eq!((s.batches, s.reallocations_avoided), (3, 6));
+/// assert_eq!(s.peak_bytes, 4096 + 4000, "the second batch: x at 0, y at the next 256-byte boundary");
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ArenaStats {
     /// Batches begun.
@@ -32,6 +64,21 @@ pub struct ArenaStats {
 }
 
 /// Over-capacity request: the numbers say by how much.
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal, Error};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let mut arena = hal.batch_arena("a", 1024, ArenaLayout::Bump).unwrap();
+/// let batch = arena.begin_batch();
+/// let _x = batch.alloc::<u8>("x", 1000).unwrap();
+/// match batch.alloc::<u8>("y", 100) {
+///     Err(Error::ArenaFull { requested, used, capacity, .. }) => assert_eq!((requested, used, capacity), (100, 1000, 1024)),
+///     other => panic!("expected ArenaFull, got {:?}", other.err()),
+/// }
+/// ```
 fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
     Error::ArenaFull {
         view: slot.to_string(),
@@ -66,6 +113,23 @@ pub struct BatchArena {
 }
 
 /// A batch in progress: views it hands out live no longer than it.
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+/// let sum = {
+///     let batch = arena.begin_batch();
+///     let v = batch.upload(&[("leaves", &[1u32, 2, 3][..])]).unwrap();
+///     v[0].view(|s| s.iter().sum::<u32>()).unwrap()
+/// }; // the batch and its views end here; the next batch reuses the memory
+/// assert_eq!(sum, 6);
+/// let batch = arena.begin_batch();
+/// assert_eq!(batch.used(), 0);
+/// ```
 pub struct Batch<'a> {
     arena: &'a mut BatchArena,
     cursor: std::cell::Cell<usize>,
@@ -74,6 +138,19 @@ pub struct Batch<'a> {
 }
 
 /// A typed view of arena memory, valid for its batch. Dereferences to [`Buffer`].
+///
+/// ```
+/// use cuda_hal::{ArenaLayout, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+/// let batch = arena.begin_batch();
+/// let v = batch.alloc::<u64>("acc", 16).unwrap();
+/// v.fill(5).unwrap(); // any `Buffer` method
+/// assert_eq!((v.len(), v.get_at(15).unwrap()), (16, 5));
+/// ```
 pub struct ArenaView<'b, T> {
     buffer: Buffer<T>,
     _batch: PhantomData<&'b ()>,
@@ -140,17 +217,49 @@ impl CudaHal {
 
 impl BatchArena {
     /// The region's size in bytes.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let arena = hal.batch_arena("a", 3 << 20, ArenaLayout::Bump).unwrap();
+    /// assert_eq!(arena.capacity(), 3 << 20);
+    /// ```
     pub fn capacity(&self) -> usize {
         self.region.len()
     }
 
     /// Counters so far.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+    /// arena.begin_batch().upload(&[("x", &[0u8; 1000][..])]).unwrap();
+    /// assert_eq!(arena.stats().peak_bytes, 1000);
+    /// ```
     pub fn stats(&self) -> &ArenaStats {
         &self.stats
     }
 
     /// Whether a batch of these requests (bytes each; per slot in slot order for the slot
     /// layout) fits.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let arena = hal.batch_arena("a", 1024, ArenaLayout::Bump).unwrap();
+    /// assert!(arena.can_fit(&[512, 512]));
+    /// assert!(!arena.can_fit(&[100, 100, 100, 1000]), "each request starts on a 256-byte boundary");
+    /// ```
     pub fn can_fit(&self, bytes: &[usize]) -> bool {
         match &self.layout {
             ArenaLayout::Bump => {
@@ -163,6 +272,18 @@ impl BatchArena {
     }
 
     /// Starts a batch: everything handed out by the previous one is reused.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+    /// let first = arena.begin_batch().alloc::<u8>("x", 1).unwrap().device_ptr().unwrap().addr;
+    /// let second = arena.begin_batch().alloc::<u8>("x", 1).unwrap().device_ptr().unwrap().addr;
+    /// assert_eq!(first, second, "the same memory again, no allocation");
+    /// ```
     pub fn begin_batch(&mut self) -> Batch<'_> {
         self.stats.batches += 1;
         let n = self.slot_starts.len();
@@ -177,6 +298,19 @@ impl BatchArena {
 
 impl Batch<'_> {
     /// Bytes used so far in this batch.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+    /// let batch = arena.begin_batch();
+    /// batch.alloc::<u8>("x", 100).unwrap();
+    /// batch.alloc::<u32>("y", 10).unwrap(); // starts at byte 256
+    /// assert_eq!(batch.used(), 296);
+    /// ```
     pub fn used(&self) -> usize {
         match self.arena.layout {
             ArenaLayout::Bump => self.cursor.get(),
@@ -185,6 +319,21 @@ impl Batch<'_> {
     }
 
     /// A view of `len` elements: the next free bytes (bump) or slot `name` (slots).
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let slots = ArenaLayout::Slots(vec![("a".into(), 1024), ("b".into(), 1024)]);
+    /// let mut arena = hal.batch_arena("s", 0, slots).unwrap();
+    /// let batch = arena.begin_batch();
+    /// let b = batch.alloc::<u32>("b", 256).unwrap();
+    /// assert!(batch.alloc::<u32>("b", 1).is_err(), "a slot once per batch");
+    /// assert!(batch.alloc::<u32>("c", 1).is_err(), "no such slot");
+    /// assert_eq!(b.len(), 256);
+    /// ```
     pub fn alloc<T: Pod>(&self, name: &str, len: usize) -> Result<ArenaView<'_, T>> {
         let sz = std::mem::size_of::<T>();
         if len == 0 || sz == 0 {
@@ -242,6 +391,24 @@ impl Batch<'_> {
     /// Uploads each host slice into a new view with one copy: the views are laid out in
     /// the region, so the slices are gathered into pinned memory in the same layout and
     /// copied as one range. No device memory is allocated.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut arena = hal.batch_arena("a", 1 << 20, ArenaLayout::Bump).unwrap();
+    /// let before = hal.ledger();
+    /// for round in 0..4u32 {
+    ///     let batch = arena.begin_batch();
+    ///     let views = batch.upload(&[("x", &[round; 300][..]), ("y", &[round + 1; 5][..])]).unwrap();
+    ///     assert_eq!((views[0].get_at(299).unwrap(), views[1].get_at(4).unwrap()), (round, round + 1));
+    /// }
+    /// let d = hal.ledger().since(&before);
+    /// assert_eq!(d.pool_allocs + d.driver_allocs + d.cached_allocs, 0, "no allocation per batch");
+    /// assert_eq!(d.h2d.calls, 4, "one copy per batch");
+    /// ```
     pub fn upload<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
         let views = items
             .iter()

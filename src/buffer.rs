@@ -66,6 +66,20 @@ struct HostCopy {
 
 /// One device allocation: its name, pointer, size and (phase 2) host copy. Freed through
 /// its HAL when the last buffer or slice over it is dropped.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let col = hal.alloc::<u32>("column", 1024).unwrap();
+/// let half = col.slice(512, 512).unwrap(); // the same allocation
+/// drop(col);
+/// assert_eq!(hal.memory_report().live.len(), 1, "the slice keeps it alive");
+/// drop(half);
+/// assert!(hal.memory_report().live.is_empty(), "freed with the last view");
+/// ```
 pub struct RawBuffer {
     hal: Arc<HalInner>,
     name: Cow<'static, str>,
@@ -312,26 +326,82 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Number of elements.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u64>("b", 100).unwrap();
+    /// assert_eq!(b.len(), 100);
+    /// assert_eq!(b.slice(10, 20).unwrap().len(), 20);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: buffers have at least one element.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u8>("b", 1).unwrap();
+    /// assert!(!b.is_empty());
+    /// assert!(b.slice(0, 0).is_err(), "no empty slices either");
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The name given at creation (slices keep their parent's).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("quotient", 64).unwrap();
+    /// assert_eq!(b.slice(8, 8).unwrap().name(), "quotient");
+    /// ```
     pub fn name(&self) -> &str {
         &self.raw.name
     }
 
     /// Size in bytes of this buffer or slice.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 64).unwrap();
+    /// assert_eq!(b.size_bytes(), 256);
+    /// assert_eq!(b.slice(0, 16).unwrap().size_bytes(), 64);
+    /// ```
     pub fn size_bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
 
     /// The HAL the buffer belongs to.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = hal.copy_from("a", &[1u32, 2]).unwrap();
+    /// // A helper that gets only a buffer can allocate beside it on the same device.
+    /// let b = a.hal().alloc::<u32>("b", a.len()).unwrap();
+    /// b.copy_from_buffer(&a).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![1, 2]);
+    /// ```
     pub fn hal(&self) -> CudaHal {
         CudaHal::from_inner(self.raw.hal.clone())
     }
@@ -357,6 +427,19 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// A view of elements `offset..offset + len`, sharing the allocation.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[0u32, 1, 2, 3, 4, 5]).unwrap();
+    /// let mid = b.slice(2, 3).unwrap();
+    /// assert_eq!(mid.to_vec().unwrap(), vec![2, 3, 4]);
+    /// assert_eq!(mid.slice(1, 1).unwrap().get_at(0).unwrap(), 3, "slices of slices");
+    /// assert!(matches!(b.slice(4, 3), Err(Error::OutOfRange { start: 4, end: 7, len: 6, .. })));
+    /// ```
     pub fn slice(&self, offset: usize, len: usize) -> Result<Buffer<T>> {
         if len == 0 {
             return Err(Error::ZeroLength {
@@ -557,6 +640,21 @@ impl<T: Pod> Buffer<T> {
     /// Runs `f` over the elements on the host with write access. Phase 2 edits the host
     /// copy, which is uploaded before the device next uses the buffer; otherwise the
     /// buffer is downloaded into a `Vec` and written back at once.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+    /// let total = b.view_mut(|s| {
+    ///     s.iter_mut().for_each(|x| *x *= 10);
+    ///     s.iter().sum::<u32>()
+    /// }).unwrap();
+    /// assert_eq!(total, 60);
+    /// assert_eq!(b.to_vec().unwrap(), vec![10, 20, 30]);
+    /// ```
     pub fn view_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         let _range =
             crate::nvtx::range(|| format!("view_mut {} ({} elements)", self.name(), self.len));
@@ -583,6 +681,17 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// The elements of this buffer or slice (only those: not the parent's).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[1.5f32, 2.5, 3.5]).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![1.5, 2.5, 3.5]);
+    /// assert_eq!(b.slice(1, 1).unwrap().to_vec().unwrap(), vec![2.5]);
+    /// ```
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let _range = crate::nvtx::range(|| format!("to_vec {}", self.name()));
         if PHASES.host_cache {
@@ -641,6 +750,20 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Overwrites the buffer with `src`, which must have the same length.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 4).unwrap();
+    /// b.copy_from_slice(&[4, 3, 2, 1]).unwrap();
+    /// assert_eq!(b.get_at(0).unwrap(), 4);
+    /// b.slice(2, 2).unwrap().copy_from_slice(&[7, 7]).unwrap(); // part of it
+    /// assert_eq!(b.to_vec().unwrap(), vec![4, 3, 7, 7]);
+    /// assert!(matches!(b.copy_from_slice(&[1, 2]), Err(Error::LengthMismatch { .. })));
+    /// ```
     pub fn copy_from_slice(&self, src: &[T]) -> Result<()> {
         let _range = crate::nvtx::range(|| format!("copy_from_slice {}", self.name()));
         if src.len() != self.len {
@@ -705,6 +828,19 @@ impl<T: Pod> Buffer<T> {
 
     /// Device address for reading in your own kernels: host-newer data is uploaded first.
     /// Queue the kernel on [`CudaHal::stream_handle`]'s stream, or synchronise first.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[1u32; 64]).unwrap();
+    /// let p = b.device_ptr().unwrap();
+    /// assert_eq!(p.bytes, 256);
+    /// let tail = b.slice(16, 16).unwrap().device_ptr().unwrap();
+    /// assert_eq!(tail.addr, p.addr + 64, "a slice starts inside its parent");
+    /// ```
     pub fn device_ptr(&self) -> Result<DevicePtr> {
         self.raw.hal.enter()?;
         self.raw.prepare_device_access(self.byte_range(), false)?;

@@ -40,6 +40,13 @@ pub struct CpuHal {
 
 impl CpuHal {
     /// A host HAL. It holds no resources: every buffer owns its memory.
+    ///
+    /// ```
+    /// use cuda_hal::{CpuHal, Hal, HalBuffer};
+    /// let hal = CpuHal::new();
+    /// let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
+    /// ```
     pub fn new() -> CpuHal {
         CpuHal { _private: () }
     }
@@ -79,6 +86,18 @@ struct Storage<T> {
 /// `view_mut`), with no lock held, so a closure may use the HAL freely. While a `view_mut`
 /// is active, any other access to its elements returns [`Error::BufferBorrowed`], as the CUDA
 /// HAL does.
+///
+/// ```
+/// use cuda_hal::field::Elem;
+/// use cuda_hal::{CpuHal, Error, Hal, HalBuffer};
+/// let hal = CpuHal::new();
+/// let b = hal.copy_from("col", &[Elem::new(1), Elem::new(2)]).unwrap();
+/// let head = b.slice(0, 1).unwrap(); // shares b's memory
+/// head.view_mut(|s| s[0] = Elem::new(9)).unwrap();
+/// assert_eq!(b.get_at(0).unwrap(), Elem::new(9));
+/// let busy = b.view_mut(|_| b.get_at(0)).unwrap();
+/// assert!(matches!(busy, Err(Error::BufferBorrowed { .. })), "as the CUDA HAL does");
+/// ```
 pub struct CpuBuffer<T> {
     store: Arc<Storage<T>>,
     offset: usize,

@@ -36,6 +36,15 @@ fn check_len(what: &str, expected: usize, actual: usize) {
 
 /// `out[i] = a[i] + b[i]`.
 ///
+/// ```
+/// use cuda_hal::cpu_ops;
+/// use cuda_hal::field::Elem;
+/// let (a, b) = ([Elem::new(3), Elem::new(4)], [Elem::new(10), Elem::new(20)]);
+/// let mut out = [Elem::ZERO; 2];
+/// cpu_ops::eltwise_add(&mut out, &a, &b);
+/// assert_eq!(out, [Elem::new(13), Elem::new(24)]);
+/// ```
+///
 /// # Panics
 /// If the three lengths differ.
 pub fn eltwise_add<F: FieldElement>(out: &mut [F], a: &[F], b: &[F]) {
@@ -44,6 +53,15 @@ pub fn eltwise_add<F: FieldElement>(out: &mut [F], a: &[F], b: &[F]) {
 
 /// `out[i] = a[i] - b[i]`.
 ///
+/// ```
+/// use cuda_hal::cpu_ops;
+/// use cuda_hal::field::Elem;
+/// let (a, b) = ([Elem::new(3), Elem::new(4)], [Elem::new(1), Elem::new(5)]);
+/// let mut out = [Elem::ZERO; 2];
+/// cpu_ops::eltwise_sub(&mut out, &a, &b);
+/// assert_eq!(out, [Elem::new(2), -Elem::new(1)]);
+/// ```
+///
 /// # Panics
 /// If the three lengths differ.
 pub fn eltwise_sub<F: FieldElement>(out: &mut [F], a: &[F], b: &[F]) {
@@ -51,6 +69,15 @@ pub fn eltwise_sub<F: FieldElement>(out: &mut [F], a: &[F], b: &[F]) {
 }
 
 /// `out[i] = a[i] * b[i]`.
+///
+/// ```
+/// use cuda_hal::cpu_ops;
+/// use cuda_hal::field::Elem;
+/// let (a, b) = ([Elem::new(3), Elem::new(4)], [Elem::new(5), Elem::new(6)]);
+/// let mut out = [Elem::ZERO; 2];
+/// cpu_ops::eltwise_mul(&mut out, &a, &b);
+/// assert_eq!(out, [Elem::new(15), Elem::new(24)]);
+/// ```
 ///
 /// # Panics
 /// If the three lengths differ.

@@ -3,10 +3,38 @@
 use std::fmt;
 
 /// Result alias used throughout the crate.
+///
+/// ```
+/// fn first_element(hal: &cuda_hal::CudaHal) -> cuda_hal::Result<u32> {
+///     let b = hal.copy_from("b", &[42u32])?;
+///     b.get_at(0)
+/// }
+/// if let Ok(hal) = cuda_hal::CudaHal::new(0) {
+///     assert_eq!(first_element(&hal).unwrap(), 42);
+/// }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a HAL operation failed. The HAL stays usable after every variant except
 /// [`Error::ContextPoisoned`].
+///
+/// ```
+/// use cuda_hal::{CudaHal, Error};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.copy_from("column-3", &[1u32, 2, 3]).unwrap();
+/// match b.get_at(3) {
+///     Err(Error::OutOfRange { name, start, len, .. }) => {
+///         assert_eq!((name.as_str(), start, len), ("column-3", 3, 3));
+///     }
+///     other => panic!("expected OutOfRange, got {other:?}"),
+/// }
+/// // The message names the buffer, and the HAL is still usable.
+/// assert!(b.get_at(3).unwrap_err().to_string().contains("column-3"));
+/// assert_eq!(b.get_at(2).unwrap(), 3);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
@@ -117,6 +145,16 @@ pub enum Error {
 
 impl Error {
     /// The driver error inside, if any.
+    ///
+    /// ```
+    /// use cuda_hal::Error;
+    /// let e = Error::InvalidArgument("log_n must be at most 27".into());
+    /// assert!(e.driver_error().is_none(), "an argument error never reached the driver");
+    /// if let Err(e) = cuda_hal::CudaHal::new(0) {
+    ///     // No driver or no device: the driver's own code and message are inside.
+    ///     println!("{e}; driver said: {:?}", e.driver_error());
+    /// }
+    /// ```
     pub fn driver_error(&self) -> Option<&cuda_sys::Error> {
         match self {
             Error::Cuda(e) | Error::ContextPoisoned { cause: e } => Some(e),

@@ -89,6 +89,20 @@ impl Default for HalConfig {
 }
 
 /// Everything [`CudaHal::stats`] reports.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let before = hal.stats().unwrap();
+/// let b = hal.copy_from("col", &[7u32; 1024]).unwrap();
+/// let after = hal.stats().unwrap();
+/// assert_eq!(after.ledger.since(&before.ledger).h2d.bytes, 4096);
+/// assert!(after.pool.used_current >= 4096 || !cuda_hal::PHASES.pool_alloc);
+/// drop(b);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HalStats {
     /// Transfers, allocations, cache lookups and launches so far.
@@ -175,12 +189,39 @@ pub(crate) struct HalInner {
 
 impl CudaHal {
     /// Opens device `ordinal` with the default [`HalConfig`].
+    ///
+    /// ```
+    /// use cuda_hal::{driver::device_count, CudaHal, Error};
+    /// match CudaHal::new(0) {
+    ///     Ok(hal) => println!("device 0: {}", hal.info().name),
+    ///     Err(e) => return println!("no CUDA device here: {e}"),
+    /// }
+    /// // An ordinal past the last device is a typed error, not a panic.
+    /// let n = device_count().unwrap();
+    /// assert!(matches!(CudaHal::new(n), Err(Error::NoDevice { .. })));
+    /// ```
     pub fn new(ordinal: usize) -> Result<Self> {
         Self::with_config(ordinal, HalConfig::default())
     }
 
     /// Opens device `ordinal`: retains its primary context, creates a non-blocking stream,
     /// creates the HAL's own memory pool and loads the embedded kernels.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, HalConfig};
+    /// let config = HalConfig {
+    ///     block_cache_bytes: 0,      // every free goes back to the pool
+    ///     track_allocations: false,  // no names kept
+    ///     ..HalConfig::default()
+    /// };
+    /// let Ok(hal) = CudaHal::with_config(0, config) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// drop(hal.alloc::<u8>("scratch", 4096).unwrap());
+    /// assert_eq!(hal.stats().unwrap().cached_bytes, 0);
+    /// assert!(hal.memory_report().live.is_empty());
+    /// ```
     pub fn with_config(ordinal: usize, config: HalConfig) -> Result<Self> {
         let info = DeviceInfo::query(ordinal)?;
         let ctx = PrimaryContext::retain(ordinal)?;
@@ -219,16 +260,50 @@ impl CudaHal {
     }
 
     /// The device's properties.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let info = hal.info();
+    /// println!("{} sm_{}{}, {} SMs", info.name, info.compute_capability.0, info.compute_capability.1, info.multiprocessors);
+    /// assert_eq!(info.ordinal, 0);
+    /// assert!(info.total_memory > 0);
+    /// ```
     pub fn info(&self) -> &DeviceInfo {
         &self.inner.info
     }
 
     /// The configuration the HAL was made with.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, HalConfig};
+    /// let config = HalConfig { memory_limit: Some(1 << 30), ..HalConfig::default() };
+    /// let Ok(hal) = CudaHal::with_config(0, config) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(hal.config().memory_limit, Some(1 << 30));
+    /// ```
     pub fn config(&self) -> &HalConfig {
         &self.inner.config
     }
 
     /// Waits for all work queued on the HAL's stream.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 1 << 20).unwrap();
+    /// b.fill(3).unwrap(); // queued on the stream
+    /// hal.synchronize().unwrap(); // done now
+    /// assert_eq!(b.get_at(12345).unwrap(), 3);
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         let _range = crate::nvtx::range(|| "synchronize".to_string());
         let h = &self.inner;
@@ -268,6 +343,22 @@ impl CudaHal {
 
     /// The HAL's stream, for queueing your own kernels in order with the HAL's work
     /// (use [`Buffer::device_ptr`] and [`Buffer::device_ptr_mut`] for their arguments).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 1 << 20).unwrap();
+    /// b.fill(5).unwrap(); // queued on the HAL's stream
+    /// // SAFETY: the stream is the HAL's, alive while `hal` is.
+    /// unsafe {
+    ///     let d = cuda_hal::cuda_sys::driver().unwrap();
+    ///     d.cuStreamSynchronize(hal.stream_handle()).unwrap(); // waits for the fill
+    /// }
+    /// assert_eq!(b.get_at(0).unwrap(), 5);
+    /// ```
     pub fn stream_handle(&self) -> cuda_sys::CUstream {
         self.inner.stream.raw()
     }
@@ -298,6 +389,19 @@ impl CudaHal {
 
     /// Frees the cached blocks and returns the pool's reserved memory above `keep_bytes`
     /// to the OS, after the stream's pending frees complete.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// drop(hal.alloc::<u8>("big", 64 << 20).unwrap());
+    /// hal.trim_pool(0).unwrap();
+    /// let stats = hal.stats().unwrap();
+    /// assert_eq!(stats.cached_bytes, 0);
+    /// assert_eq!(stats.pool.used_current, 0);
+    /// ```
     pub fn trim_pool(&self, keep_bytes: usize) -> Result<()> {
         let h = &self.inner;
         h.enter()?;
@@ -305,11 +409,35 @@ impl CudaHal {
     }
 
     /// The error that made the context unusable, if a device fault happened.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// // Bad arguments are errors that leave the context usable.
+    /// let b = hal.alloc::<u32>("b", 4).unwrap();
+    /// assert!(b.get_at(4).is_err());
+    /// assert!(hal.poisoned().is_none());
+    /// ```
     pub fn poisoned(&self) -> Option<cuda_sys::Error> {
         self.inner.poisoned.get().cloned()
     }
 
     /// A buffer of `len` elements with unspecified contents.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let name = format!("column-{}", 3); // a name can also be a `String`
+    /// let b = hal.alloc::<u64>(name, 1 << 16).unwrap();
+    /// assert_eq!((b.len(), b.size_bytes(), b.name()), (1 << 16, 8 << 16, "column-3"));
+    /// assert!(matches!(hal.alloc::<u64>("empty", 0), Err(Error::ZeroLength { .. })));
+    /// ```
     pub fn alloc<T: bytemuck::Pod>(
         &self,
         name: impl Into<Cow<'static, str>>,
@@ -319,6 +447,16 @@ impl CudaHal {
     }
 
     /// A buffer of `len` zeroed elements.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let acc = hal.alloc_zeroed::<u32>("acc", 1000).unwrap();
+    /// assert!(acc.to_vec().unwrap().iter().all(|&x| x == 0));
+    /// ```
     pub fn alloc_zeroed<T: bytemuck::Pod>(
         &self,
         name: impl Into<Cow<'static, str>>,
@@ -337,6 +475,17 @@ impl CudaHal {
     }
 
     /// A buffer holding a copy of `data`.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let trace: Vec<u32> = (0..1000).collect();
+    /// let b = hal.copy_from("trace", &trace).unwrap();
+    /// assert_eq!(b.to_vec().unwrap(), trace);
+    /// ```
     pub fn copy_from<T: bytemuck::Pod>(
         &self,
         name: impl Into<Cow<'static, str>>,

@@ -39,6 +39,19 @@ use crate::{Error, Result};
 
 /// A typed buffer of a [`Hal`]: a whole allocation or a slice of one. Clones and slices share
 /// the elements.
+///
+/// ```
+/// use cuda_hal::{CpuHal, Hal, HalBuffer};
+/// // Generic host-side checks work on any backend's buffers.
+/// fn is_sorted<T: PartialOrd + Copy, B: HalBuffer<T>>(b: &B) -> cuda_hal::Result<bool> {
+///     b.view(|s| s.windows(2).all(|w| w[0] <= w[1]))
+/// }
+/// let hal = CpuHal::new();
+/// assert!(is_sorted(&hal.copy_from("asc", &[1u32, 2, 3]).unwrap()).unwrap());
+/// if let Ok(gpu) = cuda_hal::CudaHal::new(0) {
+///     assert!(!is_sorted(&Hal::copy_from(&gpu, "desc", &[3u32, 2, 1]).unwrap()).unwrap());
+/// }
+/// ```
 pub trait HalBuffer<T>: Clone + Debug + Send + Sync {
     /// Number of elements.
     fn len(&self) -> usize;
@@ -92,6 +105,25 @@ pub trait HalBuffer<T>: Clone + Debug + Send + Sync {
 /// Operations may complete asynchronously on a device; reading a buffer
 /// ([`HalBuffer::to_vec`] and the like) always sees the results of every operation issued
 /// before it. [`Hal::synchronize`] waits for all of them.
+///
+/// ```
+/// use cuda_hal::field::Elem;
+/// use cuda_hal::{cpu_ops, CpuHal, CudaHal, Hal, HalBuffer};
+/// // One prover step, written once, checked against the reference on every backend.
+/// fn lde<H: Hal>(hal: &H, coeffs: &[Elem]) -> cuda_hal::Result<Vec<Elem>> {
+///     let input = hal.copy_from("coeffs", coeffs)?;
+///     let out = hal.alloc::<Elem>("lde", coeffs.len() * 4)?;
+///     hal.coset_lde(&out, &input, 3, 2)?; // one column of 2^3, blowup 2^2
+///     out.to_vec()
+/// }
+/// let coeffs: Vec<Elem> = (1..=8).map(Elem::new).collect();
+/// let mut want = vec![Elem::ZERO; 32];
+/// cpu_ops::coset_lde(&mut want, &coeffs, 3, 2);
+/// assert_eq!(lde(&CpuHal::new(), &coeffs).unwrap(), want);
+/// if let Ok(gpu) = CudaHal::new(0) {
+///     assert_eq!(lde(&gpu, &coeffs).unwrap(), want);
+/// }
+/// ```
 pub trait Hal: Send + Sync {
     /// The backend's buffer type.
     type Buffer<T: Pod + Send + Sync>: HalBuffer<T>;

@@ -27,26 +27,67 @@ pub struct IntervalSet {
 
 impl IntervalSet {
     /// The empty set.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let s = IntervalSet::new();
+    /// assert!(s.is_empty() && s.ranges().is_empty());
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// The ranges, sorted and disjoint.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(30..40);
+    /// s.insert(0..10);
+    /// assert_eq!(s.ranges(), &[0..10, 30..40]);
+    /// ```
     pub fn ranges(&self) -> &[Range<usize>] {
         &self.ranges
     }
 
     /// Whether the set holds no bytes.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(5..5); // an empty range adds nothing
+    /// assert!(s.is_empty());
+    /// s.insert(5..6);
+    /// assert!(!s.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
     /// Total bytes in the set.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..10);
+    /// s.insert(5..15); // overlaps: counted once
+    /// s.insert(100..101);
+    /// assert_eq!(s.total(), 16);
+    /// ```
     pub fn total(&self) -> usize {
         self.ranges.iter().map(|r| r.len()).sum()
     }
 
     /// Adds `r`, merging with overlapping or adjacent ranges.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..10);
+    /// s.insert(20..30);
+    /// s.insert(10..20); // fills the gap: one range
+    /// assert_eq!(s.ranges(), &[0..30]);
+    /// ```
     pub fn insert(&mut self, r: Range<usize>) {
         if r.is_empty() {
             return;
@@ -64,6 +105,16 @@ impl IntervalSet {
     }
 
     /// Removes `r` from the set. Allocates nothing unless a range is split in two.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..30);
+    /// s.remove(10..20);
+    /// assert_eq!(s.ranges(), &[0..10, 20..30]);
+    /// s.remove(0..100);
+    /// assert!(s.is_empty());
+    /// ```
     pub fn remove(&mut self, r: Range<usize>) {
         if r.is_empty() {
             return;
@@ -81,6 +132,16 @@ impl IntervalSet {
     }
 
     /// Whether every byte of `r` is in the set.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..10);
+    /// s.insert(20..30);
+    /// assert!(s.contains(&(2..8)));
+    /// assert!(!s.contains(&(5..25)), "10..20 is missing");
+    /// assert!(s.contains(&(50..50)), "an empty range is always contained");
+    /// ```
     pub fn contains(&self, r: &Range<usize>) -> bool {
         if r.is_empty() {
             return true;
@@ -92,6 +153,14 @@ impl IntervalSet {
     }
 
     /// The parts of `r` not in the set, in order.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(10..20);
+    /// assert_eq!(s.missing(&(0..30)), vec![0..10, 20..30]);
+    /// assert!(s.missing(&(12..18)).is_empty());
+    /// ```
     pub fn missing(&self, r: &Range<usize>) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         let mut cursor = r.start;
@@ -112,18 +181,47 @@ impl IntervalSet {
     }
 
     /// Whether any byte of `r` is in the set.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(10..20);
+    /// assert!(s.overlaps(&(15..25)));
+    /// assert!(!s.overlaps(&(20..30)), "ranges are half-open");
+    /// ```
     pub fn overlaps(&self, r: &Range<usize>) -> bool {
         let i = self.ranges.partition_point(|x| x.end <= r.start);
         self.ranges.get(i).is_some_and(|x| x.start < r.end)
     }
 
     /// Empties the set.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..10);
+    /// s.clear();
+    /// assert_eq!(s.total(), 0);
+    /// ```
     pub fn clear(&mut self) {
         self.ranges.clear();
     }
 }
 
 /// Kind of an active host view.
+///
+/// Two shared views may overlap; an exclusive one overlaps nothing:
+/// ```
+/// use cuda_hal::host_cache::{BorrowKind, CacheState};
+/// let mut c = CacheState::default();
+/// c.mark_downloaded(0..100);
+/// let a = c.begin_borrow(0..60, BorrowKind::Shared).unwrap();
+/// let b = c.begin_borrow(40..100, BorrowKind::Shared).unwrap();
+/// assert!(c.begin_borrow(50..70, BorrowKind::Exclusive).is_err());
+/// c.end_borrow(a);
+/// c.end_borrow(b);
+/// assert!(c.begin_borrow(50..70, BorrowKind::Exclusive).is_ok());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BorrowKind {
     /// `view`: reads the host copy.
@@ -133,6 +231,14 @@ pub enum BorrowKind {
 }
 
 /// An active view was in the way of an operation.
+///
+/// ```
+/// use cuda_hal::host_cache::{BorrowKind, CacheState, Conflict};
+/// let mut c = CacheState::default();
+/// c.mark_downloaded(0..10);
+/// let _view = c.begin_borrow(0..10, BorrowKind::Exclusive).unwrap();
+/// assert_eq!(c.plan_read(&(0..10)), Err(Conflict));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conflict;
 
@@ -168,16 +274,45 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
 
 impl CacheState {
     /// Bytes where the host copy holds the newest data.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..64);
+    /// assert_eq!(c.readable().ranges(), &[0..64]);
+    /// c.mark_device_access(32..64, true); // a kernel writes the upper half
+    /// assert_eq!(c.readable().ranges(), &[0..32]);
+    /// ```
     pub fn readable(&self) -> &IntervalSet {
         &self.readable
     }
 
     /// Bytes where the host copy is newer than the device.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..64);
+    /// let v = c.begin_borrow(8..16, BorrowKind::Exclusive).unwrap();
+    /// assert!(c.dirty().is_empty(), "dirty once the view ends");
+    /// c.end_borrow(v);
+    /// assert_eq!(c.dirty().ranges(), &[8..16]);
+    /// ```
     pub fn dirty(&self) -> &IntervalSet {
         &self.dirty
     }
 
     /// Number of active views.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..64);
+    /// let v = c.begin_borrow(0..64, BorrowKind::Shared).unwrap();
+    /// assert_eq!(c.active_borrows(), 1);
+    /// c.end_borrow(v);
+    /// assert_eq!(c.active_borrows(), 0);
+    /// ```
     pub fn active_borrows(&self) -> usize {
         self.borrows.len()
     }
@@ -190,6 +325,20 @@ impl CacheState {
 
     /// What must be downloaded so the host can read `r`. Fails if a mutable view covers
     /// `r`, or if a download would write under an active view.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..32);
+    /// // Only what the host lacks is downloaded.
+    /// assert_eq!(c.plan_read(&(0..64)).unwrap(), vec![32..64]);
+    /// // A download must not write under an open view.
+    /// let v = c.begin_borrow(0..32, BorrowKind::Shared).unwrap();
+    /// c.mark_device_access(16..32, true); // (bookkeeping only: the device wrote 16..32)
+    /// assert!(c.plan_read(&(0..64)).is_err());
+    /// c.end_borrow(v);
+    /// assert_eq!(c.plan_read(&(0..64)).unwrap(), vec![16..64]);
+    /// ```
     pub fn plan_read(&self, r: &Range<usize>) -> Result<Vec<Range<usize>>, Conflict> {
         if self.conflicts(r, false) {
             return Err(Conflict);
@@ -202,11 +351,27 @@ impl CacheState {
     }
 
     /// Records that `r` was downloaded from the device.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..16);
+    /// assert!(c.plan_read(&(0..16)).unwrap().is_empty());
+    /// ```
     pub fn mark_downloaded(&mut self, r: Range<usize>) {
         self.readable.insert(r);
     }
 
     /// Starts a view of `r`; `plan_read` for it has succeeded and its downloads are done.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// assert!(c.begin_borrow(0..8, BorrowKind::Shared).is_err(), "not downloaded yet");
+    /// c.mark_downloaded(0..8);
+    /// let id = c.begin_borrow(0..8, BorrowKind::Shared).unwrap();
+    /// c.end_borrow(id);
+    /// ```
     pub fn begin_borrow(&mut self, r: Range<usize>, kind: BorrowKind) -> Result<u64, Conflict> {
         let with_shared = kind == BorrowKind::Exclusive;
         if self.conflicts(&r, with_shared) || !self.readable.contains(&r) {
@@ -218,6 +383,18 @@ impl CacheState {
     }
 
     /// Ends view `id`; an exclusive view leaves its range newer on the host.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..8);
+    /// let shared = c.begin_borrow(0..8, BorrowKind::Shared).unwrap();
+    /// c.end_borrow(shared);
+    /// assert!(c.dirty().is_empty());
+    /// let exclusive = c.begin_borrow(0..8, BorrowKind::Exclusive).unwrap();
+    /// c.end_borrow(exclusive);
+    /// assert_eq!(c.dirty().ranges(), &[0..8]);
+    /// ```
     pub fn end_borrow(&mut self, id: u64) {
         if let Some(pos) = self.borrows.iter().position(|(i, _, _)| *i == id) {
             let (_, kind, r) = self.borrows.swap_remove(pos);
@@ -229,6 +406,16 @@ impl CacheState {
 
     /// Before the device reads (or, with `write`, writes) `r`: the host-newer ranges to
     /// upload first. Fails while a mutable view covers `r`.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..8);
+    /// let v = c.begin_borrow(0..4, BorrowKind::Exclusive).unwrap();
+    /// assert!(c.plan_device_access(&(0..8)).is_err());
+    /// c.end_borrow(v);
+    /// assert_eq!(c.plan_device_access(&(0..8)).unwrap(), vec![0..4]);
+    /// ```
     pub fn plan_device_access(&self, r: &Range<usize>) -> Result<Vec<Range<usize>>, Conflict> {
         if self.conflicts(r, false) || self.dirty.ranges().iter().any(|d| self.conflicts(d, false))
         {
@@ -239,6 +426,16 @@ impl CacheState {
 
     /// Records that the planned uploads are done and, with `write`, that the device is about
     /// to change `r`, so the host copy of `r` is stale.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..8);
+    /// c.mark_device_access(0..8, false); // a kernel only read it
+    /// assert!(c.plan_read(&(0..8)).unwrap().is_empty());
+    /// c.mark_device_access(0..8, true); // a kernel wrote it
+    /// assert_eq!(c.plan_read(&(0..8)).unwrap(), vec![0..8]);
+    /// ```
     pub fn mark_device_access(&mut self, r: Range<usize>, write: bool) {
         self.dirty.clear();
         if write {

@@ -22,6 +22,21 @@ use crate::{CudaHal, Error, Result};
 pub static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kernels.fatbin"));
 
 /// Whether this build embeds kernels.
+///
+/// ```
+/// // Built without nvcc, the crate still works for memory and transfers; kernels then fail
+/// // with a typed error.
+/// use cuda_hal::{kernels_available, CudaHal, Error};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.alloc::<u32>("b", 16).unwrap();
+/// match b.fill(1) {
+///     Ok(()) => assert!(kernels_available()),
+///     Err(e) => assert!(!kernels_available() && e == Error::KernelsUnavailable),
+/// }
+/// ```
 pub fn kernels_available() -> bool {
     !FATBIN.is_empty()
 }
@@ -90,6 +105,13 @@ impl KernelTable {
 }
 
 /// Grid, block and dynamic shared memory of a launch.
+///
+/// ```
+/// use cuda_hal::LaunchDims;
+/// // A 2-D launch over a 1024 x 512 matrix in 32 x 8 tiles with 4 KiB of shared memory each.
+/// let dims = LaunchDims { grid: (1024 / 32, 512 / 8, 1), block: (32, 8, 1), shared_bytes: 4096 };
+/// assert_eq!(dims.grid.0 * dims.block.0, 1024);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchDims {
     /// Blocks per grid.
@@ -221,6 +243,26 @@ impl CudaHal {
 
     /// Starts a launch of the kernel `kernel`: an embedded one, or one of a module loaded
     /// with [`CudaHal::load_module`].
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let x = hal.copy_from("x", &[1u32, 2, 3]).unwrap();
+    /// // fill_u32(out, value, n)
+    /// hal.launch("fill_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
+    ///     .output(&x)
+    ///     .scalar(7u32)
+    ///     .scalar(3u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert_eq!(x.to_vec().unwrap(), vec![7, 7, 7]);
+    /// // A kernel that is not there is an error when the launch runs.
+    /// let err = hal.launch("no_such_kernel", LaunchDims::for_elements(1, 1)).run();
+    /// assert!(err.is_err());
+    /// ```
     #[inline]
     pub fn launch<'h>(&'h self, kernel: &'h str, dims: LaunchDims) -> Launch<'h> {
         Launch {
@@ -251,6 +293,25 @@ impl<'h> Launch<'h> {
     /// Runs the kernel on `stream` instead of the HAL's main stream. The launch waits for
     /// the main stream's work so far and for other streams' pending uses of its buffers,
     /// and its buffers are not freed or reused until it is done.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// let x = hal.alloc::<u32>("x", 1 << 20).unwrap();
+    /// hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
+    ///     .on(&side)
+    ///     .output(&x)
+    ///     .scalar(4u32)
+    ///     .scalar(x.len() as u64)
+    ///     .run()
+    ///     .unwrap();
+    /// // Reading on the main stream waits for the side stream's fill.
+    /// assert_eq!(x.get_at(x.len() - 1).unwrap(), 4);
+    /// ```
     pub fn on(mut self, stream: &HalStream) -> Self {
         if self.error.is_none() && !self.hal.same(&stream.hal) {
             self.error = Some(Box::new(Error::InvalidArgument(
@@ -262,24 +323,96 @@ impl<'h> Launch<'h> {
     }
 
     /// Next parameter: a buffer the kernel only reads.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = hal.copy_from("a", &[2.0f32, 3.0]).unwrap();
+    /// let out = hal.alloc::<f32>("out", 2).unwrap();
+    /// // eltwise_mul_f32(out, a, b, n): a read twice
+    /// hal.launch("eltwise_mul_f32", LaunchDims::for_elements(2, 1))
+    ///     .output(&out).input(&a).input(&a).scalar(2u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert_eq!(out.to_vec().unwrap(), vec![4.0, 9.0]);
+    /// ```
     #[inline]
     pub fn input<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::Read)
     }
 
     /// Next parameter: a buffer the kernel writes (and may not read).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = hal.copy_from("a", &[1u32, 2, 3, 4]).unwrap();
+    /// // An output may not overlap an input: the launch is refused before it is queued.
+    /// let err = hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    ///     .output(&a).input(&a).input(&a).scalar(4u64)
+    ///     .run();
+    /// assert!(matches!(err, Err(Error::Aliasing { .. })));
+    /// assert_eq!(a.to_vec().unwrap(), vec![1, 2, 3, 4]);
+    /// ```
     #[inline]
     pub fn output<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::Write)
     }
 
     /// Next parameter: a buffer the kernel reads and writes in place.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// // An accumulator edited on the host, then used as a read-write parameter: its
+    /// // host edits go to the device before the kernel runs.
+    /// let acc = hal.alloc_zeroed::<u32>("acc", 4).unwrap();
+    /// acc.view_mut(|s| s[0] = 5).unwrap();
+    /// let (a, b) = (hal.copy_from("a", &[1u32; 4]).unwrap(), hal.copy_from("b", &[2u32; 4]).unwrap());
+    /// // eltwise_add_u32(out, a, b, n) writes every element of `acc`.
+    /// hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    ///     .inout(&acc).input(&a).input(&b).scalar(4u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert_eq!(acc.to_vec().unwrap(), vec![3; 4]);
+    /// // The same buffer as a second parameter is refused: an output may not alias.
+    /// let twice = hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    ///     .inout(&acc).input(&acc).input(&b).scalar(4u64)
+    ///     .run();
+    /// assert!(twice.is_err());
+    /// ```
     #[inline]
     pub fn inout<T: bytemuck::Pod>(self, b: &Buffer<T>) -> Self {
         self.buffer(b, Access::ReadWrite)
     }
 
     /// Next parameter: a value of at most 16 bytes.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let x = hal.alloc::<u64>("x", 8).unwrap();
+    /// // fill_u64(out, value, n): two 8-byte scalars
+    /// hal.launch("fill_u64", LaunchDims::for_elements(8, 1))
+    ///     .output(&x).scalar(u64::MAX).scalar(8u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert_eq!(x.get_at(7).unwrap(), u64::MAX);
+    /// let too_big = hal.launch("fill_u64", LaunchDims::for_elements(8, 1)).output(&x).scalar([0u64; 3]).run();
+    /// assert!(matches!(too_big, Err(Error::InvalidArgument(_))));
+    /// ```
     #[inline]
     pub fn scalar<V: bytemuck::Pod>(mut self, v: V) -> Self {
         let bytes = bytemuck::bytes_of(&v);
@@ -299,6 +432,26 @@ impl<'h> Launch<'h> {
 
     /// Checks the arguments, brings host-newer inputs to the device, invalidates the host
     /// copies of the outputs and queues the kernel on the HAL's stream.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let x = hal.copy_from("x", &[0u32; 4]).unwrap();
+    /// assert_eq!(x.get_at(0).unwrap(), 0); // the host copy is now cached (phase 2)
+    /// hal.launch("fill_u32", LaunchDims::for_elements(4, 1))
+    ///     .output(&x).scalar(1u32).scalar(4u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert_eq!(x.get_at(0).unwrap(), 1, "the cached host copy was invalidated");
+    /// // A buffer of another HAL is refused before anything is queued.
+    /// let other = CudaHal::new(0).unwrap();
+    /// let foreign = other.alloc::<u32>("foreign", 4).unwrap();
+    /// let err = hal.launch("fill_u32", LaunchDims::for_elements(4, 1)).output(&foreign).scalar(1u32).scalar(4u64).run();
+    /// assert!(matches!(err, Err(Error::ForeignBuffer { .. })));
+    /// ```
     pub fn run(mut self) -> Result<()> {
         let _range = crate::nvtx::range(|| {
             let names = |want: &[Access]| -> String {
@@ -384,7 +537,19 @@ fn check_aliasing(buffers: &[BufferArg]) -> Result<()> {
     Ok(())
 }
 
-/// A device address for users' own kernels, with the element count it covers.
+/// A device address for users' own kernels, with the bytes it covers.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.alloc::<u16>("b", 100).unwrap();
+/// let p = b.device_ptr().unwrap();
+/// assert_eq!(p.bytes, 200);
+/// assert_ne!(p.addr, 0);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DevicePtr {
     /// The address of the first element.

@@ -3,6 +3,21 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Bytes and calls in one direction.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let before = hal.ledger();
+/// let b = hal.copy_from("b", &[0u8; 1000]).unwrap();
+/// b.to_vec().unwrap();
+/// b.to_vec().unwrap(); // phase 2 serves this one from the host copy
+/// let d = hal.ledger().since(&before);
+/// assert_eq!((d.h2d.bytes, d.h2d.calls), (1000, 1));
+/// assert_eq!(d.d2h.bytes, if cuda_hal::PHASES.host_cache { 1000 } else { 2000 });
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// Bytes moved.
@@ -15,6 +30,13 @@ pub struct Traffic {
 
 impl Traffic {
     /// Bytes per second over the timed device time (0 when nothing was timed).
+    ///
+    /// ```
+    /// use cuda_hal::Traffic;
+    /// let t = Traffic { bytes: 1 << 30, calls: 1, device_ns: 25_000_000 };
+    /// assert!((t.bandwidth() / 1e9 - 42.95).abs() < 0.01); // GB/s
+    /// assert_eq!(Traffic::default().bandwidth(), 0.0);
+    /// ```
     pub fn bandwidth(&self) -> f64 {
         if self.device_ns == 0 {
             0.0
@@ -25,6 +47,20 @@ impl Traffic {
 }
 
 /// A snapshot of a HAL's counters. Subtract two with [`LedgerSnapshot::since`].
+///
+/// ```
+/// use cuda_hal::{CudaHal, HalConfig};
+/// let config = HalConfig { time_transfers: true, ..HalConfig::default() };
+/// let Ok(hal) = CudaHal::with_config(0, config) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.copy_from("b", &vec![1u32; 16 << 20]).unwrap();
+/// let s = hal.stats().unwrap().ledger; // (`ledger()` alone does not collect the timings)
+/// println!("upload: {:.1} GB/s on the device", s.h2d.bandwidth() / 1e9);
+/// assert_eq!(s.h2d.bytes, 64 << 20);
+/// drop(b);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LedgerSnapshot {
     /// Host to device.
@@ -88,6 +124,16 @@ impl LedgerSnapshot {
     }
 
     /// Bytes moved in all directions.
+    ///
+    /// ```
+    /// use cuda_hal::{LedgerSnapshot, Traffic};
+    /// let s = LedgerSnapshot {
+    ///     h2d: Traffic { bytes: 10, calls: 1, device_ns: 0 },
+    ///     d2d: Traffic { bytes: 5, calls: 1, device_ns: 0 },
+    ///     ..LedgerSnapshot::default()
+    /// };
+    /// assert_eq!(s.bytes_moved(), 15);
+    /// ```
     pub fn bytes_moved(&self) -> u64 {
         self.h2d.bytes + self.d2h.bytes + self.d2d.bytes
     }

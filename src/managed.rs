@@ -12,6 +12,18 @@ use crate::kernels::DevicePtr;
 use crate::{CudaHal, Error, Result};
 
 /// Where managed memory should live or be read from.
+///
+/// ```
+/// use cuda_hal::{CudaHal, ManagedAdvice};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let m = hal.alloc_managed::<u32>("constants", 1 << 16).unwrap();
+/// // Tables the device reads often and the host seldom writes:
+/// m.advise(ManagedAdvice::ReadMostly).unwrap();
+/// m.advise(ManagedAdvice::AccessedByDevice).unwrap();
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ManagedAdvice {
     /// Mostly read: the driver may keep read-only copies on each processor.
@@ -53,6 +65,19 @@ impl CudaHal {
     /// Allocates `len` elements of managed memory. Refused with `OutOfMemory` when the
     /// device reports less free memory than that (managed memory can oversubscribe; the
     /// HAL never asks it to), or past the HAL's limit.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, Error};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let m = hal.alloc_managed::<u64>("witness", 1024).unwrap();
+    /// assert_eq!(m.len(), 1024);
+    /// // More than the device has free is refused, never oversubscribed.
+    /// let too_big = hal.alloc_managed::<u8>("huge", hal.info().total_memory + 1);
+    /// assert!(matches!(too_big, Err(Error::OutOfMemory { .. })));
+    /// ```
     pub fn alloc_managed<T: Pod>(&self, name: &str, len: usize) -> Result<ManagedBuffer<T>> {
         let h = &self.inner;
         if len == 0 {
@@ -115,16 +140,44 @@ impl CudaHal {
 
 impl<T: Pod> ManagedBuffer<T> {
     /// Number of elements.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(hal.alloc_managed::<u32>("m", 10).unwrap().len(), 10);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: managed buffers have at least one element.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(!hal.alloc_managed::<u32>("m", 1).unwrap().is_empty());
+    /// assert!(hal.alloc_managed::<u32>("none", 0).is_err());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The name given at creation.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(hal.alloc_managed::<u8>("staging", 64).unwrap().name(), "staging");
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -134,6 +187,22 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// The device address, for kernels (pass it as a scalar argument).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut m = hal.alloc_managed::<u32>("m", 256).unwrap();
+    /// let p = m.device_ptr();
+    /// // fill_u32(out, value, n), with the managed address as the pointer argument
+    /// hal.launch("fill_u32", LaunchDims::for_elements(256, 1))
+    ///     .scalar(p.addr).scalar(6u32).scalar(256u64)
+    ///     .run()
+    ///     .unwrap();
+    /// assert!(m.host_mut().unwrap().iter().all(|&x| x == 6)); // waits for the stream
+    /// ```
     pub fn device_ptr(&self) -> DevicePtr {
         DevicePtr {
             addr: self.ptr,
@@ -166,16 +235,49 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// Migrates the pages to the device, ordered on the HAL's stream.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut m = hal.alloc_managed::<u32>("m", 1 << 20).unwrap();
+    /// m.host_mut().unwrap().fill(1); // pages on the host
+    /// m.prefetch_to_device().unwrap(); // moved before the kernels that read them
+    /// ```
     pub fn prefetch_to_device(&self) -> Result<()> {
         self.prefetch(self.device_location())
     }
 
     /// Migrates the pages to host memory, ordered on the HAL's stream.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let m = hal.alloc_managed::<u32>("m", 1 << 20).unwrap();
+    /// m.prefetch_to_host().unwrap();
+    /// assert_eq!(m.host().unwrap().len(), 1 << 20);
+    /// ```
     pub fn prefetch_to_host(&self) -> Result<()> {
         self.prefetch(Self::host_location())
     }
 
     /// Gives the driver a hint about how the memory is used.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, ManagedAdvice};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let m = hal.alloc_managed::<u32>("m", 4096).unwrap();
+    /// m.advise(ManagedAdvice::PreferDevice).unwrap();
+    /// m.advise(ManagedAdvice::PreferHost).unwrap(); // a later hint replaces the preference
+    /// ```
     pub fn advise(&self, advice: ManagedAdvice) -> Result<()> {
         let h = &self.hal;
         h.enter()?;
@@ -202,6 +304,17 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// The elements on the host, once the HAL's stream (which may be using them) is idle.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut m = hal.alloc_managed::<u32>("m", 4).unwrap();
+    /// m.host_mut().unwrap().copy_from_slice(&[1, 2, 3, 4]);
+    /// assert_eq!(m.host().unwrap(), &[1, 2, 3, 4]);
+    /// ```
     pub fn host(&self) -> Result<&[T]> {
         self.hal.enter()?;
         self.hal.guard(self.hal.stream.synchronize())?;
@@ -211,6 +324,19 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// The elements on the host for writing, once the HAL's stream is idle.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut m = hal.alloc_managed::<f32>("m", 3).unwrap();
+    /// for (i, x) in m.host_mut().unwrap().iter_mut().enumerate() {
+    ///     *x = i as f32 * 0.5;
+    /// }
+    /// assert_eq!(m.host().unwrap()[2], 1.0);
+    /// ```
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
         self.hal.enter()?;
         self.hal.guard(self.hal.stream.synchronize())?;

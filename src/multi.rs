@@ -13,6 +13,19 @@ use crate::{Buffer, CudaHal, Error, HalConfig, Result};
 
 impl CudaHal {
     /// Whether this HAL's device can access `other`'s memory directly (NVLink or PCIe P2P).
+    ///
+    /// ```
+    /// use cuda_hal::{driver::device_count, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(hal.can_access_peer(&hal).unwrap(), "a device always reaches its own memory");
+    /// if device_count().unwrap() > 1 {
+    ///     let hal1 = CudaHal::new(1).unwrap();
+    ///     println!("0 -> 1 directly: {}", hal.can_access_peer(&hal1).unwrap());
+    /// }
+    /// ```
     pub fn can_access_peer(&self, other: &CudaHal) -> Result<bool> {
         if self.info().ordinal == other.info().ordinal {
             return Ok(true);
@@ -314,11 +327,30 @@ pub struct HalSet {
 
 impl HalSet {
     /// A HAL on every device, with the default configuration.
+    ///
+    /// ```
+    /// use cuda_hal::{driver::device_count, HalSet};
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(set.len(), device_count().unwrap());
+    /// ```
     pub fn all() -> Result<Self> {
         Self::with_config(HalConfig::default())
     }
 
     /// A HAL on every device with `config`.
+    ///
+    /// ```
+    /// use cuda_hal::{HalConfig, HalSet};
+    /// let config = HalConfig { memory_limit: Some(8 << 30), ..HalConfig::default() };
+    /// let Ok(set) = HalSet::with_config(config) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(set.get(0).unwrap().config().memory_limit == Some(8 << 30));
+    /// ```
     pub fn with_config(config: HalConfig) -> Result<Self> {
         let n = device_count()?;
         if n == 0 {
@@ -344,27 +376,82 @@ impl HalSet {
     }
 
     /// Number of devices.
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// for i in 0..set.len() {
+    ///     assert_eq!(set.get(i).unwrap().info().ordinal, i);
+    /// }
+    /// ```
     pub fn len(&self) -> usize {
         self.hals.len()
     }
 
     /// Always false: a set has at least one device.
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(!set.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.hals.is_empty()
     }
 
     /// The HAL of device `i`.
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(set.get(0).unwrap().info().ordinal, 0);
+    /// assert!(set.get(set.len()).is_none());
+    /// ```
     pub fn get(&self, i: usize) -> Option<&CudaHal> {
         self.hals.get(i)
     }
 
     /// The next HAL in round-robin order (thread-safe).
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let ordinals: Vec<usize> = (0..2 * set.len()).map(|_| set.next().info().ordinal).collect();
+    /// let expected: Vec<usize> = (0..2 * set.len()).map(|i| i % set.len()).collect();
+    /// assert_eq!(ordinals, expected);
+    /// ```
     pub fn next(&self) -> CudaHal {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.hals.len();
         self.hals[i].clone()
     }
 
     /// Whether device `i` can access device `j`'s memory directly.
+    ///
+    /// ```
+    /// use cuda_hal::HalSet;
+    /// let Ok(set) = HalSet::all() else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(set.peer_access(0, 0));
+    /// assert!(!set.peer_access(0, set.len()), "no such device");
+    /// if set.len() > 1 {
+    ///     let (a, b) = (set.get(0).unwrap(), set.get(1).unwrap());
+    ///     assert_eq!(set.peer_access(0, 1), a.can_access_peer(b).unwrap());
+    /// }
+    /// ```
     pub fn peer_access(&self, i: usize, j: usize) -> bool {
         self.peer
             .get(i)

@@ -14,6 +14,16 @@
 //! without the library or without a tool, a range costs nothing.
 
 /// Pops the range when dropped.
+///
+/// Hold it for as long as the range should last; ranges nest:
+/// ```
+/// use cuda_hal::nvtx;
+/// let outer = nvtx::range(|| "commit".to_string());
+/// {
+///     let _inner = nvtx::range(|| "commit: hash rows".to_string());
+/// } // "commit: hash rows" ends here
+/// drop(outer); // "commit" ends here
+/// ```
 #[must_use]
 pub struct Range {
     #[cfg(feature = "nvtx")]
@@ -51,6 +61,15 @@ pub fn range(name: impl FnOnce() -> String) -> Range {
 
 /// Whether ranges are being recorded: the feature is on, the library was found and a tool
 /// collects them (or `CUDA_HAL_NVTX=1`).
+///
+/// ```
+/// // Outside Nsight (and without `CUDA_HAL_NVTX=1`) nothing is recorded.
+/// if std::env::var_os("NVTX_INJECTION64_PATH").is_none()
+///     && std::env::var_os("CUDA_HAL_NVTX").is_none()
+/// {
+///     assert!(!cuda_hal::nvtx::enabled());
+/// }
+/// ```
 pub fn enabled() -> bool {
     #[cfg(feature = "nvtx")]
     {

@@ -4,7 +4,20 @@ use bytemuck::Pod;
 
 use crate::{Buffer, Error, LaunchDims, Result};
 
-/// Element types with element-wise add and mul kernels.
+/// Element types with element-wise add and mul kernels: `u32` (wrapping) and `f32`.
+///
+/// ```
+/// use cuda_hal::{ops, CudaHal};
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let a = hal.copy_from("a", &[u32::MAX, 2]).unwrap();
+/// let b = hal.copy_from("b", &[2u32, 3]).unwrap();
+/// let out = hal.alloc::<u32>("out", 2).unwrap();
+/// ops::add(&out, &a, &b).unwrap();
+/// assert_eq!(out.to_vec().unwrap(), vec![1, 5], "u32 addition wraps");
+/// ```
 pub trait EltwiseElement: Pod {
     /// Kernel name suffix, such as `u32`.
     const SUFFIX: &'static str;

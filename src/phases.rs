@@ -1,6 +1,15 @@
 //! Which phases of the GB10 optimisation plan this build enables (one cargo feature each).
 
 /// The phases compiled into this build.
+///
+/// ```
+/// use cuda_hal::PHASES;
+/// // Code that depends on a phase can ask at run time.
+/// if PHASES.host_cache {
+///     println!("repeated reads of a buffer are served from its host copy");
+/// }
+/// assert_eq!(PHASES.label() == "baseline", PHASES == cuda_hal::Phases { offset_get_at: false, host_cache: false, pool_alloc: false, async_copy: false });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Phases {
     /// Phase 1 (`phase1-offset-get-at`): `get_at` copies one element from its offset.
@@ -28,6 +37,14 @@ pub const PHASES: Phases = Phases {
 
 impl Phases {
     /// `baseline`, or the enabled phase numbers joined by `+`, such as `1+2+3`.
+    ///
+    /// ```
+    /// use cuda_hal::Phases;
+    /// let p = Phases { offset_get_at: true, host_cache: false, pool_alloc: true, async_copy: true };
+    /// assert_eq!(p.label(), "1+3+4");
+    /// let none = Phases { offset_get_at: false, host_cache: false, pool_alloc: false, async_copy: false };
+    /// assert_eq!(none.label(), "baseline");
+    /// ```
     pub fn label(&self) -> String {
         let on: Vec<&str> = [
             (self.offset_get_at, "1"),

@@ -41,6 +41,21 @@ pub struct PinnedBuffer<T> {
 impl CudaHal {
     /// Allocates `len` elements of pinned host memory (`cuMemHostAlloc`, about 20 ms per
     /// 64 MiB: allocate once and reuse).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// // Write-combined: for host data the CPU only writes and the GPU reads.
+    /// let flags = PinnedFlags { write_combined: true, ..PinnedFlags::default() };
+    /// let mut upload = hal.alloc_pinned::<u32>(1 << 20, flags).unwrap();
+    /// upload.host_mut().unwrap().fill(1);
+    /// let dev = hal.alloc::<u32>("dev", 1 << 20).unwrap();
+    /// dev.copy_from_pinned(&upload).unwrap();
+    /// assert_eq!(dev.get_at(0).unwrap(), 1);
+    /// ```
     pub fn alloc_pinned<T: Pod>(&self, len: usize, flags: PinnedFlags) -> Result<PinnedBuffer<T>> {
         if len == 0 {
             return Err(Error::ZeroLength {
@@ -64,16 +79,45 @@ impl CudaHal {
 
 impl<T: Pod> PinnedBuffer<T> {
     /// Number of elements.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert_eq!(hal.alloc_pinned::<u64>(16, PinnedFlags::default()).unwrap().len(), 16);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: pinned buffers have at least one element.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(!hal.alloc_pinned::<u8>(1, PinnedFlags::default()).unwrap().is_empty());
+    /// assert!(hal.alloc_pinned::<u8>(0, PinnedFlags::default()).is_err());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The flags it was allocated with.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let flags = PinnedFlags { portable: true, ..PinnedFlags::default() };
+    /// assert!(hal.alloc_pinned::<u32>(8, flags).unwrap().flags().portable);
+    /// ```
     pub fn flags(&self) -> PinnedFlags {
         self.flags
     }
@@ -88,6 +132,18 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     /// The elements, once the last copy that used them is done.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let dev = hal.copy_from("dev", &[3u16; 64]).unwrap();
+    /// let mut out = hal.alloc_pinned::<u16>(64, PinnedFlags::default()).unwrap();
+    /// dev.copy_to_pinned(&mut out).unwrap(); // queued
+    /// assert!(out.host().unwrap().iter().all(|&x| x == 3)); // waited for
+    /// ```
     pub fn host(&self) -> Result<&[T]> {
         self.settle()?;
         Ok(bytemuck::cast_slice(
@@ -96,6 +152,22 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     /// The elements for writing, once the last copy that used them is done.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let dev = hal.alloc::<u32>("dev", 4).unwrap();
+    /// let mut staging = hal.alloc_pinned::<u32>(4, PinnedFlags::default()).unwrap();
+    /// for round in 0..3u32 {
+    ///     // Waits for the previous round's upload before the memory is overwritten.
+    ///     staging.host_mut().unwrap().fill(round);
+    ///     dev.copy_from_pinned(&staging).unwrap();
+    /// }
+    /// assert_eq!(dev.to_vec().unwrap(), vec![2; 4]);
+    /// ```
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
         self.settle()?;
         let n = self.len * std::mem::size_of::<T>();
@@ -146,6 +218,20 @@ impl PinnedBlock {
 }
 
 /// Statistics of the pinned block pool.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.copy_from("b", &[1u32; 1 << 16]).unwrap();
+/// for _ in 0..3 {
+///     b.read_async().unwrap().wait().unwrap(); // each read borrows a pinned block
+/// }
+/// let p = hal.stats().unwrap().pinned;
+/// assert!(p.hits + p.misses >= 3 && p.misses <= 1, "blocks are reused: {p:?}");
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PinnedPoolStats {
     /// Blocks handed out from the pool without allocating.
@@ -250,6 +336,23 @@ impl Drop for PinnedPool {
 /// Existing host memory page-locked with `cuMemHostRegister` for the borrow's lifetime, so
 /// copies to and from it run at pinned speed with no staging. Registering costs about
 /// 3 ms per 64 MiB: it pays off for a host buffer that is transferred many times.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let mut rows = vec![0u64; 4096];
+/// let dev = hal.copy_from("rows", &vec![9u64; 4096]).unwrap();
+/// {
+///     let mut host = hal.register_host(&mut rows).unwrap();
+///     for _ in 0..4 {
+///         dev.copy_to_registered(&mut host).unwrap(); // no staging copy
+///     }
+/// } // unregistered here
+/// assert_eq!(rows[4095], 9);
+/// ```
 pub struct RegisteredHost<'a, T> {
     hal: Arc<HalInner>,
     data: &'a mut [T],
@@ -301,11 +404,36 @@ impl CudaHal {
 
 impl<T: Pod> RegisteredHost<'_, T> {
     /// The registered elements.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut data = vec![1u8, 2, 3];
+    /// let host = hal.register_host(&mut data).unwrap();
+    /// assert_eq!(host.as_slice(), &[1, 2, 3]);
+    /// ```
     pub fn as_slice(&self) -> &[T] {
         self.data
     }
 
     /// The registered elements, for writing.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut data = vec![0u32; 8];
+    /// let mut host = hal.register_host(&mut data).unwrap();
+    /// host.as_mut_slice()[0] = 42;
+    /// let dev = hal.alloc::<u32>("dev", 8).unwrap();
+    /// dev.copy_from_registered(&host).unwrap();
+    /// assert_eq!(dev.get_at(0).unwrap(), 42);
+    /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         self.data
     }
@@ -339,11 +467,40 @@ impl<T: Pod> Buffer<T> {
 
     /// Queues a copy from pinned memory on the main stream; returns at once. `src` cannot
     /// be written on the host until the copy is done (`host_mut` waits).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut src = hal.alloc_pinned::<f32>(3, PinnedFlags::default()).unwrap();
+    /// src.host_mut().unwrap().copy_from_slice(&[0.5, 1.5, 2.5]);
+    /// let dev = hal.alloc::<f32>("dev", 3).unwrap();
+    /// dev.copy_from_pinned(&src).unwrap();
+    /// assert_eq!(dev.to_vec().unwrap(), vec![0.5, 1.5, 2.5]);
+    /// let short = hal.alloc::<f32>("short", 2).unwrap();
+    /// assert!(short.copy_from_pinned(&src).is_err(), "lengths must match");
+    /// ```
     pub fn copy_from_pinned(&self, src: &PinnedBuffer<T>) -> Result<()> {
         self.copy_from_pinned_on(src, &self.hal().main_stream())
     }
 
     /// As [`Buffer::copy_from_pinned`], on `stream`.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let copies = hal.create_stream().unwrap();
+    /// let mut src = hal.alloc_pinned::<u32>(1 << 20, PinnedFlags::default()).unwrap();
+    /// src.host_mut().unwrap().fill(8);
+    /// let dev = hal.alloc::<u32>("dev", 1 << 20).unwrap();
+    /// dev.copy_from_pinned_on(&src, &copies).unwrap(); // overlaps main-stream work
+    /// assert_eq!(dev.get_at(1 << 19).unwrap(), 8, "main-stream reads wait for it");
+    /// ```
     pub fn copy_from_pinned_on(&self, src: &PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
         self.check_len(src.len())?;
         let h = self.raw().hal().clone();
@@ -378,11 +535,36 @@ impl<T: Pod> Buffer<T> {
 
     /// Queues a copy into pinned memory on the main stream; returns at once. Reading `dst`
     /// on the host (`host`) waits for it.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let dev = hal.copy_from("dev", &[1u64, 2, 3]).unwrap();
+    /// let mut dst = hal.alloc_pinned::<u64>(3, PinnedFlags::default()).unwrap();
+    /// dev.copy_to_pinned(&mut dst).unwrap();
+    /// assert_eq!(dst.host().unwrap(), &[1, 2, 3]);
+    /// ```
     pub fn copy_to_pinned(&self, dst: &mut PinnedBuffer<T>) -> Result<()> {
         self.copy_to_pinned_on(dst, &self.hal().main_stream())
     }
 
     /// As [`Buffer::copy_to_pinned`], on `stream`.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// let dev = hal.copy_from("dev", &[5u32; 1024]).unwrap();
+    /// let mut dst = hal.alloc_pinned::<u32>(1024, PinnedFlags::default()).unwrap();
+    /// dev.copy_to_pinned_on(&mut dst, &side).unwrap();
+    /// assert_eq!(dst.host().unwrap()[1023], 5);
+    /// ```
     pub fn copy_to_pinned_on(&self, dst: &mut PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
         self.check_len(dst.len())?;
         let h = self.raw().hal().clone();
@@ -416,6 +598,19 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Copies from registered host memory at pinned speed; returns when done.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut data: Vec<u32> = (0..1024).collect();
+    /// let host = hal.register_host(&mut data).unwrap();
+    /// let dev = hal.alloc::<u32>("dev", 1024).unwrap();
+    /// dev.copy_from_registered(&host).unwrap();
+    /// assert_eq!(dev.get_at(1000).unwrap(), 1000);
+    /// ```
     pub fn copy_from_registered(&self, src: &RegisteredHost<'_, T>) -> Result<()> {
         self.check_len(src.data.len())?;
         let h = self.raw().hal().clone();
@@ -441,6 +636,19 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Copies into registered host memory at pinned speed; returns when done.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let dev = hal.copy_from("dev", &[7u8; 300]).unwrap();
+    /// let mut data = vec![0u8; 300];
+    /// let mut host = hal.register_host(&mut data).unwrap();
+    /// dev.copy_to_registered(&mut host).unwrap();
+    /// assert!(host.as_slice().iter().all(|&x| x == 7));
+    /// ```
     pub fn copy_to_registered(&self, dst: &mut RegisteredHost<'_, T>) -> Result<()> {
         self.check_len(dst.data.len())?;
         let h = self.raw().hal().clone();

@@ -310,6 +310,20 @@ impl CudaHal {
     /// [`Hal::batch_ntt`] the simple way: a bit-reversal launch, then one launch per radix-2
     /// stage over all columns (the inverse's `1/n` on the last). Slower than `batch_ntt`;
     /// kept as the reference path to cross-check the fused kernels on a device.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// use cuda_hal::{CudaHal, Hal, HalBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let data: Vec<Elem> = (0..2 * 1024).map(|i| Elem::new(i * 7 + 1)).collect();
+    /// let (fused, simple) = (hal.copy_from("fused", &data).unwrap(), hal.copy_from("simple", &data).unwrap());
+    /// hal.batch_ntt(&fused, 10, false).unwrap(); // two columns of 2^10
+    /// hal.batch_ntt_radix2(&simple, 10, false).unwrap();
+    /// assert_eq!(HalBuffer::to_vec(&fused).unwrap(), HalBuffer::to_vec(&simple).unwrap());
+    /// ```
     pub fn batch_ntt_radix2(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {

@@ -53,6 +53,17 @@ pub struct GrowableBuffer<T> {
 
 impl<T: Pod> GrowableBuffer<T> {
     /// An empty buffer with room for `capacity` (> 0) elements, growing by `growth` (>= 1.0).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let g = GrowableBuffer::<u64>::new(&hal, "leaves", 1024, 1.5).unwrap();
+    /// assert_eq!((g.len(), g.capacity()), (0, 1024));
+    /// assert!(GrowableBuffer::<u64>::new(&hal, "bad", 16, 0.5).is_err(), "it must not shrink as it grows");
+    /// ```
     pub fn new(hal: &CudaHal, name: &str, capacity: usize, growth: f64) -> Result<Self> {
         if !(growth >= 1.0 && growth.is_finite()) {
             return Err(Error::InvalidArgument(format!(
@@ -68,26 +79,87 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Elements in use.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 8, 2.0).unwrap();
+    /// g.extend_from_slice(&[1, 2, 3]).unwrap();
+    /// assert_eq!(g.len(), 3);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether no element is in use.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let g = GrowableBuffer::<u32>::new(&hal, "g", 8, 2.0).unwrap();
+    /// assert!(g.is_empty());
+    /// assert!(g.buffer().is_err(), "no buffer of zero elements");
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Elements that fit without growing.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 4, 2.0).unwrap();
+    /// g.extend_from_slice(&[0; 4]).unwrap();
+    /// assert_eq!(g.capacity(), 4, "full, not grown");
+    /// g.extend_from_slice(&[0]).unwrap();
+    /// assert_eq!(g.capacity(), 8);
+    /// ```
     pub fn capacity(&self) -> usize {
         self.buf.len()
     }
 
     /// Times the buffer was reallocated.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 1, 2.0).unwrap();
+    /// for i in 0..100u32 {
+    ///     g.extend_from_slice(&[i]).unwrap();
+    /// }
+    /// assert_eq!(g.reallocations(), 7, "1 -> 2 -> 4 -> ... -> 128");
+    /// ```
     pub fn reallocations(&self) -> u64 {
         self.reallocations
     }
 
     /// The elements in use (a slice of the allocation); `ZeroLength` while empty.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u16>::new(&hal, "g", 16, 2.0).unwrap();
+    /// g.extend_from_slice(&[4, 5]).unwrap();
+    /// let b = g.buffer().unwrap();
+    /// assert_eq!(b.len(), 2);
+    /// assert_eq!(b.to_vec().unwrap(), vec![4, 5]);
+    /// ```
     pub fn buffer(&self) -> Result<Buffer<T>> {
         self.buf.slice(0, self.len)
     }
@@ -109,6 +181,19 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Makes room for `additional` more elements, growing by the factor (at least enough).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 4, 2.0).unwrap();
+    /// g.reserve(100).unwrap(); // more than doubling gives: exactly enough
+    /// assert_eq!(g.capacity(), 100);
+    /// g.reserve(50).unwrap(); // fits already
+    /// assert_eq!(g.reallocations(), 1);
+    /// ```
     pub fn reserve(&mut self, additional: usize) -> Result<()> {
         let need = self
             .len
@@ -122,6 +207,21 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Sets the length; new elements are unspecified until written.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 4, 2.0).unwrap();
+    /// g.extend_from_slice(&[1, 2, 3]).unwrap();
+    /// g.resize(1).unwrap();
+    /// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), vec![1]);
+    /// g.resize(6).unwrap(); // grows to 8, keeping the first element
+    /// assert_eq!((g.len(), g.capacity()), (6, 8));
+    /// assert_eq!(g.buffer().unwrap().get_at(0).unwrap(), 1);
+    /// ```
     pub fn resize(&mut self, new_len: usize) -> Result<()> {
         if new_len > self.capacity() {
             self.reserve(new_len - self.len)?;
@@ -131,6 +231,18 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Appends `data`, growing if needed.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u8>::new(&hal, "log", 2, 2.0).unwrap();
+    /// g.extend_from_slice(b"hello").unwrap();
+    /// g.extend_from_slice(b", gpu").unwrap();
+    /// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), b"hello, gpu".to_vec());
+    /// ```
     pub fn extend_from_slice(&mut self, data: &[T]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
@@ -144,6 +256,19 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Reallocates to exactly the length (at least one element).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, GrowableBuffer};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mut g = GrowableBuffer::<u32>::new(&hal, "g", 1024, 2.0).unwrap();
+    /// g.extend_from_slice(&[1, 2, 3]).unwrap();
+    /// g.shrink_to_fit().unwrap();
+    /// assert_eq!(g.capacity(), 3);
+    /// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), vec![1, 2, 3]);
+    /// ```
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         let target = self.len.max(1);
         if target < self.capacity() {

@@ -17,6 +17,18 @@ use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
 use crate::Result;
 
 /// Sizes of the staging pool.
+///
+/// ```
+/// use cuda_hal::{CudaHal, HalConfig, StagingConfig};
+/// // A host with few cores to spare for copies: two workers, 8 MiB slots.
+/// let staging = StagingConfig { workers: 2, chunk_bytes: 8 << 20, max_slots: 8, ..StagingConfig::default() };
+/// let Ok(hal) = CudaHal::with_config(0, HalConfig { staging, ..HalConfig::default() }) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.copy_from("b", &vec![1u8; 32 << 20]).unwrap();
+/// assert_eq!(b.get_at((32 << 20) - 1).unwrap(), 1);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
     /// Bytes per pinned slot, the unit of one DMA.
@@ -46,6 +58,22 @@ impl Default for StagingConfig {
 }
 
 /// Counters of the staging pool.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let data = vec![3u32; 16 << 20]; // 64 MiB, pageable
+/// let b = hal.copy_from("b", &data).unwrap();
+/// b.copy_from_slice(&data).unwrap();
+/// let s = hal.stats().unwrap().staging;
+/// if cuda_hal::PHASES.async_copy {
+///     assert!(s.slot_reuses > 0, "the second upload reuses the first one's slots: {s:?}");
+///     assert_eq!(s.pinned_bytes, s.slots_allocated * hal.config().staging.chunk_bytes as u64);
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StagingStats {
     /// Pinned slots allocated so far (each `chunk_bytes`).

@@ -41,6 +41,22 @@ pub struct HalStream {
 }
 
 /// An event of a HAL: record it on one stream, wait for it on another or on the host.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let side = hal.create_stream().unwrap();
+/// let ready = hal.create_event().unwrap();
+/// let x = hal.alloc::<u32>("x", 1 << 20).unwrap();
+/// x.fill(1).unwrap(); // main stream
+/// ready.record(&hal.main_stream()).unwrap();
+/// side.wait_event(&ready).unwrap(); // the side stream's later work sees the fill
+/// ready.synchronize().unwrap();
+/// assert!(ready.is_complete().unwrap());
+/// ```
 pub struct HalEvent {
     hal: Arc<HalInner>,
     event: Event,
@@ -70,6 +86,17 @@ impl CudaHal {
     }
 
     /// The stream the HAL's own operations run on.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let main = hal.main_stream();
+    /// assert!(main.is_main());
+    /// assert_eq!(main.raw(), hal.stream_handle());
+    /// ```
     pub fn main_stream(&self) -> HalStream {
         HalStream {
             hal: self.inner.clone(),
@@ -79,6 +106,17 @@ impl CudaHal {
     }
 
     /// A new event (with timing, so [`HalEvent::elapsed_ms`] works).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let e = hal.create_event().unwrap();
+    /// e.record(&hal.main_stream()).unwrap();
+    /// e.synchronize().unwrap();
+    /// ```
     pub fn create_event(&self) -> Result<HalEvent> {
         self.inner.enter()?;
         Ok(HalEvent {
@@ -90,22 +128,72 @@ impl CudaHal {
 
 impl HalStream {
     /// Whether this is the HAL's main stream.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(hal.main_stream().is_main());
+    /// assert!(!hal.create_stream().unwrap().is_main());
+    /// ```
     pub fn is_main(&self) -> bool {
         self.id == 0
     }
 
     /// The raw handle, for your own launches.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// assert_ne!(side.raw(), hal.main_stream().raw());
+    /// ```
     pub fn raw(&self) -> cuda_sys::CUstream {
         self.stream.raw()
     }
 
     /// Blocks until the work queued on this stream is done.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, LaunchDims};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// let x = hal.alloc::<u32>("x", 1 << 20).unwrap();
+    /// hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
+    ///     .on(&side).output(&x).scalar(2u32).scalar(x.len() as u64)
+    ///     .run()
+    ///     .unwrap();
+    /// side.synchronize().unwrap();
+    /// assert_eq!(x.get_at(0).unwrap(), 2);
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.hal.enter()?;
         self.hal.guard(self.stream.synchronize())
     }
 
     /// Later work on this stream waits until `event` completes.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let (a, b) = (hal.create_stream().unwrap(), hal.create_stream().unwrap());
+    /// let e = hal.create_event().unwrap();
+    /// e.record(&a).unwrap();
+    /// b.wait_event(&e).unwrap(); // b's next work starts after a's work so far
+    /// b.synchronize().unwrap();
+    /// assert!(e.is_complete().unwrap());
+    /// ```
     pub fn wait_event(&self, event: &HalEvent) -> Result<()> {
         self.hal.enter()?;
         self.hal.guard(self.stream.wait_event(&event.event))
@@ -124,18 +212,56 @@ impl HalStream {
 
 impl HalEvent {
     /// Records the event at the current end of `stream`.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let e = hal.create_event().unwrap();
+    /// hal.alloc::<u32>("x", 1 << 20).unwrap().fill(0).unwrap();
+    /// e.record(&hal.main_stream()).unwrap(); // after the fill
+    /// e.synchronize().unwrap();
+    /// ```
     pub fn record(&self, stream: &HalStream) -> Result<()> {
         self.hal.enter()?;
         self.hal.guard(self.event.record(&stream.stream))
     }
 
     /// Blocks until the recorded work is done.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let e = hal.create_event().unwrap();
+    /// e.record(&hal.main_stream()).unwrap();
+    /// e.synchronize().unwrap();
+    /// assert!(e.is_complete().unwrap());
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.hal.enter()?;
         self.hal.guard(self.event.synchronize())
     }
 
     /// Whether the recorded work is done, without blocking.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let e = hal.create_event().unwrap();
+    /// hal.alloc::<u32>("x", 1 << 24).unwrap().fill(0).unwrap();
+    /// e.record(&hal.main_stream()).unwrap();
+    /// while !e.is_complete().unwrap() {
+    ///     std::hint::spin_loop(); // or do host work meanwhile
+    /// }
+    /// ```
     pub fn is_complete(&self) -> Result<bool> {
         self.hal.enter()?;
         self.hal.guard(self.event.is_complete())

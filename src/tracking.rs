@@ -9,6 +9,17 @@ use rustc_hash::FxHashMap;
 use crate::probe_table::{ProbeEntry, ProbeTable};
 
 /// One live allocation.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let _a = hal.alloc::<u8>("merkle-layer-3", 4096).unwrap();
+/// let live = &hal.memory_report().live;
+/// assert_eq!((live[0].name.as_str(), live[0].bytes), ("merkle-layer-3", 4096));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LiveAllocation {
     /// Allocation id, unique among the HAL's live allocations (ids of freed ones are reused).
@@ -20,6 +31,20 @@ pub struct LiveAllocation {
 }
 
 /// Totals of every allocation made under one name.
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// for round in 0..3 {
+///     let _scratch = hal.alloc::<u32>("fri-scratch", 1024 << round).unwrap();
+/// }
+/// let report = hal.memory_report();
+/// let t = report.by_name.iter().find(|t| t.name == "fri-scratch").unwrap();
+/// assert_eq!((t.live, t.current_bytes, t.peak_bytes, t.allocations), (0, 0, 16384, 3));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NameTotals {
     /// The name.
@@ -35,6 +60,21 @@ pub struct NameTotals {
 }
 
 /// What the HAL has allocated: see [`CudaHal::memory_report`](crate::CudaHal::memory_report).
+///
+/// ```
+/// use cuda_hal::CudaHal;
+/// let Ok(hal) = CudaHal::new(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let a = hal.alloc::<u8>("a", 100).unwrap();
+/// let b = hal.alloc::<u8>("b", 300).unwrap();
+/// drop(a);
+/// let r = hal.memory_report();
+/// assert_eq!((r.current_bytes, r.peak_bytes), (300, 400));
+/// assert_eq!(r.live.len(), 1);
+/// drop(b);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemoryReport {
     /// Bytes alive now.
@@ -49,6 +89,17 @@ pub struct MemoryReport {
 
 impl MemoryReport {
     /// The `n` largest live allocations as (name, bytes).
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let _small = hal.alloc::<u8>("small", 10).unwrap();
+    /// let _big = hal.alloc::<u8>("big", 1000).unwrap();
+    /// assert_eq!(hal.memory_report().largest(1), vec![("big".to_string(), 1000)]);
+    /// ```
     pub fn largest(&self, n: usize) -> Vec<(String, usize)> {
         self.live
             .iter()

@@ -44,6 +44,21 @@ enum ReadState<T> {
 
 impl<T: Pod> PendingRead<T> {
     /// Whether `try_get` would return the data (or an error) without blocking.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc::<u32>("b", 1 << 20).unwrap();
+    /// b.fill(1).unwrap();
+    /// let pending = b.read_async().unwrap();
+    /// while !pending.is_ready() {
+    ///     std::hint::spin_loop(); // other CPU work would go here
+    /// }
+    /// assert_eq!(pending.wait().unwrap()[0], 1); // returns at once now
+    /// ```
     pub fn is_ready(&self) -> bool {
         match &self.state {
             ReadState::InFlight { hal, done, .. } => hal
@@ -112,6 +127,16 @@ impl<T: Pod> PendingRead<T> {
     }
 
     /// Blocks until the data arrives.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.copy_from("b", &[1u64, 2]).unwrap();
+    /// assert_eq!(b.read_async().unwrap().wait().unwrap(), vec![1, 2]);
+    /// ```
     pub fn wait(mut self) -> Result<Vec<T>> {
         self.finish()
     }
@@ -135,11 +160,36 @@ impl<T> Drop for PendingRead<T> {
 impl<T: Pod> Buffer<T> {
     /// Starts copying the buffer to the host on the main stream. With phase 2 and a valid
     /// host copy the result is ready at once and nothing moves.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let cols: Vec<_> = (0..4u32).map(|c| hal.copy_from(format!("col-{c}"), &[c; 1024]).unwrap()).collect();
+    /// // Start every download, then collect them: the copies overlap the host's work.
+    /// let pending: Vec<_> = cols.iter().map(|c| c.read_async().unwrap()).collect();
+    /// let firsts: Vec<u32> = pending.into_iter().map(|p| p.wait().unwrap()[0]).collect();
+    /// assert_eq!(firsts, vec![0, 1, 2, 3]);
+    /// ```
     pub fn read_async(&self) -> Result<PendingRead<T>> {
         self.read_async_on(&self.hal().main_stream())
     }
 
     /// As [`Buffer::read_async`], on `stream`.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let side = hal.create_stream().unwrap();
+    /// let b = hal.copy_from("b", &[9u16; 4096]).unwrap();
+    /// let pending = b.read_async_on(&side).unwrap(); // waits for the upload, then runs beside the main stream
+    /// assert!(pending.wait().unwrap().iter().all(|&x| x == 9));
+    /// ```
     pub fn read_async_on(&self, stream: &HalStream) -> Result<PendingRead<T>> {
         let _range = crate::nvtx::range(|| format!("read_async {}", self.name()));
         let h = self.raw().hal().clone();

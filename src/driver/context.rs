@@ -4,6 +4,19 @@ use super::api;
 use crate::{Error, Result};
 
 /// A retained primary context of one device, released on drop.
+///
+/// ```
+/// use cuda_hal::driver::{PrimaryContext, Stream};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// // Driver objects are made in the context current on the thread.
+/// let stream = Stream::new_non_blocking().unwrap();
+/// stream.synchronize().unwrap();
+/// ctx.synchronize().unwrap();
+/// ```
 pub struct PrimaryContext {
     ctx: CUcontext,
     device: CUdevice,
@@ -17,6 +30,18 @@ unsafe impl Sync for PrimaryContext {}
 
 impl PrimaryContext {
     /// Retains the primary context of device `ordinal` (a valid ordinal, checked by the caller).
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// // Retaining again gives the same context: the HALs of one device share it.
+    /// let again = PrimaryContext::retain(0).unwrap();
+    /// assert_eq!(again.raw(), ctx.raw());
+    /// ```
     pub fn retain(ordinal: usize) -> Result<Self> {
         let d = api()?;
         let mut device: CUdevice = 0;
@@ -47,6 +72,18 @@ impl PrimaryContext {
     }
 
     /// Makes this context current on the calling thread if it is not already.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| ctx.bind().unwrap()); // each thread binds before its driver calls
+    /// });
+    /// ```
     #[inline]
     pub fn bind(&self) -> Result<()> {
         let d = api()?;
@@ -62,16 +99,46 @@ impl PrimaryContext {
     }
 
     /// The raw handle.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert!(!ctx.raw().is_null());
+    /// ```
     pub fn raw(&self) -> CUcontext {
         self.ctx
     }
 
     /// The driver's device handle.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert_eq!(ctx.device(), 0, "device handles are ordinals on current drivers");
+    /// ```
     pub fn device(&self) -> CUdevice {
         self.device
     }
 
     /// Waits for all work in the context.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// ctx.synchronize().unwrap();
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         // SAFETY: no arguments; the context is current.

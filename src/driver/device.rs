@@ -68,6 +68,19 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// Reads the device's properties. Fails with [`Error::NoDevice`] for a bad ordinal.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{device_count, DeviceInfo};
+    /// use cuda_hal::Error;
+    /// let Ok(n) = device_count() else {
+    ///     println!("no CUDA driver here");
+    ///     return;
+    /// };
+    /// if n > 0 {
+    ///     println!("{}", DeviceInfo::query(0).unwrap().name);
+    /// }
+    /// assert!(matches!(DeviceInfo::query(n), Err(Error::NoDevice { .. })));
+    /// ```
     pub fn query(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
@@ -115,6 +128,16 @@ impl DeviceInfo {
     }
 
     /// Whether CPU and GPU share physical memory coherently, as on GB10 and Grace Hopper.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let info = hal.info();
+    /// assert_eq!(info.is_coherent_unified(), info.integrated || info.pageable_memory_access);
+    /// ```
     pub fn is_coherent_unified(&self) -> bool {
         self.integrated || self.pageable_memory_access
     }

@@ -4,6 +4,20 @@ use super::{api, Stream};
 use crate::Result;
 
 /// An event used for ordering (timing disabled, so recording is cheap), destroyed on drop.
+///
+/// ```
+/// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// let stream = Stream::new_non_blocking().unwrap();
+/// let done = Event::new().unwrap();
+/// done.record(&stream).unwrap();
+/// done.synchronize().unwrap();
+/// assert!(done.is_complete().unwrap());
+/// ```
 pub struct Event {
     raw: CUevent,
 }
@@ -15,6 +29,17 @@ unsafe impl Sync for Event {}
 
 impl Event {
     /// Creates an event without timing. The caller has made the owning context current.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let e = Event::new().unwrap();
+    /// assert!(e.is_complete().unwrap(), "never recorded: nothing to wait for");
+    /// ```
     pub fn new() -> Result<Self> {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
@@ -23,6 +48,21 @@ impl Event {
     }
 
     /// Creates an event that records timestamps, for [`Event::elapsed_ms`].
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// let (a, b) = (Event::new_timing().unwrap(), Event::new_timing().unwrap());
+    /// a.record(&s).unwrap();
+    /// b.record(&s).unwrap();
+    /// b.synchronize().unwrap();
+    /// assert!(b.elapsed_ms(&a).unwrap() >= 0.0);
+    /// ```
     pub fn new_timing() -> Result<Self> {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
@@ -32,6 +72,21 @@ impl Event {
 
     /// Milliseconds of device time between `start` and `self` (both timing events, both
     /// complete).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// let (untimed, timed) = (Event::new().unwrap(), Event::new_timing().unwrap());
+    /// untimed.record(&s).unwrap();
+    /// timed.record(&s).unwrap();
+    /// s.synchronize().unwrap();
+    /// assert!(timed.elapsed_ms(&untimed).is_err(), "both ends need timing");
+    /// ```
     pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: out-pointer is a valid local; both events are live.
@@ -40,11 +95,35 @@ impl Event {
     }
 
     /// The raw handle.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert!(!Event::new().unwrap().raw().is_null());
+    /// ```
     pub fn raw(&self) -> CUevent {
         self.raw
     }
 
     /// Records the event at the current end of `stream`.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let (producer, consumer) = (Stream::new_non_blocking().unwrap(), Stream::new_non_blocking().unwrap());
+    /// let ready = Event::new().unwrap();
+    /// ready.record(&producer).unwrap();
+    /// consumer.wait_event(&ready).unwrap();
+    /// consumer.synchronize().unwrap();
+    /// ```
     pub fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: both handles are live.
         unsafe { api()?.cuEventRecord(self.raw, stream.raw())? };
@@ -52,6 +131,20 @@ impl Event {
     }
 
     /// Blocks until the work before the last record is done.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// let e = Event::new().unwrap();
+    /// e.record(&s).unwrap();
+    /// e.synchronize().unwrap();
+    /// assert!(s.is_idle().unwrap());
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: raw is a live event.
         unsafe { api()?.cuEventSynchronize(self.raw)? };
@@ -59,6 +152,21 @@ impl Event {
     }
 
     /// Whether the work before the last record is done, without blocking.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// let e = Event::new().unwrap();
+    /// e.record(&s).unwrap();
+    /// while !e.is_complete().unwrap() {
+    ///     std::hint::spin_loop();
+    /// }
+    /// ```
     pub fn is_complete(&self) -> Result<bool> {
         // SAFETY: raw is a live event.
         match unsafe { api()?.cuEventQuery(self.raw) } {

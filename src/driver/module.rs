@@ -6,6 +6,20 @@ use super::{api, Stream};
 use crate::{Error, Result};
 
 /// A loaded module (fatbin, cubin or PTX image), unloaded on drop.
+///
+/// ```
+/// use cuda_hal::driver::{Module, PrimaryContext};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// if !cuda_hal::kernels_available() {
+///     return println!("built without nvcc");
+/// }
+/// let m = Module::load(cuda_hal::FATBIN).unwrap(); // the crate's own kernels
+/// assert!(m.function("fill_u32").is_ok());
+/// ```
 pub struct Module {
     raw: CUmodule,
 }
@@ -16,6 +30,36 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 /// A kernel of a [`Module`]. Valid while the module is loaded.
+///
+/// ```
+/// use cuda_hal::driver::{Module, PrimaryContext, Stream};
+/// use std::ffi::c_void;
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// if !cuda_hal::kernels_available() {
+///     return println!("built without nvcc");
+/// }
+/// let m = Module::load(cuda_hal::FATBIN).unwrap();
+/// let fill = m.function("fill_u32").unwrap();
+/// let stream = Stream::new_non_blocking().unwrap();
+/// let d = cuda_hal::cuda_sys::driver().unwrap();
+/// let (mut out, mut value, mut n) = (0u64, 7u32, 256u64);
+/// let mut host = [0u32; 256];
+/// // SAFETY: `out` is a live allocation of n u32s for the launch and the copy, freed once
+/// // the stream is done; the parameters match fill_u32(uint32_t*, uint32_t, uint64_t).
+/// unsafe {
+///     d.cuMemAlloc(&mut out, 1024).unwrap();
+///     let mut params = [&mut out as *mut u64 as *mut c_void, &mut value as *mut u32 as *mut c_void, &mut n as *mut u64 as *mut c_void];
+///     fill.launch((1, 1, 1), (256, 1, 1), 0, &stream, &mut params).unwrap();
+///     stream.synchronize().unwrap();
+///     d.cuMemcpyDtoH(host.as_mut_ptr().cast(), out, 1024).unwrap();
+///     d.cuMemFree(out).unwrap();
+/// }
+/// assert!(host.iter().all(|&x| x == 7));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Function {
     raw: CUfunction,
@@ -29,6 +73,17 @@ unsafe impl Sync for Function {}
 impl Module {
     /// Loads an image with `cuModuleLoadData`. The caller has made the context current.
     /// PTX text needs no terminating NUL: one is added.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Module, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// // Not a module image: a typed error, not a crash.
+    /// assert!(Module::load(b"definitely not a fatbin").is_err());
+    /// ```
     pub fn load(image: &[u8]) -> Result<Self> {
         let aligned = aligned_image(image);
         let mut raw: CUmodule = std::ptr::null_mut();
@@ -39,6 +94,21 @@ impl Module {
     }
 
     /// Looks up a kernel by its (unmangled, `extern "C"`) name.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Module, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// if !cuda_hal::kernels_available() {
+    ///     return println!("built without nvcc");
+    /// }
+    /// let m = Module::load(cuda_hal::FATBIN).unwrap();
+    /// assert!(m.function("eltwise_add_u32").is_ok());
+    /// assert!(m.function("no_such_kernel").is_err());
+    /// ```
     pub fn function(&self, name: &str) -> Result<Function> {
         let c_name = CString::new(name).map_err(|_| Error::KernelNotFound {
             name: name.to_string(),
@@ -58,6 +128,20 @@ impl Module {
 
 impl Function {
     /// The raw handle, for calling `cuLaunchKernel` directly (as the benches' floors do).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Module, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// if !cuda_hal::kernels_available() {
+    ///     return println!("built without nvcc");
+    /// }
+    /// let m = Module::load(cuda_hal::FATBIN).unwrap();
+    /// assert!(!m.function("fill_u32").unwrap().raw().is_null());
+    /// ```
     pub fn raw(&self) -> CUfunction {
         self.raw
     }

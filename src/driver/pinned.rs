@@ -5,6 +5,12 @@ use crate::Result;
 
 /// Flags for [`PinnedMemory`]. The default is plain page-locked memory that the CPU reads
 /// and writes at full speed (cudarc hard-codes write-combined, which makes CPU reads slow).
+///
+/// ```
+/// use cuda_hal::PinnedFlags;
+/// let f = PinnedFlags::default();
+/// assert!(!f.write_combined && !f.portable && !f.device_mapped);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PinnedFlags {
     /// Pinned for every context, not just the current one.
@@ -32,6 +38,18 @@ impl PinnedFlags {
 }
 
 /// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
+///
+/// ```
+/// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// let mut m = PinnedMemory::new(4096, PinnedFlags::default()).unwrap();
+/// m.as_mut_slice().fill(0xab);
+/// assert_eq!(m.as_slice()[4095], 0xab);
+/// ```
 pub struct PinnedMemory {
     ptr: *mut u8,
     len: usize,
@@ -45,6 +63,18 @@ unsafe impl Sync for PinnedMemory {}
 
 impl PinnedMemory {
     /// Allocates `len` bytes (at least 1). The caller has made a context current.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let portable = PinnedFlags { portable: true, ..PinnedFlags::default() };
+    /// let m = PinnedMemory::new(1 << 20, portable).unwrap(); // usable by every context
+    /// assert_eq!(m.len(), 1 << 20);
+    /// ```
     pub fn new(len: usize, flags: PinnedFlags) -> Result<Self> {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
@@ -56,27 +86,81 @@ impl PinnedMemory {
     }
 
     /// Length in bytes.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert_eq!(PinnedMemory::new(100, PinnedFlags::default()).unwrap().len(), 100);
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the allocation is empty.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert!(PinnedMemory::new(0, PinnedFlags::default()).unwrap().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The raw host pointer.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let m = PinnedMemory::new(64, PinnedFlags::default()).unwrap();
+    /// assert_eq!(m.as_ptr() as *const u8, m.as_slice().as_ptr());
+    /// ```
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
 
     /// The bytes, for reading.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let m = PinnedMemory::new(16, PinnedFlags::default()).unwrap();
+    /// assert_eq!(m.as_slice().len(), 16);
+    /// ```
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for len bytes for the lifetime of self.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// The bytes, for writing.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let mut m = PinnedMemory::new(4, PinnedFlags::default()).unwrap();
+    /// m.as_mut_slice().copy_from_slice(&[1, 2, 3, 4]);
+    /// assert_eq!(m.as_slice(), &[1, 2, 3, 4]);
+    /// ```
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }

@@ -7,6 +7,31 @@ use crate::Result;
 
 /// A memory pool of one device, created with `cuMemPoolCreate` (never the device's default
 /// pool, so other libraries' settings are not disturbed). Destroyed on drop.
+///
+/// ```
+/// use cuda_hal::driver::{MemPool, PrimaryContext, Stream};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// let pool = MemPool::new(0, u64::MAX).unwrap();
+/// let stream = Stream::new_non_blocking().unwrap();
+/// let d = cuda_hal::cuda_sys::driver().unwrap();
+/// let mut ptr = 0;
+/// // SAFETY: a valid out-pointer, the pool and stream are live; the block is freed below on
+/// // the same stream, before the pool is dropped.
+/// unsafe {
+///     d.cuMemAllocFromPoolAsync(&mut ptr, 1 << 20, pool.raw(), stream.raw()).unwrap();
+///     stream.synchronize().unwrap();
+///     assert_eq!(pool.stats().unwrap().used_current, 1 << 20);
+///     d.cuMemFreeAsync(ptr, stream.raw()).unwrap();
+/// }
+/// stream.synchronize().unwrap();
+/// let s = pool.stats().unwrap();
+/// assert_eq!(s.used_current, 0);
+/// assert!(s.reserved_current >= 1 << 20, "kept for the next allocation");
+/// ```
 pub struct MemPool {
     raw: CUmemoryPool,
 }
@@ -17,6 +42,17 @@ unsafe impl Send for MemPool {}
 unsafe impl Sync for MemPool {}
 
 /// The pool's byte counts, read from the driver.
+///
+/// ```
+/// use cuda_hal::driver::{MemPool, PrimaryContext};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// let s = MemPool::new(0, 0).unwrap().stats().unwrap();
+/// assert_eq!((s.reserved_current, s.used_current), (0, 0), "a new pool holds nothing");
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Bytes the pool holds from the OS now.
@@ -32,6 +68,17 @@ pub struct PoolStats {
 impl MemPool {
     /// Creates a pool on device `ordinal` that keeps up to `release_threshold` bytes
     /// reserved across synchronisations (`u64::MAX`: keep everything).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let keep_64_mib = MemPool::new(0, 64 << 20).unwrap();
+    /// assert_eq!(keep_64_mib.reserved_bytes().unwrap(), 0);
+    /// ```
     pub fn new(ordinal: usize, release_threshold: u64) -> Result<Self> {
         let d = api()?;
         let mut props = CUmemPoolProps {
@@ -49,12 +96,33 @@ impl MemPool {
     }
 
     /// The raw handle.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert!(!MemPool::new(0, 0).unwrap().raw().is_null());
+    /// ```
     #[inline]
     pub fn raw(&self) -> CUmemoryPool {
         self.raw
     }
 
     /// Sets how many reserved bytes the pool keeps when the stream synchronises.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let pool = MemPool::new(0, u64::MAX).unwrap();
+    /// pool.set_release_threshold(0).unwrap(); // give everything back at each synchronisation
+    /// ```
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         let mut v = bytes;
         // SAFETY: this attribute takes a cuuint64_t.
@@ -77,11 +145,33 @@ impl MemPool {
 
     /// Bytes the pool holds from the OS now: one driver call, where [`MemPool::stats`]
     /// makes four.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let pool = MemPool::new(0, u64::MAX).unwrap();
+    /// assert_eq!(pool.reserved_bytes().unwrap(), pool.stats().unwrap().reserved_current);
+    /// ```
     pub fn reserved_bytes(&self) -> Result<u64> {
         self.attr(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
     }
 
     /// Reads reserved and used bytes, current and high-water.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = MemPool::new(0, u64::MAX).unwrap().stats().unwrap();
+    /// assert!(s.reserved_high >= s.reserved_current && s.used_high >= s.used_current);
+    /// ```
     pub fn stats(&self) -> Result<PoolStats> {
         use CUmemPool_attribute as A;
         Ok(PoolStats {
@@ -93,6 +183,20 @@ impl MemPool {
     }
 
     /// Lets device `ordinal` read and write this pool's allocations (peer access).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{device_count, MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let pool = MemPool::new(0, u64::MAX).unwrap();
+    /// if device_count().unwrap() > 1 {
+    ///     // Fails unless device 1 can access device 0 (see `CudaHal::enable_peer_access`).
+    ///     println!("device 1 granted: {:?}", pool.grant_access(1).is_ok());
+    /// }
+    /// ```
     pub fn grant_access(&self, ordinal: usize) -> Result<()> {
         let desc = cuda_sys::CUmemAccessDesc {
             location: cuda_sys::CUmemLocation {
@@ -107,6 +211,18 @@ impl MemPool {
     }
 
     /// Returns reserved memory above `keep_bytes` to the OS (after the frees have completed).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let pool = MemPool::new(0, u64::MAX).unwrap();
+    /// pool.trim_to(0).unwrap();
+    /// assert_eq!(pool.reserved_bytes().unwrap(), 0);
+    /// ```
     pub fn trim_to(&self, keep_bytes: usize) -> Result<()> {
         // SAFETY: raw is a live pool.
         unsafe { api()?.cuMemPoolTrimTo(self.raw, keep_bytes)? };

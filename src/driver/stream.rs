@@ -4,6 +4,18 @@ use super::api;
 use crate::Result;
 
 /// A non-blocking stream, destroyed on drop. The owner keeps its context current.
+///
+/// ```
+/// use cuda_hal::driver::{PrimaryContext, Stream};
+/// let Ok(ctx) = PrimaryContext::retain(0) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// ctx.bind().unwrap();
+/// let s = Stream::new_non_blocking().unwrap();
+/// s.synchronize().unwrap();
+/// assert!(s.is_idle().unwrap());
+/// ```
 pub struct Stream {
     raw: CUstream,
 }
@@ -16,6 +28,17 @@ unsafe impl Sync for Stream {}
 impl Stream {
     /// Creates a stream that does not synchronise with the legacy default stream.
     /// The caller has made the owning context current.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let (a, b) = (Stream::new_non_blocking().unwrap(), Stream::new_non_blocking().unwrap());
+    /// assert_ne!(a.raw(), b.raw());
+    /// ```
     pub fn new_non_blocking() -> Result<Self> {
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
@@ -24,12 +47,37 @@ impl Stream {
     }
 
     /// The raw handle.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert!(!Stream::new_non_blocking().unwrap().raw().is_null());
+    /// ```
     #[inline]
     pub fn raw(&self) -> CUstream {
         self.raw
     }
 
     /// Makes later work on this stream wait until `event` (as last recorded) completes.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Event, PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let (a, b) = (Stream::new_non_blocking().unwrap(), Stream::new_non_blocking().unwrap());
+    /// let e = Event::new().unwrap();
+    /// e.record(&a).unwrap();
+    /// b.wait_event(&e).unwrap();
+    /// b.synchronize().unwrap();
+    /// assert!(e.is_complete().unwrap(), "b waited for it");
+    /// ```
     pub fn wait_event(&self, event: &super::Event) -> Result<()> {
         // SAFETY: both handles are live.
         unsafe { api()?.cuStreamWaitEvent(self.raw, event.raw(), 0)? };
@@ -37,6 +85,17 @@ impl Stream {
     }
 
     /// Whether all work queued on the stream so far is done, without blocking.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// assert!(s.is_idle().unwrap(), "nothing queued yet");
+    /// ```
     pub fn is_idle(&self) -> Result<bool> {
         // SAFETY: raw is a live stream.
         match unsafe { api()?.cuStreamQuery(self.raw) } {
@@ -47,6 +106,17 @@ impl Stream {
     }
 
     /// Blocks until all work queued on the stream is done.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PrimaryContext, Stream};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let s = Stream::new_non_blocking().unwrap();
+    /// s.synchronize().unwrap();
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: raw is a live stream.
         unsafe { api()?.cuStreamSynchronize(self.raw)? };

@@ -52,24 +52,47 @@ impl Elem {
     pub const TWO_ADIC_GENERATOR: Elem = Elem(0x1a42_7a41);
 
     /// `x mod p`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::new(Elem::MODULUS + 5), Elem::new(5));
+    /// assert_eq!(Elem::new(7).as_u32(), 7);
+    /// ```
     #[inline]
     pub const fn new(x: u32) -> Elem {
         Elem(x % P)
     }
 
     /// `x mod p` (same as [`Elem::new`]).
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::from_u32(u32::MAX), Elem::new(u32::MAX));
+    /// ```
     #[inline]
     pub const fn from_u32(x: u32) -> Elem {
         Elem::new(x)
     }
 
     /// `x mod p`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// let big = u64::from(Elem::MODULUS) * 3 + 2;
+    /// assert_eq!(Elem::from_u64(big), Elem::new(2));
+    /// ```
     #[inline]
     pub const fn from_u64(x: u64) -> Elem {
         Elem((x % P64) as u32)
     }
 
     /// `x` if it is below `p`, else `None`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::from_canonical(12), Some(Elem::new(12)));
+    /// assert_eq!(Elem::from_canonical(Elem::MODULUS), None, "p itself is not canonical");
+    /// ```
     #[inline]
     pub const fn from_canonical(x: u32) -> Option<Elem> {
         if x < P {
@@ -80,30 +103,61 @@ impl Elem {
     }
 
     /// The canonical value in `[0, p)`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!((-Elem::ONE).as_u32(), Elem::MODULUS - 1);
+    /// ```
     #[inline]
     pub const fn as_u32(self) -> u32 {
         self.0
     }
 
     /// Whether the stored value is below `p` (always true for values made by this crate).
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// // Elements read back from raw device memory can be checked before use.
+    /// let raw: [u32; 2] = [5, u32::MAX];
+    /// let elems: &[Elem] = bytemuck::cast_slice(&raw);
+    /// assert!(elems[0].is_canonical() && !elems[1].is_canonical());
+    /// ```
     #[inline]
     pub const fn is_canonical(self) -> bool {
         self.0 < P
     }
 
     /// `self * self`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::new(9).square(), Elem::new(81));
+    /// ```
     #[inline]
     pub fn square(self) -> Elem {
         self * self
     }
 
     /// `self + self`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::NEG_ONE.double(), -Elem::new(2));
+    /// ```
     #[inline]
     pub fn double(self) -> Elem {
         self + self
     }
 
     /// `self^e`, by square-and-multiply. `x^0 = 1`, also for `x = 0`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::new(2).pow(10), Elem::new(1024));
+    /// assert_eq!(Elem::ZERO.pow(0), Elem::ONE);
+    /// // Fermat: x^(p-1) = 1 for x != 0.
+    /// assert_eq!(Elem::new(12345).pow(u64::from(Elem::MODULUS) - 1), Elem::ONE);
+    /// ```
     pub fn pow(self, mut e: u64) -> Elem {
         let mut base = self;
         let mut acc = Elem::ONE;
@@ -118,6 +172,13 @@ impl Elem {
     }
 
     /// The multiplicative inverse, or `None` for zero.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// let x = Elem::new(1234);
+    /// assert_eq!(x * x.try_inv().unwrap(), Elem::ONE);
+    /// assert_eq!(Elem::ZERO.try_inv(), None);
+    /// ```
     pub fn try_inv(self) -> Option<Elem> {
         if self.0 % P == 0 {
             None
@@ -159,6 +220,12 @@ impl Elem {
     }
 
     /// `1 / 2^log_n` (the inverse-NTT scale).
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::inv_pow2(10) * Elem::new(1024), Elem::ONE);
+    /// assert_eq!(Elem::inv_pow2(0), Elem::ONE);
+    /// ```
     pub fn inv_pow2(log_n: u32) -> Elem {
         // 2^-1 = (p + 1) / 2.
         Elem(P.div_ceil(2)).pow(u64::from(log_n))

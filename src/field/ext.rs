@@ -39,30 +39,62 @@ impl ExtElem {
     pub const ONE: ExtElem = ExtElem([Elem::ONE, Elem::ZERO, Elem::ZERO, Elem::ZERO]);
 
     /// The element with these coefficients, lowest degree first.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// // x, so that x^4 = W = 11
+    /// let x = ExtElem::new([Elem::ZERO, Elem::ONE, Elem::ZERO, Elem::ZERO]);
+    /// assert_eq!(x.pow(4), ExtElem::from_base(ExtElem::W));
+    /// ```
     #[inline]
     pub const fn new(coeffs: [Elem; 4]) -> ExtElem {
         ExtElem(coeffs)
     }
 
     /// The base-field element `e` (`e + 0·x + 0·x^2 + 0·x^3`).
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let (a, b) = (Elem::new(6), Elem::new(7));
+    /// assert_eq!(ExtElem::from_base(a) * ExtElem::from_base(b), ExtElem::from_base(a * b));
+    /// ```
     #[inline]
     pub const fn from_base(e: Elem) -> ExtElem {
         ExtElem([e, Elem::ZERO, Elem::ZERO, Elem::ZERO])
     }
 
     /// The coefficients, lowest degree first.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let e = ExtElem::new([1, 2, 3, 4].map(Elem::new));
+    /// assert_eq!(e.coeffs()[3], Elem::new(4));
+    /// ```
     #[inline]
     pub const fn coeffs(self) -> [Elem; 4] {
         self.0
     }
 
     /// `self * s` for a base-field `s` (four base multiplications).
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let e = ExtElem::new([1, 2, 3, 4].map(Elem::new));
+    /// assert_eq!(e.mul_base(Elem::new(3)), e * ExtElem::from_base(Elem::new(3)));
+    /// ```
     #[inline]
     pub fn mul_base(self, s: Elem) -> ExtElem {
         ExtElem(self.0.map(|c| c * s))
     }
 
     /// `self^e`.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let e = ExtElem::new([3, 1, 4, 1].map(Elem::new));
+    /// assert_eq!(e.pow(3), e * e * e);
+    /// assert_eq!(e.pow(0), ExtElem::ONE);
+    /// ```
     pub fn pow(self, mut e: u64) -> ExtElem {
         let mut base = self;
         let mut acc = ExtElem::ONE;
@@ -81,6 +113,13 @@ impl ExtElem {
     /// With `a(x)` the element, `a(x)·a(-x) = b0 + b1·x^2` lies in the quadratic subfield,
     /// and `(b0 + b1·x^2)(b0 - b1·x^2) = b0^2 - W·b1^2` in the base field, so
     /// `a^-1 = a(-x)·(b0 - b1·x^2) / (b0^2 - W·b1^2)`: one base inversion.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let e = ExtElem::new([2, 7, 1, 8].map(Elem::new));
+    /// assert_eq!(e * e.try_inv().unwrap(), ExtElem::ONE);
+    /// assert_eq!(ExtElem::ZERO.try_inv(), None);
+    /// ```
     pub fn try_inv(self) -> Option<ExtElem> {
         let [a0, a1, a2, a3] = self.0;
         let b0 = a0 * a0 + W * (a2 * a2) - W * (a1 * a3).double();
@@ -92,6 +131,13 @@ impl ExtElem {
     }
 
     /// The inverse; zero maps to zero.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem};
+    /// let e = ExtElem::new([0, 0, 5, 0].map(Elem::new));
+    /// assert_eq!(e.inv() * e, ExtElem::ONE);
+    /// assert_eq!(ExtElem::ZERO.inv(), ExtElem::ZERO);
+    /// ```
     pub fn inv(self) -> ExtElem {
         self.try_inv().unwrap_or(ExtElem::ZERO)
     }

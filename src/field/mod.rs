@@ -29,6 +29,18 @@ pub use baby_bear::{Elem, P};
 pub use ext::ExtElem;
 
 /// What element-wise operations need of a field type: [`Elem`] or [`ExtElem`].
+///
+/// Code generic over it runs on either field:
+/// ```
+/// use cuda_hal::field::{Elem, ExtElem, FieldElement};
+/// fn sum_of_squares<F: FieldElement>(xs: &[F]) -> F {
+///     xs.iter().fold(F::ZERO, |acc, &x| acc + x * x)
+/// }
+/// let xs = [Elem::new(1), Elem::new(2), Elem::new(3)];
+/// assert_eq!(sum_of_squares(&xs), Elem::new(14));
+/// let ext: Vec<ExtElem> = xs.iter().map(|&x| ExtElem::from_base(x)).collect();
+/// assert_eq!(sum_of_squares(&ext), ExtElem::from_base(Elem::new(14)));
+/// ```
 pub trait FieldElement:
     bytemuck::Pod
     + Send
@@ -56,12 +68,38 @@ pub trait FieldElement:
     const TAG: &'static str;
 
     /// The base-field element `e` embedded in this field.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem, FieldElement};
+    /// let e = <ExtElem as FieldElement>::from_base(Elem::new(7));
+    /// assert_eq!(e.coeffs(), [Elem::new(7), Elem::ZERO, Elem::ZERO, Elem::ZERO]);
+    /// ```
     fn from_base(e: Elem) -> Self;
     /// `self * s` for a base-field `s`.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem, FieldElement};
+    /// let x = ExtElem::new([1, 2, 3, 4].map(Elem::new));
+    /// let y = FieldElement::mul_base(x, Elem::new(2));
+    /// assert_eq!(y.coeffs(), [2, 4, 6, 8].map(Elem::new));
+    /// ```
     fn mul_base(self, s: Elem) -> Self;
     /// `self^e`.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, FieldElement};
+    /// assert_eq!(FieldElement::pow(Elem::new(3), 4), Elem::new(81));
+    /// assert_eq!(FieldElement::pow(Elem::new(3), 0), Elem::ONE);
+    /// ```
     fn pow(self, e: u64) -> Self;
     /// The inverse; zero maps to zero.
+    ///
+    /// ```
+    /// use cuda_hal::field::{Elem, ExtElem, FieldElement};
+    /// let x = ExtElem::new([5, 0, 1, 9].map(Elem::new));
+    /// assert_eq!(x * FieldElement::inv(x), ExtElem::ONE);
+    /// assert_eq!(FieldElement::inv(Elem::ZERO), Elem::ZERO);
+    /// ```
     fn inv(self) -> Self;
 }
 

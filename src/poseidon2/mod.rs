@@ -104,6 +104,17 @@ impl std::fmt::Debug for Digest {
 
 /// A Poseidon2 permutation of width `W` over BabyBear, with its round constants and internal
 /// diagonal (all canonical field elements, for upload to a device).
+///
+/// A kernel gets the same parameters the host permutation uses:
+/// ```
+/// use cuda_hal::poseidon2::Poseidon2;
+/// let p = Poseidon2::babybear16();
+/// let rounds = p.rounds_f() + p.rounds_p();
+/// let constants = p.rounds_f() * 16 + p.internal_constants().len();
+/// assert_eq!((rounds, constants), (21, 141));
+/// let upload: Vec<u32> = p.internal_diag_m_1().iter().map(|e| e.as_u32()).collect();
+/// assert_eq!(upload.len(), 16);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Poseidon2<const W: usize> {
     rounds_f: usize,
@@ -132,6 +143,14 @@ impl Poseidon2<16> {
 
 impl Poseidon2<24> {
     /// The width-24 instance (`R_F = 8`, `R_P = 21`), generated on first use.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let state: [Elem; 24] = std::array::from_fn(|i| Elem::new(i as u32));
+    /// let out = Poseidon2::babybear24().permuted(state);
+    /// assert_eq!(out[0].as_u32(), 0x2ed3e23d); // HorizenLabs' known answer
+    /// ```
     pub fn babybear24() -> &'static Poseidon2<24> {
         static P24: OnceLock<Poseidon2<24>> = OnceLock::new();
         P24.get_or_init(|| grain::generate::<24>(8, 21))
@@ -140,37 +159,86 @@ impl Poseidon2<24> {
 
 impl<const W: usize> Poseidon2<W> {
     /// Number of full (external) rounds, half before and half after the partial rounds.
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// assert_eq!(Poseidon2::babybear16().rounds_f(), 8);
+    /// assert_eq!(Poseidon2::babybear24().rounds_f(), 8);
+    /// ```
     pub fn rounds_f(&self) -> usize {
         self.rounds_f
     }
 
     /// Number of partial (internal) rounds.
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// assert_eq!(Poseidon2::babybear16().rounds_p(), 13);
+    /// assert_eq!(Poseidon2::babybear24().rounds_p(), 21);
+    /// ```
     pub fn rounds_p(&self) -> usize {
         self.rounds_p
     }
 
     /// Round constants of the first `R_F/2` full rounds.
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let first = Poseidon2::babybear16().external_initial_constants();
+    /// assert_eq!(first.len(), 4);
+    /// assert_eq!(first[0][0].as_u32(), 0x69cbb6af);
+    /// ```
     pub fn external_initial_constants(&self) -> &[[Elem; W]] {
         &self.external_initial
     }
 
     /// Round constants of the partial rounds (one each, added to element 0).
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let p = Poseidon2::babybear16();
+    /// assert_eq!(p.internal_constants().len(), p.rounds_p());
+    /// assert_eq!(p.internal_constants()[0].as_u32(), 0x5a8053c0);
+    /// ```
     pub fn internal_constants(&self) -> &[Elem] {
         &self.internal
     }
 
     /// Round constants of the last `R_F/2` full rounds.
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let last = Poseidon2::babybear16().external_final_constants();
+    /// assert_eq!(last.len(), 4);
+    /// assert_eq!(last[0][0].as_u32(), 0x7290a80d);
+    /// ```
     pub fn external_final_constants(&self) -> &[[Elem; W]] {
         &self.external_final
     }
 
     /// `μ_i = d_i - 1`: the internal layer computes `y_i = μ_i·x_i + Σ_j x_j`
     /// (HorizenLabs' `MAT_DIAG{W}_M_1`).
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let mu = Poseidon2::babybear16().internal_diag_m_1();
+    /// assert_eq!(mu[0].as_u32(), 0x0a632d94);
+    /// ```
     pub fn internal_diag_m_1(&self) -> &[Elem; W] {
         &self.diag_m_1
     }
 
     /// Permutes `state` in place.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let p = Poseidon2::babybear16();
+    /// let mut state = [Elem::ZERO; 16];
+    /// p.permute(&mut state);
+    /// assert_ne!(state, [Elem::ZERO; 16]);
+    /// assert_eq!(state, p.permuted([Elem::ZERO; 16]), "deterministic");
+    /// ```
     pub fn permute(&self, state: &mut [Elem; W]) {
         external_layer(state);
         for rc in &self.external_initial {
@@ -189,6 +257,15 @@ impl<const W: usize> Poseidon2<W> {
     }
 
     /// The permutation of `state`.
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let input: [Elem; 16] = std::array::from_fn(|i| Elem::new(i as u32));
+    /// let out = Poseidon2::babybear16().permuted(input);
+    /// assert_eq!(out[0].as_u32(), 896560466);
+    /// assert_eq!(input[0], Elem::new(0), "the input is left as it was");
+    /// ```
     pub fn permuted(&self, mut state: [Elem; W]) -> [Elem; W] {
         self.permute(&mut state);
         state
@@ -250,6 +327,15 @@ pub fn hash_row(row: &[Elem]) -> Digest {
 }
 
 /// [`hash_row`] over the elements of an iterator (a strided matrix row, say).
+///
+/// ```
+/// use cuda_hal::field::Elem;
+/// use cuda_hal::poseidon2::{hash_iter, hash_row};
+/// // Row 1 of a column-major matrix of 3 columns and 4 rows.
+/// let matrix: Vec<Elem> = (0..12).map(Elem::new).collect();
+/// let row = hash_iter(matrix.iter().copied().skip(1).step_by(4));
+/// assert_eq!(row, hash_row(&[Elem::new(1), Elem::new(5), Elem::new(9)]));
+/// ```
 pub fn hash_iter(row: impl IntoIterator<Item = Elem>) -> Digest {
     let perm = Poseidon2::babybear16();
     let mut state = [Elem::ZERO; 16];
@@ -267,6 +353,16 @@ pub fn hash_iter(row: impl IntoIterator<Item = Elem>) -> Digest {
 
 /// The parent of two Merkle nodes: the first 8 elements of the width-16 permutation of
 /// `left ‖ right`.
+///
+/// ```
+/// use cuda_hal::field::Elem;
+/// use cuda_hal::poseidon2::{compress, Digest, Poseidon2};
+/// let (l, r) = (Digest([Elem::new(1); 8]), Digest([Elem::new(2); 8]));
+/// let mut state = [Elem::new(1); 16];
+/// state[8..].fill(Elem::new(2));
+/// let full = Poseidon2::babybear16().permuted(state);
+/// assert_eq!(compress(&l, &r).0[..], full[..8]);
+/// ```
 pub fn compress(left: &Digest, right: &Digest) -> Digest {
     let mut state = [Elem::ZERO; 16];
     state[..DIGEST_ELEMS].copy_from_slice(&left.0);
