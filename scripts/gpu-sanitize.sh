@@ -4,6 +4,8 @@
 # .gpu-bundle carried). Writes $OUT/sanitizer.log and $OUT/sanitizer-summary.txt.
 #
 #   OUT=$OUT scripts/gpu-sanitize.sh [test binaries...]     (default: gpu transfers memory model prover_ops)
+#   OUT=$OUT scripts/gpu-sanitize.sh --doc                  (memcheck and initcheck over every doc
+#                                                             example, CUDA_HAL_SAN_JOBS at once)
 #
 # Left out on purpose: the test that faults a kernel on purpose (memcheck would rightly
 # report it) and the tests that allocate (nearly) the whole device: the tools keep shadow
@@ -17,6 +19,56 @@ OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
 scripts/gpu-unpack.sh "${GPU_BUNDLE:-.gpu-bundle}" || exit 2
 bundle="${GPU_BUNDLE:-.gpu-bundle}/all"
+if [ "${1:-}" = "--doc" ]; then
+  # Every doc example is its own process: memcheck (with the leak check) and initcheck each
+  # run it, several at once. A run counts as clean when the tool exits 0 with an error
+  # summary of 0 and the example printed no skip message. Failing API calls that examples
+  # make on purpose (a missing kernel, a bad image, an ordinal past the last device) are
+  # not memory errors: --report-api-errors no, as for the suites.
+  docs="${GPU_BUNDLE:-.gpu-bundle}/doctests"
+  mapfile -t dbins < <(find "$docs" -name rust_out -type f 2>/dev/null | sort)
+  [ "${#dbins[@]}" -gt 0 ] || { echo "gpu-sanitize: no doc examples in $docs" >&2; exit 2; }
+  export OUT
+  one() {  # one TOOL BIN: prints "clean|FINDINGS TOOL NAME"
+    local tool="$1" bin="$2" name rlog extra=()
+    name="$(basename "$(dirname "$bin")")"
+    rlog="$(mktemp)"
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    timeout 300 compute-sanitizer --tool "$tool" "${extra[@]}" --report-api-errors no \
+      --error-exitcode 99 "$bin" > "$rlog" 2>&1
+    local rc=$? errs
+    errs="$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$rlog" | grep -oE '[0-9]+' | head -n 1)"
+    if [ "$rc" -eq 0 ] && [ "${errs:-1}" = 0 ] && ! grep -aq "no CUDA device here" "$rlog"; then
+      echo "clean $tool $name"
+    elif grep -aq "terminated before first instrumented API call" "$rlog"; then
+      # A host-only example (fields, Poseidon2, the host cache's bookkeeping): it never
+      # calls the driver, so the tool has nothing to check. The doc-example run checks it.
+      echo "hostonly $tool $name"
+    else
+      echo "FINDINGS $tool $name (exit $rc, errors ${errs:-?})"
+      { echo "#### $tool $name"; cat "$rlog"; } >> "$OUT/sanitizer-doc-$tool-$name.log"
+    fi
+    rm -f "$rlog"
+  }
+  export -f one
+  jobs="${CUDA_HAL_SAN_JOBS:-8}"
+  for tool in memcheck initcheck; do
+    printf '%s\n' "${dbins[@]}" | xargs -P "$jobs" -I{} bash -c 'one "$0" "$1"' "$tool" {} \
+      > "$OUT/sanitizer-doc-$tool.txt"
+  done
+  status=0
+  : > "$OUT/sanitizer-summary.txt"
+  for tool in memcheck initcheck; do
+    clean="$(grep -c '^clean' "$OUT/sanitizer-doc-$tool.txt")"
+    host="$(grep -c '^hostonly' "$OUT/sanitizer-doc-$tool.txt")"
+    bad="$(grep -c '^FINDINGS' "$OUT/sanitizer-doc-$tool.txt")"
+    echo "$tool doc examples: $clean clean, $host host-only (no CUDA call to check), $bad with findings or failures (of ${#dbins[@]})" \
+      | tee -a "$OUT/sanitizer-summary.txt"
+    grep '^FINDINGS' "$OUT/sanitizer-doc-$tool.txt" | tee -a "$OUT/sanitizer-summary.txt"
+    [ "$bad" -eq 0 ] && [ "$((clean + host))" -eq "${#dbins[@]}" ] || status=1
+  done
+  exit $status
+fi
 bins=("$@")
 [ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory model prover_ops)
 skip=(--skip device_fault --skip poison_child --skip filling_the_device --skip bad_input)
