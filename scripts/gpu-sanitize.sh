@@ -3,7 +3,7 @@
 # binaries of the all-features build, ON THE GPU MACHINE (after scripts/gpu-pack.sh and with
 # .gpu-bundle carried). Writes $OUT/sanitizer.log and $OUT/sanitizer-summary.txt.
 #
-#   OUT=$OUT scripts/gpu-sanitize.sh [test binaries...]     (default: gpu transfers memory model prover_ops)
+#   OUT=$OUT scripts/gpu-sanitize.sh [test binaries...]     (default: gpu transfers memory model prover_ops multi_gpu)
 #   OUT=$OUT scripts/gpu-sanitize.sh --doc                  (memcheck and initcheck over every doc
 #                                                             example, CUDA_HAL_SAN_JOBS at once)
 #
@@ -70,8 +70,12 @@ if [ "${1:-}" = "--doc" ]; then
   exit $status
 fi
 bins=("$@")
-[ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory model prover_ops)
+[ "${#bins[@]}" -eq 0 ] && bins=(gpu transfers memory model prover_ops multi_gpu)
 skip=(--skip device_fault --skip poison_child --skip filling_the_device --skip bad_input)
+# The two-device tests skip themselves on one device; leave them out there instead.
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)" -lt 2 ]; then
+  skip+=(--skip two_devices_)
+fi
 export CUDA_HAL_REQUIRE_GPU=1
 log="$OUT/sanitizer.log"
 : > "$log"

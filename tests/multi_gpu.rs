@@ -1,5 +1,8 @@
-//! Several GPUs in one process. Needs two devices: skips with fewer, and fails instead when
-//! `CUDA_HAL_REQUIRE_GPUS` asks for more than the machine has.
+//! Several GPUs in one process. The tests named `two_devices_*` need two: they skip with
+//! fewer (`scripts/gpu-run.sh` then leaves them out and says so), and fail instead when
+//! `CUDA_HAL_REQUIRE_GPUS` asks for more than the machine has. The
+//! same copies between two HALs of one device (their own streams, pools, pinned slots and
+//! events) run wherever there is a GPU.
 
 mod common;
 
@@ -24,7 +27,7 @@ fn need_two() -> Option<HalSet> {
 }
 
 #[test]
-fn one_hal_per_device_round_robin() {
+fn two_devices_one_hal_each_round_robin() {
     let Some(set) = need_two() else { return };
     let n = set.len();
     let order: Vec<usize> = (0..2 * n).map(|_| set.next().info().ordinal).collect();
@@ -58,9 +61,32 @@ fn one_hal_per_device_round_robin() {
 }
 
 #[test]
-fn buffers_copy_between_devices_both_ways() {
+fn two_devices_buffers_copy_both_ways() {
     let Some(set) = need_two() else { return };
     let (h0, h1) = (set.get(0).unwrap(), set.get(1).unwrap());
+    copies_both_ways(h0, h1);
+    // Two HALs on one device copy directly.
+    let b = h1.copy_from("on-1", &[99u32; 64]).unwrap();
+    let other = CudaHal::new(1).unwrap();
+    let d = other.alloc::<u32>("same-device", 64).unwrap();
+    d.copy_from_device(&b).unwrap();
+    assert_eq!(d.get_at(63).unwrap(), 99);
+}
+
+/// The copies of the test above between two HALs of device 0: every route's code (the
+/// remembered peer answer, the idle-source check, the events that order the two streams,
+/// the host route's pinned slots taking turns) runs on one device too.
+#[test]
+fn buffers_copy_between_hals_of_one_device() {
+    let Some(h0) = common::gpu() else { return };
+    let h1 = CudaHal::new(0).unwrap();
+    copies_both_ways(&h0, &h1);
+}
+
+/// Copies from `h0`'s buffers into `h1`'s and back, by both routes, at sizes from one
+/// element to eleven pinned slots.
+fn copies_both_ways(h0: &CudaHal, h1: &CudaHal) {
+    let ordinal0 = h0.info().ordinal;
     // Through the host, 16 MiB + 12 B is five 4 MiB chunks over four pinned slots (the
     // first reused), and 40 MiB + 4 B eleven.
     for n in [1usize, 1000, 16 * MIB / 4 + 3, 40 * MIB / 4 + 1] {
@@ -122,18 +148,13 @@ fn buffers_copy_between_devices_both_ways() {
         let got = into.to_vec().unwrap();
         assert!(got.iter().all(|&x| x == value), "round {round}");
     }
-    // Peer access is remembered per pair of HALs, not per device: a new HAL on device 0
-    // (a new pool, which must grant device 1 access) after the last one went.
+    // Peer access is remembered per pair of HALs, not per device: a new HAL on h0's device
+    // (a new pool, which must grant h1's device access) after the last one went.
     for round in 0..3u32 {
-        let fresh = CudaHal::new(0).unwrap();
+        let fresh = CudaHal::new(ordinal0).unwrap();
         let src = fresh.copy_from("fresh-src", &[round; 4096]).unwrap();
         let dst = h1.alloc::<u32>("from-fresh", 4096).unwrap();
         dst.copy_from_device(&src).unwrap();
         assert_eq!(dst.to_vec().unwrap(), vec![round; 4096], "round {round}");
     }
-    // Two HALs on one device copy directly.
-    let other = CudaHal::new(1).unwrap();
-    let d = other.alloc::<u32>("same-device", 64).unwrap();
-    d.copy_from_device(&b).unwrap();
-    assert_eq!(d.get_at(63).unwrap(), 99);
 }
