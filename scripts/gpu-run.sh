@@ -117,13 +117,15 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     fi
     for bin in "${bins[@]}"; do
       name="$(basename "$bin")"
-      not_run=""
-      if [ "${#two_device_args[@]}" -gt 0 ] && "$bin" --list 2>/dev/null | grep -q '^two_devices_'; then
-        not_run=", $("$bin" --list 2>/dev/null | grep -c '^two_devices_') two-device tests not run: ${ngpus:-0} device(s)"
-        run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" "${test_args[@]}" "${two_device_args[@]}"
-      else
-        run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" "${test_args[@]}"
+      not_run="" left_out=0
+      if [ "${#two_device_args[@]}" -gt 0 ]; then
+        left_out="$("$bin" --list 2>/dev/null | grep -c '^two_devices_' || true)"
       fi
+      if [ "${left_out:-0}" -gt 0 ]; then
+        not_run=", $left_out two-device tests not run: ${ngpus:-0} device(s)"
+      fi
+      run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" "${test_args[@]}" \
+        ${not_run:+"${two_device_args[@]}"}
       rc=$?
       # Harness lines: "test result: ok. 5 passed; 0 failed; 1 ignored; ..."
       read -r p f i < <(grep -aoE 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed; [0-9]+ ignored' "$last" \

@@ -1,8 +1,8 @@
 //! Several GPUs in one process. The tests named `two_devices_*` need two: they skip with
 //! fewer (`scripts/gpu-run.sh` then leaves them out and says so), and fail instead when
-//! `CUDA_HAL_REQUIRE_GPUS` asks for more than the machine has. The
-//! same copies between two HALs of one device (their own streams, pools, pinned slots and
-//! events) run wherever there is a GPU.
+//! `CUDA_HAL_REQUIRE_GPUS` asks for more than the machine has. The same copies between two
+//! HALs of one device (their own streams, pools, pinned slots and events) run wherever there
+//! is a GPU.
 
 mod common;
 
