@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use crate::field::{Elem, FieldElement, P};
+use crate::field::{Elem, FieldElement};
 use crate::hal_trait::{check, Hal};
 use crate::poseidon2::{Digest, Poseidon2};
 use crate::{Buffer, CudaHal, Error, LaunchDims, Result};
@@ -50,27 +50,6 @@ impl ProverCache {
         let tables = std::mem::take(&mut *self.tables.lock());
         drop(tables);
     }
-}
-
-/// `x·2^32 mod p`: the Montgomery form the kernels use for tables.
-fn to_mont(x: u32) -> u32 {
-    ((u64::from(x) << 32) % u64::from(P)) as u32
-}
-
-/// The Montgomery-form constant table of the width-`W` permutation, in the layout of
-/// `kernels/babybear.cuh`: initial full-round constants, partial-round constants, final
-/// full-round constants, internal diagonal.
-fn poseidon2_table<const W: usize>(p: &Poseidon2<W>) -> Vec<u32> {
-    let mut t = Vec::new();
-    for rc in p.external_initial_constants() {
-        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
-    }
-    t.extend(p.internal_constants().iter().map(|e| to_mont(e.as_u32())));
-    for rc in p.external_final_constants() {
-        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
-    }
-    t.extend(p.internal_diag_m_1().iter().map(|e| to_mont(e.as_u32())));
-    t
 }
 
 /// Largest tile (log2 elements) of the fused NTT passes: a pass of `k` stages moves tiles
@@ -232,8 +211,8 @@ impl CudaHal {
     fn poseidon2_constants(&self, width: usize) -> Result<Buffer<u32>> {
         self.table(TableKey::Poseidon2 { width }, || {
             let t = match width {
-                16 => poseidon2_table(Poseidon2::babybear16()),
-                24 => poseidon2_table(Poseidon2::babybear24()),
+                16 => Poseidon2::babybear16().device_table(),
+                24 => Poseidon2::babybear24().device_table(),
                 _ => {
                     return Err(Error::InvalidArgument(format!(
                         "Poseidon2 width {width} (16 or 24)"
@@ -252,7 +231,7 @@ impl CudaHal {
         }
         let cols = io.len() >> log_n;
         let tw = self.twiddles(log_n, inverse)?;
-        let scale = to_mont(Elem::inv_pow2(log_n).as_u32());
+        let scale = Elem::inv_pow2(log_n).to_montgomery();
         let plan = plan_ntt(log_n, cols, inverse);
         let scratch = if plan
             .iter()
@@ -331,7 +310,7 @@ impl CudaHal {
         }
         self.bit_reverse_unchecked(io, log_n)?;
         let tw = self.twiddles(log_n, inverse)?;
-        let scale = to_mont(Elem::inv_pow2(log_n).as_u32());
+        let scale = Elem::inv_pow2(log_n).to_montgomery();
         let butterflies = io.len() / 2;
         for stage in 0..log_n {
             let last = stage + 1 == log_n;
@@ -570,6 +549,7 @@ impl Hal for CudaHal {
 mod tests {
     use super::*;
     use crate::cpu_ops;
+    use crate::field::P;
 
     include!("../kernels/host_check/build_host_check.rs");
 
@@ -606,7 +586,7 @@ mod tests {
             tw: &[u32],
         ) -> Vec<u32> {
             use std::io::{BufRead, Write};
-            let scale = to_mont(Elem::inv_pow2(log_n).as_u32());
+            let scale = Elem::inv_pow2(log_n).to_montgomery();
             let mut cmd = format!(
                 "nttpass {} {log_n} {} {} {} {} {} {} {} {scale} {} {}\n",
                 p.k,
@@ -681,7 +661,7 @@ mod tests {
                 let w = Elem::root_of_unity(log_n).unwrap();
                 let w = if inverse { w.inv() } else { w };
                 let tw: Vec<u32> = (0..1u64 << (log_n - 1))
-                    .map(|k| to_mont(w.pow(k).as_u32()))
+                    .map(|k| w.pow(k).to_montgomery())
                     .collect();
                 let mut io: Vec<u32> = v.iter().map(|e| e.as_u32()).collect();
                 // Poisoned scratch: a position a pass fails to write shows up in the output.
@@ -714,11 +694,16 @@ mod tests {
 
     #[test]
     fn montgomery_form() {
-        assert_eq!(to_mont(1), 0x0fff_fffe);
-        assert_eq!(to_mont(0), 0);
-        let t = poseidon2_table(Poseidon2::babybear16());
+        // x·R·R⁻¹ = x, with R = 2^32 mod p.
+        let r_inv = Elem::from_u64(1 << 32).inv();
+        for x in [0, 1, 2, 11, P / 2, P - 1] {
+            let m = Elem::new(x).to_montgomery();
+            assert!(m < P);
+            assert_eq!(Elem::new(m) * r_inv, Elem::new(x));
+        }
+        let t = Poseidon2::babybear16().device_table();
         assert_eq!(t.len(), 9 * 16 + 13);
-        let t = poseidon2_table(Poseidon2::babybear24());
+        let t = Poseidon2::babybear24().device_table();
         assert_eq!(t.len(), 9 * 24 + 21);
     }
 }

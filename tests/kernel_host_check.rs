@@ -12,23 +12,6 @@ use cuda_hal::poseidon2::Poseidon2;
 
 include!("../kernels/host_check/build_host_check.rs");
 
-fn to_mont(x: u32) -> u32 {
-    ((u64::from(x) << 32) % u64::from(P)) as u32
-}
-
-fn table<const W: usize>(p: &Poseidon2<W>) -> Vec<u32> {
-    let mut t = Vec::new();
-    for rc in p.external_initial_constants() {
-        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
-    }
-    t.extend(p.internal_constants().iter().map(|e| to_mont(e.as_u32())));
-    for rc in p.external_final_constants() {
-        t.extend(rc.iter().map(|e| to_mont(e.as_u32())));
-    }
-    t.extend(p.internal_diag_m_1().iter().map(|e| to_mont(e.as_u32())));
-    t
-}
-
 fn join(v: impl IntoIterator<Item = u32>) -> String {
     v.into_iter()
         .map(|x| x.to_string())
@@ -104,8 +87,8 @@ fn device_arithmetic_matches_the_reference_on_the_host() {
             want.push(r.to_string());
         }
     }
-    cmds += &format!("table16 {}\n", join(table(Poseidon2::babybear16())));
-    cmds += &format!("table24 {}\n", join(table(Poseidon2::babybear24())));
+    cmds += &format!("table16 {}\n", join(Poseidon2::babybear16().device_table()));
+    cmds += &format!("table24 {}\n", join(Poseidon2::babybear24().device_table()));
     for i in 0..300 {
         let s: [Elem; 16] = std::array::from_fn(|j| {
             if i == 0 {

@@ -113,6 +113,19 @@ impl Elem {
         self.0
     }
 
+    /// The Montgomery form `x·2^32 mod p` that the kernels use for constant tables
+    /// (`kernels/babybear.cuh` multiplies in Montgomery form).
+    ///
+    /// ```
+    /// use cuda_hal::field::Elem;
+    /// assert_eq!(Elem::ONE.to_montgomery(), 0x0fff_fffe); // 2^32 mod p
+    /// assert_eq!(Elem::ZERO.to_montgomery(), 0);
+    /// ```
+    #[inline]
+    pub const fn to_montgomery(self) -> u32 {
+        (((self.0 as u64) << 32) % (P as u64)) as u32
+    }
+
     /// Whether the stored value is below `p` (always true for values made by this crate).
     ///
     /// ```

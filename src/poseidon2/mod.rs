@@ -228,6 +228,34 @@ impl<const W: usize> Poseidon2<W> {
         &self.diag_m_1
     }
 
+    /// The constants as the kernels read them: in Montgomery form
+    /// ([`Elem::to_montgomery`]), in the layout of `kernels/babybear.cuh`: the initial
+    /// full rounds' constants, the partial rounds', the final full rounds', then the
+    /// internal diagonal `μ`.
+    ///
+    /// ```
+    /// use cuda_hal::poseidon2::Poseidon2;
+    /// let p = Poseidon2::babybear16();
+    /// let t = p.device_table();
+    /// assert_eq!(t.len(), 16 * (p.rounds_f() + 1) + p.rounds_p());
+    /// assert_eq!(t[0], p.external_initial_constants()[0][0].to_montgomery());
+    /// assert_eq!(t[t.len() - 1], p.internal_diag_m_1()[15].to_montgomery());
+    /// ```
+    pub fn device_table(&self) -> Vec<u32> {
+        let full = |rounds: &[[Elem; W]]| {
+            rounds
+                .iter()
+                .flatten()
+                .map(|e| e.to_montgomery())
+                .collect::<Vec<_>>()
+        };
+        let mut t = full(&self.external_initial);
+        t.extend(self.internal.iter().map(|e| e.to_montgomery()));
+        t.extend(full(&self.external_final));
+        t.extend(self.diag_m_1.iter().map(|e| e.to_montgomery()));
+        t
+    }
+
     /// Permutes `state` in place.
     ///
     /// ```
