@@ -242,17 +242,11 @@ impl<const W: usize> Poseidon2<W> {
     /// assert_eq!(t[t.len() - 1], p.internal_diag_m_1()[15].to_montgomery());
     /// ```
     pub fn device_table(&self) -> Vec<u32> {
-        let full = |rounds: &[[Elem; W]]| {
-            rounds
-                .iter()
-                .flatten()
-                .map(|e| e.to_montgomery())
-                .collect::<Vec<_>>()
-        };
-        let mut t = full(&self.external_initial);
-        t.extend(self.internal.iter().map(|e| e.to_montgomery()));
-        t.extend(full(&self.external_final));
-        t.extend(self.diag_m_1.iter().map(|e| e.to_montgomery()));
+        let mont = |e: &Elem| e.to_montgomery();
+        let mut t: Vec<u32> = self.external_initial.iter().flatten().map(mont).collect();
+        t.extend(self.internal.iter().map(mont));
+        t.extend(self.external_final.iter().flatten().map(mont));
+        t.extend(self.diag_m_1.iter().map(mont));
         t
     }
 
