@@ -2,8 +2,10 @@
 //! `copy_from_device` against the driver's peer copy, and the host route against a plain
 //! download and upload. `ROW|multi_gpu|operation|crate_us|floor|floor_us|bytes|target`.
 //!
-//! Needs two devices. With fewer it prints `SKIPPED:` and no rows, unless
-//! `CUDA_HAL_REQUIRE_GPUS` asks for two or more: then it fails.
+//! With one device it times the same code between two HALs of device 0 (the copy path
+//! without a second device: no context switch, no wait across devices), and says so in
+//! every row; `CUDA_HAL_REQUIRE_GPUS=2` makes it fail there instead. With none it prints
+//! `SKIPPED:` and no rows.
 
 mod common;
 
@@ -28,14 +30,28 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    if devices < 2 {
-        assert!(
-            required < 2,
-            "CUDA_HAL_REQUIRE_GPUS={required} but {devices} device(s)"
-        );
-        return println!("SKIPPED: {devices} device(s) here; copies between devices need two");
+    assert!(
+        devices >= 2 || required < 2,
+        "CUDA_HAL_REQUIRE_GPUS={required} but {devices} device(s)"
+    );
+    match devices {
+        0 => println!("SKIPPED: no device here"),
+        1 => {
+            println!(
+                "INFO|multi_gpu|one device: copies between two HALs of device 0 (no second device)"
+            );
+            peer(
+                &CudaHal::new(0).unwrap(),
+                &CudaHal::new(0).unwrap(),
+                "HAL b <- HAL a, one device",
+            );
+        }
+        _ => peer(
+            &CudaHal::new(0).unwrap(),
+            &CudaHal::new(1).unwrap(),
+            "device 1 <- 0",
+        ),
     }
-    peer(&CudaHal::new(0).unwrap(), &CudaHal::new(1).unwrap());
 }
 
 /// The current context: the one `hal`'s last operation bound.
@@ -52,12 +68,13 @@ fn current_context(hal: &CudaHal) -> cuda_sys::CUcontext {
     ctx
 }
 
-/// Copies between devices 0 and 1: `copy_from_device` against the driver's peer copy on
-/// the same stream (each followed by a stream synchronize), and the host route against a
-/// plain download and upload through a pageable `Vec`.
-fn peer(hal0: &CudaHal, hal1: &CudaHal) {
+/// Copies from `hal0`'s memory into `hal1`'s (`pair` says which): `copy_from_device`
+/// against the driver's peer copy on the same stream (each followed by a stream
+/// synchronize), and the host route against a plain download and upload through a
+/// pageable `Vec`.
+fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
     let peer = hal1.enable_peer_access(hal0).unwrap();
-    println!("INFO|multi_gpu|peer copies: device 1 <- device 0, peer access {peer}");
+    println!("INFO|multi_gpu|peer copies: {pair}, peer access {peer}");
     let (ctx0, ctx1) = (current_context(hal0), current_context(hal1));
     let stream = hal1.stream_handle();
     let api = cuda_sys::driver().unwrap();
@@ -90,7 +107,7 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal) {
             },
             || {
                 // SAFETY: both ranges are live allocations of `bytes`; the stream is
-                // device 1's, and its context is made current first.
+                // `hal1`'s, and its context is made current first.
                 unsafe {
                     api.cuCtxSetCurrent(ctx1).unwrap();
                     api.cuMemcpyPeerAsync(d, ctx1, s, ctx0, bytes, stream)
@@ -106,8 +123,8 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal) {
                 200,
                 300,
                 || {
-                    // SAFETY: as below; the event is recorded on device 0's stream in its
-                    // context and waited for by device 1's.
+                    // SAFETY: as above; the event is recorded on `hal0`'s stream in its
+                    // context and waited for by `hal1`'s.
                     unsafe {
                         let mut ev = std::ptr::null_mut();
                         api.cuCtxSetCurrent(ctx0).unwrap();
@@ -124,11 +141,11 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal) {
                 || {},
             );
             println!(
-                "INFO|multi_gpu|  peer copy {label}: the driver's copy ordered after device 0's stream (event create, record, wait, destroy) + sync: {ordered:.2} us"
+                "INFO|multi_gpu|  peer copy {label}: the driver's copy ordered after the source's stream (event create, record, wait, destroy) + sync: {ordered:.2} us"
             );
         }
         row(
-            &format!("copy_from_device {label}, device 1 <- 0 (+ sync)"),
+            &format!("copy_from_device {label}, {pair} (+ sync)"),
             t,
             "cuMemcpyPeerAsync + sync",
             floor,
@@ -162,7 +179,7 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal) {
                 },
             );
             row(
-                &format!("copy_from_device_via_host {label}, device 1 <- 0 (+ sync)"),
+                &format!("copy_from_device_via_host {label}, {pair} (+ sync)"),
                 t,
                 "cuMemcpyDtoH + cuMemcpyHtoD, pageable",
                 floor,
