@@ -143,6 +143,7 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
             println!(
                 "INFO|multi_gpu|  peer copy {label}: the driver's copy ordered after the source's stream (event create, record, wait, destroy) + sync: {ordered:.2} us"
             );
+            small_copy_parts(hal0, hal1, ctx0, ctx1);
         }
         row(
             &format!("copy_from_device {label}, {pair} (+ sync)"),
@@ -188,4 +189,61 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
             );
         }
     }
+}
+
+/// What the driver calls a small `copy_from_device` makes besides the copy cost alone,
+/// each timed in turns with an empty closure: asking whether the source's stream is idle, recording
+/// an event on the destination's stream, the two context switches (a no-op with one
+/// context), and the HAL's synchronize against the bare stream synchronize.
+fn small_copy_parts(
+    hal0: &CudaHal,
+    hal1: &CudaHal,
+    ctx0: cuda_sys::CUcontext,
+    ctx1: cuda_sys::CUcontext,
+) {
+    let api = cuda_sys::driver().unwrap();
+    let (s0, s1) = (hal0.stream_handle(), hal1.stream_handle());
+    hal0.synchronize().unwrap();
+    hal1.synchronize().unwrap();
+    // Each part's median less that of an empty closure timed in turns with it.
+    let parts = |f: &mut dyn FnMut()| {
+        let (t, empty) = paired_median_us(200, 200, f, || {});
+        t - empty
+    };
+    // SAFETY: queries the idle stream of a live HAL, with its context current.
+    let query = parts(&mut || unsafe {
+        api.cuCtxSetCurrent(ctx0).unwrap();
+        api.cuStreamQuery(s0).unwrap();
+    });
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; hal1's context is current for the event's life.
+    unsafe {
+        api.cuCtxSetCurrent(ctx1).unwrap();
+        api.cuEventCreate(&mut ev, 2).unwrap();
+    }
+    // SAFETY: a live event of hal1's context recorded on hal1's stream.
+    let record = parts(&mut || unsafe { api.cuEventRecord(ev, s1).unwrap() });
+    // SAFETY: the event belongs to hal1's context, which is current, and is not used again.
+    unsafe {
+        api.cuStreamSynchronize(s1).unwrap();
+        api.cuEventDestroy(ev).unwrap();
+    }
+    // SAFETY: both contexts are live retained primary contexts.
+    let switches = parts(&mut || unsafe {
+        api.cuCtxSetCurrent(ctx0).unwrap();
+        api.cuCtxSetCurrent(ctx1).unwrap();
+    });
+    let (hal_sync, raw_sync) = paired_median_us(
+        200,
+        200,
+        || hal1.synchronize().unwrap(),
+        // SAFETY: hal1's stream, with its context made current.
+        || unsafe {
+            api.cuCtxSetCurrent(ctx1).unwrap();
+            api.cuStreamSynchronize(s1).unwrap();
+        },
+    );
+    println!(
+        "INFO|multi_gpu|  small copy parts: cuStreamQuery (idle) {query:.2} us, cuEventRecord {record:.2} us, two context switches {switches:.2} us, HAL synchronize {hal_sync:.2} us against cuStreamSynchronize {raw_sync:.2} us (idle streams)"
+    );
 }
