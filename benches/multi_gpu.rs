@@ -192,9 +192,9 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
 }
 
 /// What the driver calls a small `copy_from_device` makes besides the copy cost alone,
-/// each timed in turns with an empty closure: asking whether the source's stream is idle, recording
-/// an event on the destination's stream, the two context switches (a no-op with one
-/// context), and the HAL's synchronize against the bare stream synchronize.
+/// each timed in turns with an empty closure: asking whether the source's stream is
+/// idle, recording an event on the destination's stream, the two context switches (a
+/// no-op with one context), and the HAL's synchronize against the bare stream synchronize.
 fn small_copy_parts(
     hal0: &CudaHal,
     hal1: &CudaHal,
