@@ -82,6 +82,12 @@ impl Error {
                     | CUresult::CUDA_ERROR_INVALID_PC
                     | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
                     | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
+                    | CUresult::CUDA_ERROR_ASSERT
+                    | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+                    | CUresult::CUDA_ERROR_CONTAINED
+                    | CUresult::CUDA_ERROR_TENSOR_MEMORY_LEAK
+                    | CUresult::CUDA_ERROR_EXTERNAL_DEVICE
+                    | CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED
             )
         )
     }

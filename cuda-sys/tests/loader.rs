@@ -144,6 +144,33 @@ fn error_codes_map_to_header_names_and_descriptions() {
 }
 
 #[test]
+fn every_code_the_header_calls_fatal_is_sticky() {
+    // The header's own words for "the context or process cannot go on".
+    let fatal = [
+        "must be terminated",
+        "cannot be used anymore",
+        "inconsistent state",
+    ];
+    let mut sticky = Vec::new();
+    for code in 0..1000u32 {
+        let Some((name, description)) = Error::describe(code) else {
+            continue;
+        };
+        let flat = description.split_whitespace().collect::<Vec<_>>().join(" ");
+        let says_fatal = fatal.iter().any(|f| flat.contains(f));
+        let is = Error::from_code(CUresult(code), "cuFoo").is_sticky();
+        assert!(
+            !says_fatal || is,
+            "{name} ({code}) is fatal by the header: {flat}"
+        );
+        if is {
+            sticky.push(name);
+        }
+    }
+    assert!(sticky.contains(&"CUDA_ERROR_ASSERT"), "{sticky:?}");
+}
+
+#[test]
 fn global_driver_never_panics() {
     // On a machine without a driver this is DriverNotFound; with one, it loads.
     match cuda_sys::driver() {
