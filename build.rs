@@ -42,6 +42,8 @@ fn main() {
         fs::write(&fatbin, []).expect("write empty fatbin");
         return;
     };
+    // A reinstalled or upgraded nvcc rebuilds the kernels.
+    println!("cargo:rerun-if-changed={}", nvcc.display());
 
     // One translation unit that includes every kernel source, compiled into one fatbin.
     let unit = out.join("all_kernels.cu");

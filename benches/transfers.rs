@@ -284,7 +284,8 @@ fn pipeline(hal: &CudaHal) {
     let mut output = vec![0u32; n];
     let sms = hal.info().multiprocessors;
     let run = |rounds: u32, mode: PipelineMode, input: &[u32], output: &mut [u32]| {
-        hal.pipeline(input, output, chunk, mode, |s, i, o| {
+        // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+        hal.pipeline(input, output, chunk, mode, |s, i, o| unsafe {
             hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), sms))
                 .on(s)
                 .output(o)

@@ -149,10 +149,10 @@ impl Allocs {
     /// Forgets the tracked allocation of `bytes` the driver then refused.
     pub(crate) fn abandon(&self, ticket: Ticket, bytes: usize) {
         if self.tracking {
-            self.state
-                .lock()
-                .tracker
-                .abandon(ticket.name, ticket.slot, bytes);
+            let mut guard = self.state.lock();
+            let s = &mut *guard;
+            let cached = self.cached_held(s);
+            s.tracker.abandon(ticket.name, ticket.slot, bytes, cached);
         }
     }
 
@@ -193,6 +193,15 @@ impl Allocs {
             slot,
             name,
         })
+    }
+
+    /// Takes back an allocation of [`Allocs::track`] of `bytes` the driver then refused:
+    /// as if it was never asked for.
+    pub(crate) fn untrack_refused(&self, ticket: Ticket, bytes: usize) {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        let cached = self.cached_held(s);
+        s.tracker.abandon(ticket.name, ticket.slot, bytes, cached);
     }
 
     /// Forgets an allocation of [`Allocs::track`] of `bytes`.

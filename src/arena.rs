@@ -195,9 +195,16 @@ impl CudaHal {
             ArenaLayout::Bump => capacity,
             ArenaLayout::Slots(slots) => {
                 let mut off = 0usize;
-                for (_, cap) in slots {
+                for (slot, cap) in slots {
                     slot_starts.push(off);
-                    off += cap.next_multiple_of(256);
+                    off = cap
+                        .checked_next_multiple_of(256)
+                        .and_then(|c| off.checked_add(c))
+                        .ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "arena slots overflow the address space at slot `{slot}`"
+                            ))
+                        })?;
                 }
                 off.max(capacity)
             }
@@ -262,9 +269,12 @@ impl BatchArena {
     /// ```
     pub fn can_fit(&self, bytes: &[usize]) -> bool {
         match &self.layout {
-            ArenaLayout::Bump => {
-                bytes.iter().map(|b| b.next_multiple_of(256)).sum::<usize>() <= self.capacity()
-            }
+            ArenaLayout::Bump => bytes
+                .iter()
+                .try_fold(0usize, |sum, b| {
+                    sum.checked_add(b.checked_next_multiple_of(256)?)
+                })
+                .is_some_and(|total| total <= self.capacity()),
             ArenaLayout::Slots(slots) => {
                 bytes.len() <= slots.len() && bytes.iter().zip(slots).all(|(b, (_, cap))| b <= cap)
             }
@@ -346,14 +356,18 @@ impl Batch<'_> {
             .ok_or_else(|| full(name, usize::MAX, self.used(), self.arena.capacity()))?;
         // Offsets are 256-byte aligned and a multiple of the element size.
         let align = |x: usize| x.next_multiple_of(256).next_multiple_of(sz);
-        let start = match &self.arena.layout {
+        // Every check comes before any state changes: a refused view leaves the batch as
+        // it was.
+        let (start, slot) = match &self.arena.layout {
             ArenaLayout::Bump => {
                 let start = align(self.cursor.get());
-                if start + bytes > self.arena.capacity() {
+                if start
+                    .checked_add(bytes)
+                    .is_none_or(|end| end > self.arena.capacity())
+                {
                     return Err(full(name, bytes, self.cursor.get(), self.arena.capacity()));
                 }
-                self.cursor.set(start + bytes);
-                start
+                (start, None)
             }
             ArenaLayout::Slots(slots) => {
                 let i = slots
@@ -361,8 +375,7 @@ impl Batch<'_> {
                     .position(|(n, _)| n == name)
                     .ok_or_else(|| Error::InvalidArgument(format!("arena has no slot `{name}`")))?;
                 let cap = slots[i].1;
-                let mut used = self.slot_used.borrow_mut();
-                if used[i] != 0 {
+                if self.slot_used.borrow()[i] != 0 {
                     return Err(Error::InvalidArgument(format!(
                         "slot `{name}` already used in this batch"
                     )));
@@ -370,17 +383,20 @@ impl Batch<'_> {
                 if bytes > cap {
                     return Err(full(name, bytes, 0, cap));
                 }
-                used[i] = bytes;
                 let start = self.arena.slot_starts[i];
                 if start % sz != 0 {
                     return Err(Error::InvalidArgument(format!(
                         "slot `{name}` is not aligned for {sz}-byte elements"
                     )));
                 }
-                start
+                (start, Some(i))
             }
         };
         let buffer = self.arena.region.reinterpret::<T>(start, len)?;
+        match slot {
+            None => self.cursor.set(start + bytes),
+            Some(i) => self.slot_used.borrow_mut()[i] = bytes,
+        }
         self.views.set(self.views.get() + 1);
         Ok(ArenaView {
             buffer,
@@ -390,7 +406,8 @@ impl Batch<'_> {
 
     /// Uploads each host slice into a new view with one copy: the views are laid out in
     /// the region, so the slices are gathered into pinned memory in the same layout and
-    /// copied as one range. No device memory is allocated.
+    /// copied as one range. No device memory is allocated. All or nothing: if a view does
+    /// not fit or the copy fails, the batch is left as it was.
     ///
     /// ```
     /// use cuda_hal::{ArenaLayout, CudaHal};
@@ -410,6 +427,23 @@ impl Batch<'_> {
     /// assert_eq!(d.h2d.calls, 4, "one copy per batch");
     /// ```
     pub fn upload<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
+        // All or nothing: if any view or the copy fails, the batch is left as it was.
+        let before = (
+            self.cursor.get(),
+            self.slot_used.borrow().clone(),
+            self.views.get(),
+        );
+        let uploaded = self.upload_views(items);
+        if uploaded.is_err() {
+            let (cursor, slot_used, views) = before;
+            self.cursor.set(cursor);
+            *self.slot_used.borrow_mut() = slot_used;
+            self.views.set(views);
+        }
+        uploaded
+    }
+
+    fn upload_views<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
         let views = items
             .iter()
             .map(|(name, data)| self.alloc::<T>(name, data.len()))

@@ -41,6 +41,14 @@ impl HostBytes {
         Ok(HostBytes { ptr, layout })
     }
 
+    /// Bytes of `r`.
+    ///
+    /// # Safety
+    /// No mutable reference to bytes of `r` may exist while the result lives.
+    unsafe fn range(&self, r: Range<usize>) -> &[u8] {
+        std::slice::from_raw_parts(self.ptr.add(r.start), r.len())
+    }
+
     /// Mutable bytes of `r`.
     ///
     /// # Safety
@@ -140,7 +148,7 @@ impl RawBuffer {
         // The caller may have another HAL's context current (copies between devices).
         self.hal.ctx.bind()?;
         self.side.wait_on(&self.hal.stream, 0, true)?;
-        self.flush_host(r, write)
+        self.flush_host(r, write, false)
     }
 
     /// Before side stream `stream` reads or writes `r`: host-newer bytes are uploaded (on
@@ -152,14 +160,16 @@ impl RawBuffer {
         write: bool,
         stream: &HalStream,
     ) -> Result<()> {
-        self.flush_host(r, write)?;
+        self.flush_host(r, write, true)?;
         stream.after_main()?;
         self.side.wait_on(&stream.stream, stream.id, false)
     }
 
     /// The host-cache half of a device access: uploads host-newer bytes, and for a write
-    /// marks the host copy of `r` stale. A no-op without phase 2.
-    fn flush_host(&self, r: Range<usize>, write: bool) -> Result<()> {
+    /// marks the host copy of `r` stale. A no-op without phase 2. `side`: the main stream
+    /// has not yet waited for pending side-stream uses, so it does before an upload
+    /// overwrites bytes they may still read.
+    fn flush_host(&self, r: Range<usize>, write: bool, side: bool) -> Result<()> {
         if !PHASES.host_cache {
             return Ok(());
         }
@@ -169,10 +179,14 @@ impl RawBuffer {
             .plan_device_access(&r)
             .map_err(|_| self.borrowed())?;
         if let Some(host) = &c.bytes {
+            if side && !uploads.is_empty() {
+                self.side.wait_on(&self.hal.stream, 0, true)?;
+            }
             for u in uploads {
-                // SAFETY: dirty bytes have no active view (checked by plan_device_access),
-                // and the cache lock keeps new views out during the upload.
-                let src = unsafe { host.range_mut(u.clone()) };
+                // SAFETY: dirty bytes have no exclusive view (checked by
+                // plan_device_access), and the cache lock keeps new ones out during the
+                // upload; shared views only read.
+                let src = unsafe { host.range(u.clone()) };
                 self.hal.upload(self.ptr + u.start as u64, src)?;
             }
         }
@@ -180,10 +194,12 @@ impl RawBuffer {
         Ok(())
     }
 
-    /// Marks the host copy of `r` stale (after a device write was queued).
+    /// Marks the host copy of `r` stale after a device write of it was queued (prepared
+    /// with [`RawBuffer::prepare_device_access`] or its side-stream form): host edits made
+    /// since to other bytes stay to be uploaded.
     pub(crate) fn invalidate_host(&self, r: Range<usize>) {
         if PHASES.host_cache {
-            self.cache.lock().state.mark_device_access(r, true);
+            self.cache.lock().state.mark_device_written(r);
         }
     }
 
@@ -480,7 +496,7 @@ impl<T: Pod> Buffer<T> {
                 name: self.name().to_string(),
             });
         }
-        let start = self.byte_range().start + byte_offset;
+        let start = self.byte_range().start.saturating_add(byte_offset);
         let end = len.checked_mul(su).and_then(|b| b.checked_add(start));
         if end.is_none_or(|e| e > self.byte_range().end) || byte_offset > self.size_bytes() {
             return Err(
@@ -850,7 +866,9 @@ impl<T: Pod> Buffer<T> {
         })
     }
 
-    /// Device address for writing in your own kernels: marks the host copy stale.
+    /// Device address for writing in your own kernels: marks the host copy stale. A host
+    /// read before your write is queued caches the bytes as they are then: take the address
+    /// again once the write is queued, to mark the copy stale after it.
     ///
     /// ```
     /// use cuda_hal::CudaHal;

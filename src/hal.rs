@@ -55,8 +55,11 @@ pub struct HalConfig {
     pub block_cache_bytes: usize,
     /// Most bytes of pinned blocks kept for async reads and coalesced transfers.
     pub pinned_pool_bytes: usize,
-    /// A cap on the bytes this HAL may have allocated at once; an allocation past it fails
-    /// with `OutOfMemory` before the driver is asked. `None`: only the device limits.
+    /// A cap on the bytes of this HAL's live allocations (device buffers and managed
+    /// memory); an allocation past it fails with `OutOfMemory` before the driver is asked.
+    /// Freed blocks the block cache keeps and memory the pool keeps reserved do not count:
+    /// `block_cache_bytes` and `release_threshold` bound those. `None`: only the device
+    /// limits.
     pub memory_limit: Option<usize>,
     /// Keep the name and size of every live allocation ([`CudaHal::memory_report`]); the
     /// limit needs it and turns it on.
@@ -68,7 +71,9 @@ pub struct HalConfig {
     /// Phase 3: count each allocation that reaches the pool as a hit or a miss
     /// ([`LedgerSnapshot::pool_hits`](crate::LedgerSnapshot::pool_hits), `pool_misses`) by
     /// reading the pool's reserved bytes after it: one `cuMemPoolGetAttribute` per such
-    /// allocation (block cache hits make none). Off, those allocations are not classified:
+    /// allocation (two with a `release_threshold` below `u64::MAX`, since the pool then
+    /// shrinks at synchronisations; block cache hits make none). A trim resets the
+    /// baseline. Off, those allocations are not classified:
     /// `pool_hits` then counts only the block cache's hits and `pool_misses` stays 0.
     pub count_pool_hits: bool,
 }
@@ -179,7 +184,6 @@ pub(crate) struct HalInner {
     timings: Mutex<Timings>,
     /// Peer access and reused events: boxed, off the allocation path's lines.
     pub(crate) aside: Box<Aside>,
-    last_reserved: std::sync::atomic::AtomicU64,
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
     handles: std::sync::atomic::AtomicUsize,
     info: DeviceInfo,
@@ -249,8 +253,9 @@ impl CudaHal {
                 aside: Box::new(Aside {
                     peers: Mutex::new(Vec::new()),
                     events: Recycler::new(EVENTS_KEPT),
+                    copy_id: crate::streams::new_stream_id(),
+                    pool_reserved: Mutex::new(0),
                 }),
-                last_reserved: std::sync::atomic::AtomicU64::new(0),
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
                 config,
@@ -558,6 +563,14 @@ pub(crate) struct Aside {
     pub(crate) peers: Mutex<Vec<(std::sync::Weak<HalInner>, bool)>>,
     /// Events for ordering, reused once no one holds them: see [`HalInner::event`].
     pub(crate) events: Recycler<Event>,
+    /// The id under which copies by this HAL's main stream from another HAL's buffers are
+    /// recorded with those buffers ([`crate::streams::SideUses`]): unique to this HAL, so
+    /// copies from two HALs of one device are both waited for.
+    pub(crate) copy_id: u64,
+    /// The pool's reserved bytes after the last classified pooled allocation or trim, under
+    /// a lock held across the allocation and the read, so that two allocations growing the
+    /// pool at once are both counted as misses.
+    pub(crate) pool_reserved: Mutex<u64>,
 }
 
 /// Events a HAL keeps for reuse: more than the operations in flight on its streams that
@@ -676,24 +689,16 @@ impl HalInner {
         bytes: usize,
         pooled: bool,
     ) -> Result<CUdeviceptr, AllocFail> {
-        let mut result = self.driver_alloc(bytes, pooled);
+        let mut result = self.classified_alloc(bytes, pooled);
         if matches!(&result, Err(e) if e.is_out_of_memory()) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
             self.trim(0).map_err(AllocFail::Other)?;
-            result = self.driver_alloc(bytes, pooled);
+            result = self.classified_alloc(bytes, pooled);
         }
         match result {
             Ok(ptr) => {
                 if pooled {
                     self.ledger.alloc(AllocKind::Pool);
-                    if self.config.count_pool_hits {
-                        // A hit: the pool served the request without growing.
-                        let reserved = self.pool.reserved_bytes().unwrap_or(0);
-                        let before = self
-                            .last_reserved
-                            .swap(reserved, std::sync::atomic::Ordering::Relaxed);
-                        self.ledger.pool_hit(reserved <= before);
-                    }
                 } else {
                     self.ledger.alloc(AllocKind::Driver);
                 }
@@ -709,6 +714,30 @@ impl HalInner {
                 Ok(()) => Error::InvalidArgument("unreachable".into()),
             })),
         }
+    }
+
+    /// [`HalInner::driver_alloc`], and with `count_pool_hits` a pooled allocation counted
+    /// as a hit (the pool served it without growing: its reserved bytes did not rise) or a
+    /// miss. The reserved bytes are read after the allocation (one attribute read), and
+    /// before it too when the pool gives memory back at synchronisations (a release
+    /// threshold below `u64::MAX`), since the last read is then no baseline. An allocation
+    /// whose read fails is not classified.
+    fn classified_alloc(&self, bytes: usize, pooled: bool) -> Result<CUdeviceptr, cuda_sys::Error> {
+        if !(pooled && self.config.count_pool_hits) {
+            return self.driver_alloc(bytes, pooled);
+        }
+        let mut last = self.aside.pool_reserved.lock();
+        if self.config.release_threshold != u64::MAX {
+            if let Ok(now) = self.pool.reserved_bytes() {
+                *last = now;
+            }
+        }
+        let ptr = self.driver_alloc(bytes, pooled)?;
+        if let Ok(reserved) = self.pool.reserved_bytes() {
+            self.ledger.pool_hit(reserved <= *last);
+            *last = reserved;
+        }
+        Ok(ptr)
     }
 
     fn driver_alloc(&self, bytes: usize, pooled: bool) -> Result<CUdeviceptr, cuda_sys::Error> {
@@ -730,12 +759,25 @@ impl HalInner {
     fn trim(&self, keep_bytes: usize) -> Result<()> {
         let blocks = self.allocs.drain_cache();
         let d = api()?;
+        // Every drained block is freed even if one free fails: the tracker forgot them all.
+        let mut freed = Ok(());
         for ptr in blocks {
             // SAFETY: cached blocks came from the pool and are no longer referenced.
-            self.guard(unsafe { d.cuMemFreeAsync(ptr, self.stream.raw()) }.map_err(Error::from))?;
+            let r = unsafe { d.cuMemFreeAsync(ptr, self.stream.raw()) };
+            if freed.is_ok() {
+                freed = r;
+            }
         }
+        self.guard(freed.map_err(Error::from))?;
         self.guard(self.stream.synchronize())?;
-        self.guard(self.pool.trim_to(keep_bytes))
+        // The pool's baseline for hits and misses, under its lock: an allocation that
+        // grows the pool back after the trim is a miss.
+        let mut last = self.aside.pool_reserved.lock();
+        self.guard(self.pool.trim_to(keep_bytes))?;
+        if let Ok(now) = self.pool.reserved_bytes() {
+            *last = now;
+        }
+        Ok(())
     }
 
     fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
@@ -892,9 +934,19 @@ impl HalInner {
             (t.event()?, t.event()?)
         };
         let r = enqueue(&|| start.record(&self.stream));
+        if r.is_err() {
+            // A failed transfer may not have recorded the start: it is not timed.
+            let mut t = self.timings.lock();
+            t.free.push(start);
+            t.free.push(stop);
+            return r;
+        }
         stop.record(&self.stream)?;
         self.timings.lock().pending.push_back((dir, start, stop));
-        self.harvest_timings(false)?;
+        // The transfer is queued: a failure to read earlier timings is not its failure.
+        if let Err(e) = self.harvest_timings(false) {
+            log::debug!("reading transfer timings: {e}");
+        }
         r
     }
 
@@ -903,22 +955,34 @@ impl HalInner {
     pub(crate) fn harvest_timings(&self, all: bool) -> Result<()> {
         let mut t = self.timings.lock();
         let mut kept = std::collections::VecDeque::new();
+        let mut failed = Ok(());
         while let Some((dir, start, stop)) = t.pending.pop_front() {
-            if stop.is_complete()? {
-                let ms = stop.elapsed_ms(&start)?;
-                self.ledger.device_time(dir, (ms as f64 * 1e6) as u64);
-                t.free.push(start);
-                t.free.push(stop);
-            } else {
-                kept.push_back((dir, start, stop));
-                if !all {
+            match stop.is_complete() {
+                Ok(true) => {
+                    match stop.elapsed_ms(&start) {
+                        Ok(ms) => self.ledger.device_time(dir, (ms as f64 * 1e6) as u64),
+                        // (A pair that cannot be timed is dropped, not kept forever.)
+                        Err(e) => log::debug!("timing a transfer: {e}"),
+                    }
+                    t.free.push(start);
+                    t.free.push(stop);
+                }
+                Ok(false) => {
+                    kept.push_back((dir, start, stop));
+                    if !all {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    kept.push_back((dir, start, stop));
+                    failed = Err(e);
                     break;
                 }
             }
         }
         kept.extend(t.pending.drain(..));
         t.pending = kept;
-        Ok(())
+        failed
     }
 }
 

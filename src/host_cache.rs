@@ -442,6 +442,26 @@ impl CacheState {
             self.readable.remove(r);
         }
     }
+
+    /// Records that a device write of `r`, prepared earlier with
+    /// [`CacheState::mark_device_access`], was queued: the host copy of `r` is stale. Host
+    /// edits made since elsewhere stay dirty, to be uploaded by the next device access.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
+    /// let mut c = CacheState::default();
+    /// c.mark_downloaded(0..100);
+    /// c.mark_device_access(0..50, true); // a kernel on 0..50 is being queued
+    /// let v = c.begin_borrow(50..100, BorrowKind::Exclusive).unwrap(); // meanwhile
+    /// c.end_borrow(v);
+    /// c.mark_device_written(0..50); // the kernel is queued
+    /// assert_eq!(c.plan_device_access(&(50..100)).unwrap(), vec![50..100]);
+    /// assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
+    /// ```
+    pub fn mark_device_written(&mut self, r: Range<usize>) {
+        self.dirty.remove(r.clone());
+        self.readable.remove(r);
+    }
 }
 
 #[cfg(test)]
@@ -478,6 +498,25 @@ mod tests {
         let up = c.plan_device_access(&(0..50)).unwrap();
         assert!(up.is_empty());
         c.mark_device_access(0..50, true);
+        assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
+    }
+
+    #[test]
+    fn a_queued_device_write_keeps_host_edits_elsewhere() {
+        let mut c = CacheState::default();
+        c.mark_downloaded(0..100);
+        assert!(c.plan_device_access(&(0..50)).unwrap().is_empty());
+        c.mark_device_access(0..50, true);
+        // Another thread edits the other half before the write is queued.
+        let id = c.begin_borrow(50..100, BorrowKind::Exclusive).unwrap();
+        c.end_borrow(id);
+        c.mark_device_written(0..50);
+        assert_eq!(
+            c.dirty().ranges(),
+            &[50..100],
+            "the edit is still to upload"
+        );
+        assert_eq!(c.plan_device_access(&(0..100)).unwrap(), vec![50..100]);
         assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
     }
 

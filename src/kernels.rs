@@ -162,12 +162,13 @@ enum Access {
 /// let a = hal.copy_from("a", &[1u32, 2, 3]).unwrap();
 /// let b = hal.copy_from("b", &[10u32, 20, 30]).unwrap();
 /// let out = hal.alloc::<u32>("out", 3).unwrap();
-/// hal.launch("eltwise_add_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
+/// // SAFETY: eltwise_add_u32(out, a, b, n) over the 3 elements of each.
+/// unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
 ///     .output(&out)
 ///     .input(&a)
 ///     .input(&b)
 ///     .scalar(3u64)
-///     .run()
+///     .run() }
 ///     .unwrap();
 /// assert_eq!(out.to_vec().unwrap(), vec![11, 22, 33]);
 /// ```
@@ -230,7 +231,8 @@ impl CudaHal {
     /// hal.load_module(ptx.as_bytes()).unwrap();
     /// let x = hal.copy_from("x", &(0..32u32).collect::<Vec<_>>()).unwrap();
     /// let dims = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
-    /// hal.launch("twice_u32", dims).inout(&x).run().unwrap();
+    /// // SAFETY: twice_u32 doubles x[tid] for 32 threads; x has 32 elements.
+    /// unsafe { hal.launch("twice_u32", dims).inout(&x).run() }.unwrap();
     /// assert_eq!(x.get_at(5).unwrap(), 10);
     /// ```
     pub fn load_module(&self, image: &[u8]) -> Result<()> {
@@ -252,15 +254,17 @@ impl CudaHal {
     /// };
     /// let x = hal.copy_from("x", &[1u32, 2, 3]).unwrap();
     /// // fill_u32(out, value, n)
-    /// hal.launch("fill_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
+    /// // SAFETY: fill_u32(out, value, n) writes x's 3 elements.
+    /// unsafe { hal.launch("fill_u32", LaunchDims::for_elements(3, hal.info().multiprocessors))
     ///     .output(&x)
     ///     .scalar(7u32)
     ///     .scalar(3u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert_eq!(x.to_vec().unwrap(), vec![7, 7, 7]);
     /// // A kernel that is not there is an error when the launch runs.
-    /// let err = hal.launch("no_such_kernel", LaunchDims::for_elements(1, 1)).run();
+    /// // SAFETY: a kernel that is not there is refused before anything is queued.
+    /// let err = unsafe { hal.launch("no_such_kernel", LaunchDims::for_elements(1, 1)).run() };
     /// assert!(err.is_err());
     /// ```
     #[inline]
@@ -302,12 +306,13 @@ impl<'h> Launch<'h> {
     /// };
     /// let side = hal.create_stream().unwrap();
     /// let x = hal.alloc::<u32>("x", 1 << 20).unwrap();
-    /// hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
+    /// // SAFETY: fill_u32(out, value, n) writes x's n elements.
+    /// unsafe { hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
     ///     .on(&side)
     ///     .output(&x)
     ///     .scalar(4u32)
     ///     .scalar(x.len() as u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// // Reading on the main stream waits for the side stream's fill.
     /// assert_eq!(x.get_at(x.len() - 1).unwrap(), 4);
@@ -333,9 +338,10 @@ impl<'h> Launch<'h> {
     /// let a = hal.copy_from("a", &[2.0f32, 3.0]).unwrap();
     /// let out = hal.alloc::<f32>("out", 2).unwrap();
     /// // eltwise_mul_f32(out, a, b, n): a read twice
-    /// hal.launch("eltwise_mul_f32", LaunchDims::for_elements(2, 1))
+    /// // SAFETY: eltwise_mul_f32(out, a, b, n) over the 2 elements of each.
+    /// unsafe { hal.launch("eltwise_mul_f32", LaunchDims::for_elements(2, 1))
     ///     .output(&out).input(&a).input(&a).scalar(2u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert_eq!(out.to_vec().unwrap(), vec![4.0, 9.0]);
     /// ```
@@ -354,9 +360,10 @@ impl<'h> Launch<'h> {
     /// };
     /// let a = hal.copy_from("a", &[1u32, 2, 3, 4]).unwrap();
     /// // An output may not overlap an input: the launch is refused before it is queued.
-    /// let err = hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    /// // SAFETY: refused before anything is queued: the output overlaps an input.
+    /// let err = unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
     ///     .output(&a).input(&a).input(&a).scalar(4u64)
-    ///     .run();
+    ///     .run() };
     /// assert!(matches!(err, Err(Error::Aliasing { .. })));
     /// assert_eq!(a.to_vec().unwrap(), vec![1, 2, 3, 4]);
     /// ```
@@ -379,15 +386,17 @@ impl<'h> Launch<'h> {
     /// acc.view_mut(|s| s[0] = 5).unwrap();
     /// let (a, b) = (hal.copy_from("a", &[1u32; 4]).unwrap(), hal.copy_from("b", &[2u32; 4]).unwrap());
     /// // eltwise_add_u32(out, a, b, n) writes every element of `acc`.
-    /// hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    /// // SAFETY: eltwise_add_u32(out, a, b, n) over the 4 elements of each.
+    /// unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
     ///     .inout(&acc).input(&a).input(&b).scalar(4u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert_eq!(acc.to_vec().unwrap(), vec![3; 4]);
     /// // The same buffer as a second parameter is refused: an output may not alias.
-    /// let twice = hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
+    /// // SAFETY: refused before anything is queued: the output overlaps an input.
+    /// let twice = unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(4, 1))
     ///     .inout(&acc).input(&acc).input(&b).scalar(4u64)
-    ///     .run();
+    ///     .run() };
     /// assert!(twice.is_err());
     /// ```
     #[inline]
@@ -405,12 +414,14 @@ impl<'h> Launch<'h> {
     /// };
     /// let x = hal.alloc::<u64>("x", 8).unwrap();
     /// // fill_u64(out, value, n): two 8-byte scalars
-    /// hal.launch("fill_u64", LaunchDims::for_elements(8, 1))
+    /// // SAFETY: fill_u64(out, value, n) writes x's 8 elements.
+    /// unsafe { hal.launch("fill_u64", LaunchDims::for_elements(8, 1))
     ///     .output(&x).scalar(u64::MAX).scalar(8u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert_eq!(x.get_at(7).unwrap(), u64::MAX);
-    /// let too_big = hal.launch("fill_u64", LaunchDims::for_elements(8, 1)).output(&x).scalar([0u64; 3]).run();
+    /// // SAFETY: refused before anything is queued: a scalar over 16 bytes.
+    /// let too_big = unsafe { hal.launch("fill_u64", LaunchDims::for_elements(8, 1)).output(&x).scalar([0u64; 3]).run() };
     /// assert!(matches!(too_big, Err(Error::InvalidArgument(_))));
     /// ```
     #[inline]
@@ -433,6 +444,21 @@ impl<'h> Launch<'h> {
     /// Checks the arguments, brings host-newer inputs to the device, invalidates the host
     /// copies of the outputs and queues the kernel on the HAL's stream.
     ///
+    /// The checks cover what the HAL can see: buffers of this HAL, no output overlapping
+    /// another argument, scalars of at most 16 bytes. They cannot see the kernel's code,
+    /// so running it is `unsafe`, as any foreign function is. The safe operations of
+    /// [`crate::ops`] and of the [`crate::Hal`] trait wrap the embedded kernels with their
+    /// arguments checked.
+    ///
+    /// # Safety
+    /// - The arguments match the kernel's parameters: their number, order and sizes.
+    /// - The kernel reads and writes only within the buffers passed to it, as declared
+    ///   (`input` read, `output` and `inout` written), and within any memory whose address
+    ///   is passed as a scalar, which must stay allocated until the kernel is done.
+    /// - No host reference to memory the kernel writes (a managed buffer's or pinned
+    ///   buffer's host slice) is alive while the kernel runs, and none to memory it reads
+    ///   is mutable.
+    ///
     /// ```
     /// use cuda_hal::{CudaHal, Error, LaunchDims};
     /// let Ok(hal) = CudaHal::new(0) else {
@@ -441,18 +467,20 @@ impl<'h> Launch<'h> {
     /// };
     /// let x = hal.copy_from("x", &[0u32; 4]).unwrap();
     /// assert_eq!(x.get_at(0).unwrap(), 0); // the host copy is now cached (phase 2)
-    /// hal.launch("fill_u32", LaunchDims::for_elements(4, 1))
+    /// // SAFETY: fill_u32(out, value, n) writes x's 4 elements.
+    /// unsafe { hal.launch("fill_u32", LaunchDims::for_elements(4, 1))
     ///     .output(&x).scalar(1u32).scalar(4u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert_eq!(x.get_at(0).unwrap(), 1, "the cached host copy was invalidated");
     /// // A buffer of another HAL is refused before anything is queued.
     /// let other = CudaHal::new(0).unwrap();
     /// let foreign = other.alloc::<u32>("foreign", 4).unwrap();
-    /// let err = hal.launch("fill_u32", LaunchDims::for_elements(4, 1)).output(&foreign).scalar(1u32).scalar(4u64).run();
+    /// // SAFETY: refused before anything is queued: a buffer of another HAL.
+    /// let err = unsafe { hal.launch("fill_u32", LaunchDims::for_elements(4, 1)).output(&foreign).scalar(1u32).scalar(4u64).run() };
     /// assert!(matches!(err, Err(Error::ForeignBuffer { .. })));
     /// ```
-    pub fn run(mut self) -> Result<()> {
+    pub unsafe fn run(mut self) -> Result<()> {
         let _range = crate::nvtx::range(|| {
             let names = |want: &[Access]| -> String {
                 let v: Vec<&str> = self

@@ -89,6 +89,10 @@ impl CudaHal {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+        // The free memory read and the allocation under one process-wide lock: two
+        // allocations that each fit what is free must not both be made.
+        static CHECK_AND_ALLOC: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        let _one_at_a_time = CHECK_AND_ALLOC.lock();
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers are valid locals.
         h.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
@@ -123,7 +127,8 @@ impl CudaHal {
             )
         };
         if let Err(e) = r {
-            h.allocs.untrack(ticket, bytes);
+            // Never made: not counted as an allocation of the name.
+            h.allocs.untrack_refused(ticket, bytes);
             return h.guard(Err(e.into()));
         }
         log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
@@ -197,9 +202,10 @@ impl<T: Pod> ManagedBuffer<T> {
     /// let mut m = hal.alloc_managed::<u32>("m", 256).unwrap();
     /// let p = m.device_ptr();
     /// // fill_u32(out, value, n), with the managed address as the pointer argument
-    /// hal.launch("fill_u32", LaunchDims::for_elements(256, 1))
+    /// // SAFETY: fill_u32 writes the 256 managed elements; no host slice of them is alive.
+    /// unsafe { hal.launch("fill_u32", LaunchDims::for_elements(256, 1))
     ///     .scalar(p.addr).scalar(6u32).scalar(256u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// assert!(m.host_mut().unwrap().iter().all(|&x| x == 6)); // waits for the stream
     /// ```
@@ -318,8 +324,9 @@ impl<T: Pod> ManagedBuffer<T> {
     pub fn host(&self) -> Result<&[T]> {
         self.hal.enter()?;
         self.hal.guard(self.hal.stream.synchronize())?;
-        // SAFETY: managed memory is host-addressable; the stream is idle, and writers need
-        // `&mut self` (host) or are queued by this HAL only after this borrow ends.
+        // SAFETY: managed memory is host-addressable and the stream is idle. Host writers
+        // need `&mut self`; device writers are kernels given the address, whose `unsafe`
+        // launch promises no host reference to what they write lives while they run.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) })
     }
 

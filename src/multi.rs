@@ -184,7 +184,7 @@ impl<T: Pod> Buffer<T> {
         // The source is not freed or overwritten until the copy has read it.
         let done = d.event()?;
         done.record(&d.stream)?;
-        src.raw().side.add(u64::MAX - d.info().ordinal as u64, done);
+        src.raw().side.add(d.aside.copy_id, done);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;
@@ -212,6 +212,14 @@ impl<T: Pod> Buffer<T> {
     /// ```
     pub fn copy_from_device_via_host(&self, src: &Buffer<T>) -> Result<()> {
         check::lengths(self.len(), &[(self.name(), src.len())])?;
+        let (rd, rs) = (self.byte_range(), src.byte_range());
+        if Arc::ptr_eq(self.raw(), src.raw()) && rd.start < rs.end && rs.start < rd.end {
+            // Chunk by chunk, an upload would overwrite bytes a later download reads.
+            return Err(Error::Aliasing {
+                output: self.name().to_string(),
+                other: src.name().to_string(),
+            });
+        }
         let _range = crate::nvtx::range(|| {
             format!(
                 "copy_from_device_via_host {} (dev {}) <- {} (dev {})",
@@ -295,7 +303,7 @@ impl<T: Pod> Buffer<T> {
         s.ledger.copy(crate::ledger::Dir::D2H, bytes);
         d.ledger.copy(crate::ledger::Dir::H2D, bytes);
         // The source is not freed or overwritten until the downloads have read it.
-        src.raw().side.add(u64::MAX - d.info().ordinal as u64, last);
+        src.raw().side.add(d.aside.copy_id, last);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;

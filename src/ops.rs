@@ -50,19 +50,23 @@ impl<T: Pod> Buffer<T> {
         let n = self.len() as u64;
         let dims = LaunchDims::for_elements(self.len(), hal.info().multiprocessors);
         let bytes = bytemuck::bytes_of(&value);
+        // SAFETY (both kernels): fill_uN(out: *uN, value: uN, n: u64) writes out[0..n], and
+        // n is the buffer's length.
         match bytes.len() {
-            4 => hal
-                .launch("fill_u32", dims)
-                .output(self)
-                .scalar(u32::from_ne_bytes(bytes.try_into().unwrap_or_default()))
-                .scalar(n)
-                .run(),
-            8 => hal
-                .launch("fill_u64", dims)
-                .output(self)
-                .scalar(u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
-                .scalar(n)
-                .run(),
+            4 => unsafe {
+                hal.launch("fill_u32", dims)
+                    .output(self)
+                    .scalar(u32::from_ne_bytes(bytes.try_into().unwrap_or_default()))
+                    .scalar(n)
+                    .run()
+            },
+            8 => unsafe {
+                hal.launch("fill_u64", dims)
+                    .output(self)
+                    .scalar(u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
+                    .scalar(n)
+                    .run()
+            },
             1 | 2 => self.memset(bytes),
             size => Err(Error::UnsupportedElementSize { op: "fill", size }),
         }
@@ -109,16 +113,28 @@ fn eltwise<T: EltwiseElement>(
             });
         }
     }
+    // `EltwiseElement` is open to other types: only the embedded kernels' element types,
+    // by size, reach them.
+    if !matches!(T::SUFFIX, "u32" | "f32") || std::mem::size_of::<T>() != 4 {
+        return Err(Error::UnsupportedElementSize {
+            op: "eltwise",
+            size: std::mem::size_of::<T>(),
+        });
+    }
     let hal = out.hal();
-    hal.launch(
-        &format!("eltwise_{op}_{}", T::SUFFIX),
-        LaunchDims::for_elements(out.len(), hal.info().multiprocessors),
-    )
-    .output(out)
-    .input(a)
-    .input(b)
-    .scalar(out.len() as u64)
-    .run()
+    // SAFETY: eltwise_{op}_{u32,f32}(out, a, b, n) touch [0..n) of each, of 4-byte
+    // elements (checked above); the three buffers have n elements (checked above).
+    unsafe {
+        hal.launch(
+            &format!("eltwise_{op}_{}", T::SUFFIX),
+            LaunchDims::for_elements(out.len(), hal.info().multiprocessors),
+        )
+        .output(out)
+        .input(a)
+        .input(b)
+        .scalar(out.len() as u64)
+        .run()
+    }
 }
 
 /// `out[i] = a[i] + b[i]` (u32 wraps). All three must have the same length, and `out` must

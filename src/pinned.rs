@@ -33,8 +33,9 @@ pub struct PinnedBuffer<T> {
     mem: PinnedMemory,
     len: usize,
     flags: PinnedFlags,
-    /// Recorded after the last asynchronous copy that used `mem`.
-    pending: Mutex<Option<Arc<Event>>>,
+    /// Recorded after each asynchronous copy that used `mem` since the host last waited:
+    /// one, unless threads sharing the buffer queued copies at once (each keeps its own).
+    pending: Mutex<Vec<Arc<Event>>>,
     _t: PhantomData<T>,
 }
 
@@ -71,7 +72,7 @@ impl CudaHal {
             mem: self.inner.guard(PinnedMemory::new(bytes, flags))?,
             len,
             flags,
-            pending: Mutex::new(None),
+            pending: Mutex::new(Vec::new()),
             _t: PhantomData,
         })
     }
@@ -123,10 +124,15 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     fn settle(&self) -> Result<()> {
-        let pending = self.pending.lock().take();
-        if let Some(ev) = pending {
-            self.hal.enter()?;
+        let mut pending = self.pending.lock();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.hal.enter()?;
+        // Forgotten only once waited for: after an error the rest stay pending.
+        while let Some(ev) = pending.last() {
             self.hal.guard(ev.synchronize())?;
+            pending.pop();
         }
         Ok(())
     }
@@ -175,7 +181,7 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     pub(crate) fn set_pending(&self, ev: Arc<Event>) {
-        *self.pending.lock() = Some(ev);
+        self.pending.lock().push(ev);
     }
 
     pub(crate) fn ptr(&self) -> *mut u8 {
@@ -190,7 +196,7 @@ impl<T: Pod> PinnedBuffer<T> {
 impl<T> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
         // The memory is freed after the copy that last used it.
-        if let Some(ev) = self.pending.lock().take() {
+        for ev in self.pending.get_mut().drain(..) {
             if let Err(e) = self.hal.ctx.bind().and_then(|()| ev.synchronize()) {
                 log::warn!("waiting for a pinned buffer's last copy: {e}");
             }

@@ -23,8 +23,9 @@ use crate::{Buffer, CudaHal, Error, HalStream, Result};
 /// let mut output = vec![0u32; input.len()];
 /// let mut run = |mode| {
 ///     hal.pipeline(&input, &mut output, 1 << 18, mode, |s, i, o| {
-///         hal.launch("eltwise_add_u32", LaunchDims::for_elements(i.len(), 132))
-///             .on(s).output(o).input(i).input(i).scalar(i.len() as u64).run()
+///         // SAFETY: eltwise_add_u32(out, a, b, n) over the chunk's n elements.
+///         unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(i.len(), 132))
+///             .on(s).output(o).input(i).input(i).scalar(i.len() as u64).run() }
 ///     })
 ///     .unwrap()
 /// };
@@ -193,8 +194,9 @@ impl CudaHal {
     /// let mut output = vec![0u32; input.len()];
     /// let report = hal
     ///     .pipeline(&input, &mut output, 4096, PipelineMode::Overlapped, |s, i, o| {
-    ///         hal.launch("eltwise_add_u32", LaunchDims::for_elements(i.len(), 132))
-    ///             .on(s).output(o).input(i).input(i).scalar(i.len() as u64).run()
+    ///         // SAFETY: eltwise_add_u32(out, a, b, n) over the chunk's n elements.
+    ///         unsafe { hal.launch("eltwise_add_u32", LaunchDims::for_elements(i.len(), 132))
+    ///             .on(s).output(o).input(i).input(i).scalar(i.len() as u64).run() }
     ///     })
     ///     .unwrap();
     /// assert_eq!(output[9_999], 19_998);
@@ -279,6 +281,9 @@ impl CudaHal {
         let t0 = Instant::now();
         let chunks = input.len().div_ceil(chunk_len);
         let result = (|| -> Result<()> {
+            // The sets' device buffers were allocated in the main stream's order (a cached
+            // block may still be in use there): the side streams' first copies wait for it.
+            sets.iter().try_for_each(|set| set.stream.after_main())?;
             for k in 0..chunks {
                 let _range = crate::nvtx::range(|| format!("pipeline chunk {k}/{chunks}"));
                 let set = &mut sets[k % nsets];

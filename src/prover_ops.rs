@@ -191,11 +191,14 @@ impl CudaHal {
     /// `base^k` in Montgomery form for `k < count`, computed on the device.
     fn powers_table(&self, name: &'static str, base: Elem, count: usize) -> Result<Buffer<u32>> {
         let t = self.alloc::<u32>(name, count)?;
-        self.launch("powers_mont_bb", self.dims(count))
-            .output(&t)
-            .scalar(base.as_u32())
-            .scalar(count as u64)
-            .run()?;
+        // SAFETY: powers_mont_bb(out, base, count) writes out[0..count); `t` has count elements.
+        unsafe {
+            self.launch("powers_mont_bb", self.dims(count))
+                .output(&t)
+                .scalar(base.as_u32())
+                .scalar(count as u64)
+                .run()
+        }?;
         Ok(t)
     }
 
@@ -269,19 +272,25 @@ impl CudaHal {
             } else {
                 launch.input(pick(p.src)?)
             };
-            launch
-                .input(&tw)
-                .scalar(log_n)
-                .scalar(p.s0)
-                .scalar(p.c)
-                .scalar(p.cpos)
-                .scalar(u32::from(p.bitrev))
-                .scalar(p.p_load)
-                .scalar(p.p_store)
-                .scalar(u32::from(p.scale))
-                .scalar(scale)
-                .scalar(tiles as u64)
-                .run()?;
+            // SAFETY: ntt_pass_k*_bb(dst, src, tw, log_n, s0, c, cpos, bitrev, p_load, p_store, do_scale,
+            // scale, num_tiles), src 0 for in place; the plan's tiles cover `io`'s (or the
+            // scratch's, of the same length) elements exactly, and `tw` holds the 2^(log_n-1)
+            // twiddles the passes read.
+            unsafe {
+                launch
+                    .input(&tw)
+                    .scalar(log_n)
+                    .scalar(p.s0)
+                    .scalar(p.c)
+                    .scalar(p.cpos)
+                    .scalar(u32::from(p.bitrev))
+                    .scalar(p.p_load)
+                    .scalar(p.p_store)
+                    .scalar(u32::from(p.scale))
+                    .scalar(scale)
+                    .scalar(tiles as u64)
+                    .run()
+            }?;
         }
         Ok(())
     }
@@ -314,15 +323,19 @@ impl CudaHal {
         let butterflies = io.len() / 2;
         for stage in 0..log_n {
             let last = stage + 1 == log_n;
-            self.launch("ntt_stage_bb", self.dims(butterflies))
-                .inout(io)
-                .input(&tw)
-                .scalar(log_n)
-                .scalar(stage)
-                .scalar(butterflies as u64)
-                .scalar(scale)
-                .scalar(u32::from(last && inverse))
-                .run()?;
+            // SAFETY: ntt_stage_bb(io, tw, log_n, stage, total, scale, do_scale) touches io[0..2*total)
+            // and tw[0..2^(log_n-1)); total is half of `io`'s length (a multiple of 2^log_n).
+            unsafe {
+                self.launch("ntt_stage_bb", self.dims(butterflies))
+                    .inout(io)
+                    .input(&tw)
+                    .scalar(log_n)
+                    .scalar(stage)
+                    .scalar(butterflies as u64)
+                    .scalar(scale)
+                    .scalar(u32::from(last && inverse))
+                    .run()
+            }?;
         }
         Ok(())
     }
@@ -331,11 +344,15 @@ impl CudaHal {
         if log_n == 0 {
             return Ok(());
         }
-        self.launch("batch_bit_reverse_bb", self.dims(io.len()))
-            .inout(io)
-            .scalar(log_n)
-            .scalar(io.len() as u64)
-            .run()
+        // SAFETY: batch_bit_reverse_bb(io, log_n, total) permutes io[0..total) within columns of
+        // 2^log_n; total is `io`'s length, a multiple of 2^log_n (checked by the callers).
+        unsafe {
+            self.launch("batch_bit_reverse_bb", self.dims(io.len()))
+                .inout(io)
+                .scalar(log_n)
+                .scalar(io.len() as u64)
+                .run()
+        }
     }
 
     /// Applies the Poseidon2 permutation of width `width` (16 or 24) to every state of
@@ -365,11 +382,16 @@ impl CudaHal {
             });
         }
         let n = states.len() / width;
-        self.launch(&format!("poseidon2_permute_bb{width}"), self.dims(n))
-            .inout(states)
-            .input(&consts)
-            .scalar(n as u64)
-            .run()
+        // SAFETY: poseidon2_permute_bb{16,24}(states, consts, n) permutes states[0..n*width) with
+        // the width's constant table; width is 16 or 24 (the table lookup above failed
+        // otherwise) and states holds n*width elements.
+        unsafe {
+            self.launch(&format!("poseidon2_permute_bb{width}"), self.dims(n))
+                .inout(states)
+                .input(&consts)
+                .scalar(n as u64)
+                .run()
+        }
     }
 
     fn eltwise_op<F: FieldElement>(
@@ -380,13 +402,37 @@ impl CudaHal {
         b: &Buffer<F>,
     ) -> Result<()> {
         check::lengths(out.len(), &[(a.name(), a.len()), (b.name(), b.len())])?;
-        self.launch(&format!("eltwise_{op}_{}", F::TAG), self.dims(out.len()))
-            .output(out)
-            .input(a)
-            .input(b)
-            .scalar(out.len() as u64)
-            .run()
+        let kernel = field_kernel::<F>(&format!("eltwise_{op}"))?;
+        // SAFETY: eltwise_{op}_{bb,bb4}(out, a, b, n) touches [0..n) of each; the three have n
+        // elements (checked) of the tag's size (checked by `field_kernel`).
+        unsafe {
+            self.launch(&kernel, self.dims(out.len()))
+                .output(out)
+                .input(a)
+                .input(b)
+                .scalar(out.len() as u64)
+                .run()
+        }
     }
+}
+
+/// The embedded kernel `{base}_{tag}` for elements of `F`, if `F`'s tag names one of the
+/// crate's fields and `F` has that field's size: `FieldElement` is open to other types,
+/// which must not reach a kernel that reads another size.
+fn field_kernel<F: FieldElement>(base: &str) -> Result<String> {
+    let size = match F::TAG {
+        "bb" => 4,
+        "bb4" => 16,
+        _ => 0,
+    };
+    if size == 0 || std::mem::size_of::<F>() != size {
+        return Err(Error::InvalidArgument(format!(
+            "no {base} kernel for {}-byte elements tagged `{}`",
+            std::mem::size_of::<F>(),
+            F::TAG
+        )));
+    }
+    Ok(format!("{base}_{}", F::TAG))
 }
 
 impl Hal for CudaHal {
@@ -458,15 +504,17 @@ impl Hal for CudaHal {
         scalar: F,
     ) -> Result<()> {
         check::lengths(out.len(), &[(a.name(), a.len())])?;
-        self.launch(
-            &format!("eltwise_mul_scalar_{}", F::TAG),
-            self.dims(out.len()),
-        )
-        .output(out)
-        .input(a)
-        .scalar(scalar)
-        .scalar(out.len() as u64)
-        .run()
+        let kernel = field_kernel::<F>("eltwise_mul_scalar")?;
+        // SAFETY: eltwise_mul_scalar_{bb,bb4}(out, a, s, n) touches [0..n) of both; both have n
+        // elements (checked) of the tag's size (checked by `field_kernel`).
+        unsafe {
+            self.launch(&kernel, self.dims(out.len()))
+                .output(out)
+                .input(a)
+                .scalar(scalar)
+                .scalar(out.len() as u64)
+                .run()
+        }
     }
 
     fn batch_bit_reverse(&self, io: &Buffer<Elem>, log_n: u32) -> Result<()> {
@@ -500,14 +548,19 @@ impl Hal for CudaHal {
         let shift = self.table(TableKey::ShiftPowers { log_n }, || {
             self.powers_table("prover-shift-powers", Elem::GENERATOR, 1 << log_n)
         })?;
-        self.launch("lde_expand_bb", self.dims(out.len()))
-            .output(out)
-            .input(coeffs)
-            .input(&shift)
-            .scalar(log_n)
-            .scalar(log_blowup)
-            .scalar(out.len() as u64)
-            .run()?;
+        // SAFETY: lde_expand_bb(out, coeffs, shift_pows, log_n, log_blowup, total_out) writes
+        // out[0..total_out) and reads coeffs by column of 2^log_n and shift_pows[0..2^log_n);
+        // `check::lde` matched the lengths.
+        unsafe {
+            self.launch("lde_expand_bb", self.dims(out.len()))
+                .output(out)
+                .input(coeffs)
+                .input(&shift)
+                .scalar(log_n)
+                .scalar(log_blowup)
+                .scalar(out.len() as u64)
+                .run()
+        }?;
         let log_big = log_n + log_blowup;
         if log_big == 0 {
             return Ok(());
@@ -524,24 +577,32 @@ impl Hal for CudaHal {
     ) -> Result<()> {
         check::hash_rows(out, matrix, rows, cols)?;
         let consts = self.poseidon2_constants(16)?;
-        self.launch("poseidon2_hash_rows_bb", self.dims(rows))
-            .output(out)
-            .input(matrix)
-            .input(&consts)
-            .scalar(rows as u64)
-            .scalar(cols as u64)
-            .run()
+        // SAFETY: poseidon2_hash_rows_bb(out, matrix, consts, rows, cols) reads matrix[0..rows*cols)
+        // and writes rows digests; `check::hash_rows` matched the lengths.
+        unsafe {
+            self.launch("poseidon2_hash_rows_bb", self.dims(rows))
+                .output(out)
+                .input(matrix)
+                .input(&consts)
+                .scalar(rows as u64)
+                .scalar(cols as u64)
+                .run()
+        }
     }
 
     fn merkle_layer(&self, out: &Buffer<Digest>, input: &Buffer<Digest>) -> Result<()> {
         check::merkle(out, input)?;
         let consts = self.poseidon2_constants(16)?;
-        self.launch("poseidon2_merkle_layer_bb", self.dims(out.len()))
-            .output(out)
-            .input(input)
-            .input(&consts)
-            .scalar(out.len() as u64)
-            .run()
+        // SAFETY: poseidon2_merkle_layer_bb(out, in, consts, n_out) reads 2*n_out digests of `input`
+        // and writes n_out; `check::merkle` matched the lengths.
+        unsafe {
+            self.launch("poseidon2_merkle_layer_bb", self.dims(out.len()))
+                .output(out)
+                .input(input)
+                .input(&consts)
+                .scalar(out.len() as u64)
+                .run()
+        }
     }
 }
 

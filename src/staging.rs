@@ -206,6 +206,8 @@ impl StagingPool {
                     Ok(slots) => got.extend(slots),
                     Err(e) => {
                         self.free.lock().1 -= can_grow;
+                        // The room given back may be what a waiting transfer needs.
+                        self.returned.notify_all();
                         if got.is_empty() {
                             return Err(e);
                         }

@@ -18,6 +18,12 @@ use crate::{CudaHal, Result};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A new id for a stream's uses of allocations ([`SideUses`]), never 0 (a HAL's own main
+/// stream) and never given twice in a process.
+pub(crate) fn new_stream_id() -> u64 {
+    NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A non-blocking stream of a HAL, for transfers or kernels that should overlap the HAL's
 /// main stream. Keeps the HAL alive.
 ///
@@ -34,8 +40,9 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 /// ```
 #[derive(Clone)]
 pub struct HalStream {
-    pub(crate) hal: Arc<HalInner>,
+    // Declared (so dropped) before the HAL, whose context it needs.
     pub(crate) stream: Arc<Stream>,
+    pub(crate) hal: Arc<HalInner>,
     /// 0 for the HAL's main stream.
     pub(crate) id: u64,
 }
@@ -58,8 +65,9 @@ pub struct HalStream {
 /// assert!(ready.is_complete().unwrap());
 /// ```
 pub struct HalEvent {
-    hal: Arc<HalInner>,
+    // Declared (so dropped) before the HAL, whose context it needs.
     event: Event,
+    hal: Arc<HalInner>,
 }
 
 impl CudaHal {
@@ -81,7 +89,7 @@ impl CudaHal {
         Ok(HalStream {
             hal: self.inner.clone(),
             stream: Arc::new(Stream::new_non_blocking()?),
-            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            id: new_stream_id(),
         })
     }
 
@@ -167,9 +175,10 @@ impl HalStream {
     /// };
     /// let side = hal.create_stream().unwrap();
     /// let x = hal.alloc::<u32>("x", 1 << 20).unwrap();
-    /// hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
+    /// // SAFETY: fill_u32(out, value, n) writes x's n elements.
+    /// unsafe { hal.launch("fill_u32", LaunchDims::for_elements(x.len(), hal.info().multiprocessors))
     ///     .on(&side).output(&x).scalar(2u32).scalar(x.len() as u64)
-    ///     .run()
+    ///     .run() }
     ///     .unwrap();
     /// side.synchronize().unwrap();
     /// assert_eq!(x.get_at(0).unwrap(), 2);

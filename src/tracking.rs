@@ -315,6 +315,10 @@ pub(crate) struct Tracker {
     /// Used only when a name is first seen and by reports: boxed, off the allocation
     /// path's cache lines.
     names: Box<Names>,
+    /// The slot of the last new block whose admission raised the peak, and the peak
+    /// before it (`FREE` when that block is gone): if the driver then refuses the
+    /// allocation, the peak goes back, so it never counts memory that was never held.
+    raised: (u32, usize),
 }
 
 impl Default for Tracker {
@@ -337,6 +341,7 @@ impl Tracker {
             slots: Vec::new(),
             totals: Vec::new(),
             names: Box::default(),
+            raised: (FREE, 0),
         }
     }
 
@@ -407,13 +412,18 @@ impl Tracker {
     #[inline]
     pub(crate) fn track_new(&mut self, name: u32, bytes: usize, cached: usize) -> Option<u32> {
         let held = self.held.checked_add(bytes)?;
+        let peak = self.peak;
         self.admit(held.wrapping_sub(cached))?;
         self.held = held;
         // `held - peak` rose by up to `bytes`: the floor becomes `held`, which is at least
         // that, and the next allocation from the cache sets it exactly.
         self.floor = held;
         self.fresh += 1;
-        Some(self.new_slot(bytes, name))
+        let slot = self.new_slot(bytes, name);
+        if self.peak != peak {
+            self.raised = (slot, peak);
+        }
+        Some(slot)
     }
 
     /// Charges and tracks an allocation that takes a new block, refunded past the limit:
@@ -516,11 +526,19 @@ impl Tracker {
     }
 
     /// Takes back an allocation the driver then refused: not counted as made, and left out
-    /// of its name's peak (the overall peak counted it already).
-    pub(crate) fn abandon(&mut self, name: u32, slot: u32, bytes: usize) {
+    /// of its name's peak and of the overall one, unless an allocation since raised that
+    /// further (then possibly counted, only when another thread allocated meanwhile).
+    /// `cached` is the bytes in the cache.
+    pub(crate) fn abandon(&mut self, name: u32, slot: u32, bytes: usize, cached: usize) {
         self.refund(name, bytes);
         self.fresh -= 1;
+        let raised_by_it = self.raised.0 == slot;
         self.forget_block(slot, bytes);
+        if raised_by_it {
+            self.peak = self.raised.1.max(self.held.wrapping_sub(cached));
+            // `held - peak` may have risen: the floor becomes its upper bound.
+            self.floor = self.held;
+        }
     }
 
     /// Forgets a block that goes back to the driver: its bytes and its slot.
@@ -535,6 +553,10 @@ impl Tracker {
         s.name = FREE;
         s.next = self.free_head;
         self.free_head = slot;
+        if self.raised.0 == slot {
+            // The slot may be taken by an allocation that raised nothing.
+            self.raised.0 = FREE;
+        }
         // (`held - peak` drops: the floor may stay above it.)
         self.held -= bytes;
     }
@@ -616,6 +638,48 @@ mod tests {
 
     fn report(t: &Tracker) -> MemoryReport {
         t.report(std::iter::empty(), 0)
+    }
+
+    #[test]
+    fn a_refused_allocation_leaves_the_peak_as_it_was() {
+        let mut t = Tracker::default();
+        let a = track(&mut t, "a".into(), 100);
+        free(&mut t, a, 100);
+        // Admitted (raising the peak to 500), then refused by the driver.
+        let (id, slot) = track(&mut t, "big".into(), 500);
+        assert_eq!(report(&t).peak_bytes, 500);
+        t.abandon(id, slot, 500, 0);
+        let r = report(&t);
+        assert_eq!((r.peak_bytes, r.current_bytes), (100, 0));
+        let big = r.by_name.iter().find(|n| n.name == "big").unwrap();
+        assert_eq!((big.peak_bytes, big.allocations), (0, 0));
+        // One that raised nothing lowers nothing.
+        let keep = track(&mut t, "keep".into(), 60);
+        let (id, slot) = track(&mut t, "small".into(), 30);
+        t.abandon(id, slot, 30, 0);
+        assert_eq!(report(&t).peak_bytes, 100);
+        // Raised by it, but the bytes in use now are more than the old peak.
+        let (id, slot) = track(&mut t, "big".into(), 200);
+        let more = track(&mut t, "more".into(), 50);
+        t.abandon(id, slot, 200, 0);
+        assert_eq!(
+            report(&t).peak_bytes,
+            310,
+            "60 + 200 + 50 were admitted at once"
+        );
+        free(&mut t, more, 50);
+        free(&mut t, keep, 60);
+    }
+
+    #[test]
+    fn a_reused_slot_does_not_inherit_a_raised_peak() {
+        let mut t = Tracker::default();
+        let a = track(&mut t, "a".into(), 300); // raises the peak, in slot 0
+        free(&mut t, a, 300);
+        let (id, slot) = track(&mut t, "b".into(), 10); // slot 0 again, raising nothing
+        assert_eq!(slot, a.1);
+        t.abandon(id, slot, 10, 0);
+        assert_eq!(report(&t).peak_bytes, 300);
     }
 
     #[test]
@@ -774,7 +838,7 @@ mod tests {
         let kept = track(&mut t, Cow::Borrowed("x"), 5);
         free(&mut t, kept, 5);
         let (id, slot) = track(&mut t, Cow::Borrowed("x"), 10);
-        t.abandon(id, slot, 10);
+        t.abandon(id, slot, 10, 0);
         let counts = TrackerCounts {
             freed: 1,
             fresh: 1,

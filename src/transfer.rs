@@ -378,8 +378,9 @@ impl CudaHal {
             return Ok(out);
         }
         for (buf, i) in items {
-            buf.raw()
-                .prepare_device_access(i * sz..(i + 1) * sz, false)?;
+            // The allocation's bytes: a slice's elements start at its offset.
+            let at = buf.byte_range().start + i * sz;
+            buf.raw().prepare_device_access(at..at + sz, false)?;
         }
         let n = todo.len();
         let table_bytes = n * 8;

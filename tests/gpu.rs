@@ -44,23 +44,28 @@ fn embedded_fatbin_loads_and_a_kernel_runs() {
         let a = hal.copy_from("a", &x).unwrap();
         let b = hal.copy_from("b", &y).unwrap();
         let out = hal.copy_from("out", &vec![0xDEAD_BEEFu32; n]).unwrap();
-        hal.launch(
-            "eltwise_add_u32",
-            LaunchDims::for_elements(n, hal.info().multiprocessors),
-        )
-        .output(&out)
-        .input(&a)
-        .input(&b)
-        .scalar(n as u64)
-        .run()
+        // SAFETY: eltwise_add_u32(out, a, b, n) over n elements of each.
+        unsafe {
+            hal.launch(
+                "eltwise_add_u32",
+                LaunchDims::for_elements(n, hal.info().multiprocessors),
+            )
+            .output(&out)
+            .input(&a)
+            .input(&b)
+            .scalar(n as u64)
+            .run()
+        }
         .unwrap();
         let want: Vec<u32> = x.iter().zip(&y).map(|(a, b)| a.wrapping_add(*b)).collect();
         assert_eq!(out.to_vec().unwrap(), want, "n = {n}");
     }
-    let err = hal
-        .launch("no_such_kernel", LaunchDims::for_elements(1, 1))
-        .run()
-        .unwrap_err();
+    // SAFETY: a kernel that is not there is refused before anything is queued.
+    let err = unsafe {
+        hal.launch("no_such_kernel", LaunchDims::for_elements(1, 1))
+            .run()
+    }
+    .unwrap_err();
     assert!(matches!(err, Error::KernelNotFound { .. }), "{err}");
 }
 
@@ -107,11 +112,14 @@ fn own_module_kernels_launch_like_embedded_ones() {
     let data: Vec<u32> = (0..n as u32).collect();
     let x = hal.copy_from("x", &data).unwrap();
     let add = |k: u32| {
-        hal.launch("user_add_u32", dims)
-            .inout(&x)
-            .scalar(k)
-            .scalar(n as u64)
-            .run()
+        // SAFETY: user_add_u32(io, k, n), loaded below, adds k to io[0..n); x has n elements.
+        unsafe {
+            hal.launch("user_add_u32", dims)
+                .inout(&x)
+                .scalar(k)
+                .scalar(n as u64)
+                .run()
+        }
     };
     assert!(
         matches!(add(1), Err(Error::KernelNotFound { .. })),
@@ -144,13 +152,16 @@ fn own_module_kernels_launch_like_embedded_ones() {
     assert_eq!(x.get_at(n - 1).unwrap(), (n - 1) as u32 + 6);
     // Embedded kernels are still looked up first.
     let out = hal.alloc::<u32>("out", n).unwrap();
-    hal.launch("eltwise_add_u32", dims)
-        .output(&out)
-        .input(&x)
-        .input(&x)
-        .scalar(n as u64)
-        .run()
-        .unwrap();
+    // SAFETY: eltwise_add_u32(out, a, b, n) over n elements of each.
+    unsafe {
+        hal.launch("eltwise_add_u32", dims)
+            .output(&out)
+            .input(&x)
+            .input(&x)
+            .scalar(n as u64)
+            .run()
+    }
+    .unwrap();
     assert_eq!(out.get_at(3).unwrap(), 2 * (3 + 6));
 }
 
@@ -727,15 +738,18 @@ fn every_operation_binds_the_context_whatever_is_current() {
     unbind();
     assert_eq!(grown.slice(0, n).unwrap().to_vec().unwrap(), data);
     unbind();
-    hal.launch(
-        "eltwise_add_u32",
-        LaunchDims::for_elements(n, hal.info().multiprocessors),
-    )
-    .output(&b)
-    .input(&copy)
-    .input(&zeroed)
-    .scalar(n as u64)
-    .run()
+    // SAFETY: eltwise_add_u32(out, a, b, n) over n elements of each.
+    unsafe {
+        hal.launch(
+            "eltwise_add_u32",
+            LaunchDims::for_elements(n, hal.info().multiprocessors),
+        )
+        .output(&b)
+        .input(&copy)
+        .input(&zeroed)
+        .scalar(n as u64)
+        .run()
+    }
     .unwrap();
     unbind();
     assert_eq!(b.to_vec().unwrap(), data);
@@ -789,11 +803,15 @@ fn poison_child() {
     let hal = CudaHal::new(0).unwrap();
     let other = hal.clone();
     let keep = hal.copy_from("keep", &[1u32; 4]).unwrap();
-    hal.launch("poke_address", LaunchDims::for_elements(1, 1))
-        .scalar(0x10u64)
-        .scalar(1u32)
-        .run()
-        .unwrap();
+    // SAFETY: deliberately not: poke_address writes to address 0x10 to fault the context, in a child
+    // process of its own that only checks the HAL reports it.
+    unsafe {
+        hal.launch("poke_address", LaunchDims::for_elements(1, 1))
+            .scalar(0x10u64)
+            .scalar(1u32)
+            .run()
+    }
+    .unwrap();
     let err = hal.synchronize().unwrap_err();
     assert!(matches!(err, Error::ContextPoisoned { .. }), "{err}");
     assert!(hal.poisoned().is_some());

@@ -188,6 +188,126 @@ fn pool_hits_and_misses_follow_pool_growth() {
         hal.stats().unwrap().pool.reserved_current < reserved,
         "trim returns memory"
     );
+    let s3 = hal.ledger();
+    let c = hal.alloc::<u8>("c", MIB).unwrap();
+    let d = hal.ledger().since(&s3);
+    assert_eq!(
+        (d.pool_hits, d.pool_misses),
+        (0, 1),
+        "growing back after a trim is a miss"
+    );
+    drop(c);
+    // A pool that gives memory back at each synchronisation grows again afterwards.
+    let releasing = CudaHal::with_config(
+        0,
+        HalConfig {
+            block_cache_bytes: 0,
+            release_threshold: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for round in 0..3 {
+        let s = releasing.ledger();
+        let a = releasing.alloc::<u8>("a", 32 * MIB).unwrap();
+        let d = releasing.ledger().since(&s);
+        assert_eq!((d.pool_hits, d.pool_misses), (0, 1), "round {round}");
+        drop(a);
+        releasing.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn a_request_the_driver_refuses_leaves_the_peak_alone() {
+    let Some(hal) = gpu() else { return };
+    let a = hal.alloc::<u8>("a", MIB).unwrap();
+    let peak = hal.memory_report().peak_bytes;
+    // Within the device's size, so the HAL asks; more than it has free, so the driver
+    // refuses.
+    let err = hal
+        .alloc::<u8>("huge", hal.info().total_memory - MIB)
+        .unwrap_err();
+    match &err {
+        Error::OutOfMemory { in_use, driver, .. } => {
+            assert_eq!((*in_use, driver.is_some()), (MIB, true), "{err}")
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    let r = hal.memory_report();
+    assert_eq!((r.peak_bytes, r.current_bytes), (peak, MIB));
+    if let Some(huge) = r.by_name.iter().find(|t| t.name == "huge") {
+        assert_eq!((huge.peak_bytes, huge.allocations), (0, 0));
+    }
+    drop(a);
+}
+
+#[test]
+fn arena_refusals_leave_the_batch_as_it_was() {
+    let Some(hal) = gpu() else { return };
+    // Slot capacities past the address space are refused, not wrapped around.
+    let wrapping = ArenaLayout::Slots(vec![("a".into(), usize::MAX - 10), ("b".into(), 1024)]);
+    assert!(matches!(
+        hal.batch_arena("wrap", 0, wrapping),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut arena = hal.batch_arena("bump", MIB, ArenaLayout::Bump).unwrap();
+    assert!(!arena.can_fit(&[usize::MAX - 100, 1024]));
+    {
+        let batch = arena.begin_batch();
+        let x = batch.alloc::<u8>("x", 1000).unwrap();
+        // A request whose end is past the address space: refused, the cursor unmoved.
+        assert!(matches!(
+            batch.alloc::<u8>("huge", usize::MAX - 1023),
+            Err(Error::ArenaFull { .. })
+        ));
+        assert_eq!(batch.used(), 1000);
+        let y = batch.alloc::<u8>("y", 1000).unwrap();
+        let (px, py) = (x.device_ptr().unwrap().addr, y.device_ptr().unwrap().addr);
+        assert!(py >= px + 1000, "views do not overlap");
+        // An upload is all or nothing.
+        let used = batch.used();
+        let too_big = vec![0u8; MIB];
+        let err = batch.upload(&[("fits", &[1u8; 100][..]), ("too-big", &too_big[..])]);
+        assert!(matches!(err, Err(Error::ArenaFull { .. })));
+        assert_eq!(batch.used(), used);
+        let z = batch.upload(&[("z", &[3u8; 10][..])]).unwrap();
+        assert_eq!(z[0].to_vec().unwrap(), vec![3u8; 10]);
+    }
+    assert_eq!(arena.stats().reallocations_avoided, 3, "x, y and z");
+    // A slot refused for alignment is still free for another element type.
+    let slots = vec![("a".into(), 10), ("b".into(), 30)];
+    let mut slots = hal.batch_arena("s", 0, ArenaLayout::Slots(slots)).unwrap();
+    {
+        let b = slots.begin_batch();
+        assert!(matches!(
+            b.alloc::<[u8; 3]>("b", 10),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(b.used(), 0);
+        let v = b.alloc::<u8>("b", 30).unwrap();
+        assert_eq!(v.len(), 30);
+    }
+    assert_eq!(slots.stats().slot_peaks, vec![0, 30]);
+}
+
+/// `get_many` on a slice checks the slice's own bytes against open views: a view of the
+/// parent's first element does not block reading the slice's.
+#[test]
+fn get_many_on_a_slice_checks_its_own_bytes() {
+    let Some(hal) = gpu() else { return };
+    let data: Vec<u32> = (0..1024).collect();
+    let src = hal.copy_from("src", &data).unwrap();
+    let parent = hal.alloc::<u32>("parent", 1024).unwrap();
+    parent.copy_from_buffer(&src).unwrap(); // written on the device: no host copy
+    let half = parent.slice(512, 512).unwrap();
+    let first = parent.slice(0, 1).unwrap();
+    first
+        .view_mut(|s| {
+            s[0] = 9;
+            assert_eq!(half.get_many(&[0, 5, 511]).unwrap(), vec![512, 517, 1023]);
+        })
+        .unwrap();
+    assert_eq!(parent.get_many(&[0, 512]).unwrap(), vec![9, 512]);
 }
 
 #[test]
@@ -404,15 +524,19 @@ fn managed_memory_is_shared_prefetched_and_advised() {
     out.advise(ManagedAdvice::PreferDevice).unwrap();
     a.prefetch_to_device().unwrap();
     out.prefetch_to_device().unwrap();
-    hal.launch(
-        "eltwise_add_u32",
-        LaunchDims::for_elements(n, info.multiprocessors),
-    )
-    .scalar(out.device_ptr().addr)
-    .scalar(a.device_ptr().addr)
-    .scalar(a.device_ptr().addr)
-    .scalar(n as u64)
-    .run()
+    // SAFETY: eltwise_add_u32(out, a, b, n) over the n elements of the two managed
+    // buffers, which stay allocated and unborrowed on the host until `host()` waits.
+    unsafe {
+        hal.launch(
+            "eltwise_add_u32",
+            LaunchDims::for_elements(n, info.multiprocessors),
+        )
+        .scalar(out.device_ptr().addr)
+        .scalar(a.device_ptr().addr)
+        .scalar(a.device_ptr().addr)
+        .scalar(n as u64)
+        .run()
+    }
     .unwrap();
     out.prefetch_to_host().unwrap();
     out.advise(ManagedAdvice::PreferHost).unwrap();

@@ -83,6 +83,54 @@ fn buffers_copy_between_hals_of_one_device() {
     copies_both_ways(&h0, &h1);
 }
 
+/// Two HALs of one device copy from a third's buffer, the first with its stream held
+/// back: overwriting the source must wait for both copies, not only the last one queued
+/// (their pending uses of the source were once kept per device, so the second replaced
+/// the first and the overwrite ran before the first copy had read the source).
+#[test]
+fn a_source_waits_for_copies_into_two_hals_of_one_device() {
+    let Some(a) = common::gpu() else { return };
+    let (b1, b2) = (CudaHal::new(0).unwrap(), CudaHal::new(0).unwrap());
+    let n = 16 * MIB / 4;
+    let src = a.copy_from("src", &vec![7u32; n]).unwrap();
+    let (d1, d2) = (
+        b1.alloc::<u32>("d1", n).unwrap(),
+        b2.alloc::<u32>("d2", n).unwrap(),
+    );
+    let gate = common::Gate::new();
+    gate.hold(b1.stream_handle());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            gate.open();
+        });
+        d1.copy_from_device(&src).unwrap(); // queued behind the gate
+        d2.copy_from_device(&src).unwrap();
+        src.fill(0).unwrap(); // on a's stream: after both copies have read the source
+        assert!(d2.to_vec().unwrap().iter().all(|&x| x == 7));
+        assert!(
+            d1.to_vec().unwrap().iter().all(|&x| x == 7),
+            "d1 read the overwrite"
+        );
+    });
+}
+
+/// Copying a buffer onto an overlapping part of itself through the host is refused: the
+/// chunks would read bytes an earlier chunk already overwrote.
+#[test]
+fn a_copy_through_the_host_onto_itself_is_refused() {
+    let Some(h) = common::gpu() else { return };
+    let b = h.copy_from("b", &(0..4096u32).collect::<Vec<_>>()).unwrap();
+    let (lo, hi) = (b.slice(0, 3000).unwrap(), b.slice(1000, 3000).unwrap());
+    let err = hi.copy_from_device_via_host(&lo).unwrap_err();
+    assert!(matches!(err, Error::Aliasing { .. }), "{err}");
+    let apart = b.slice(3000, 1000).unwrap();
+    apart
+        .copy_from_device_via_host(&b.slice(0, 1000).unwrap())
+        .unwrap();
+    assert_eq!(b.get_at(3999).unwrap(), 999);
+}
+
 /// Copies from `h0`'s buffers into `h1`'s and back, by both routes, at sizes from one
 /// element to eleven pinned slots.
 fn copies_both_ways(h0: &CudaHal, h1: &CudaHal) {

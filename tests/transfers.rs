@@ -29,12 +29,16 @@ fn launch_lcg(
     if let Some(s) = on {
         l = l.on(s);
     }
-    l.output(out)
-        .input(inp)
-        .scalar(out.len() as u64)
-        .scalar(rounds)
-        .run()
-        .unwrap();
+    // SAFETY: lcg_rounds_u32(out, in, n, rounds) touches [0..n) of both; both have n
+    // elements.
+    unsafe {
+        l.output(out)
+            .input(inp)
+            .scalar(out.len() as u64)
+            .scalar(rounds)
+            .run()
+    }
+    .unwrap();
 }
 
 #[test]
@@ -164,11 +168,13 @@ fn events_order_two_side_streams() {
     assert_eq!(got[12345], lcg(lcg(input[12345], 500), 7));
     let other = CudaHal::new(0).unwrap();
     let foreign = other.create_stream().unwrap();
-    let err = hal
-        .launch("lcg_rounds_u32", LaunchDims::for_elements(1, 1))
-        .on(&foreign)
-        .run()
-        .unwrap_err();
+    // SAFETY: refused before anything is queued (a stream of another HAL).
+    let err = unsafe {
+        hal.launch("lcg_rounds_u32", LaunchDims::for_elements(1, 1))
+            .on(&foreign)
+            .run()
+    }
+    .unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
@@ -324,7 +330,8 @@ fn pipeline_matches_the_cpu_in_both_modes() {
         for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
             let mut output = vec![POISON; n];
             let report = hal
-                .pipeline(&input, &mut output, chunk, mode, |s, i, o| {
+                .pipeline(&input, &mut output, chunk, mode, |s, i, o| unsafe {
+                    // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
                     hal.launch(
                         "lcg_rounds_u32",
                         LaunchDims::for_elements(i.len(), hal.info().multiprocessors),
@@ -359,7 +366,8 @@ fn pipeline_matches_the_cpu_in_both_modes() {
             pin_out.host_mut().unwrap(),
             50_000,
             PipelineMode::Overlapped,
-            |s, i, o| {
+            // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+            |s, i, o| unsafe {
                 hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
                     .on(s)
                     .output(o)
@@ -389,6 +397,56 @@ fn pipeline_matches_the_cpu_in_both_modes() {
         ),
         Err(Error::LengthMismatch { .. })
     ));
+}
+
+/// The pipeline's device buffers come from the main stream's allocations: a block freed
+/// there while main-stream work still writes it may be the first set's input. The side
+/// stream's first upload must wait for that work, or its late writes replace chunk 0's
+/// input. A gate holds the main stream back so that the write always comes late.
+#[test]
+fn pipeline_buffers_freed_on_the_main_stream_are_waited_for() {
+    let Some(hal) = gpu() else { return };
+    let chunk = 1 << 20;
+    let input = Rng::new(8).u32s(3 * chunk);
+    let mut output = vec![0u32; input.len()];
+    let run = |output: &mut [u32]| {
+        hal.pipeline(
+            &input,
+            output,
+            chunk,
+            PipelineMode::Overlapped,
+            // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+            |s, i, o| unsafe {
+                hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
+                    .on(s)
+                    .output(o)
+                    .input(i)
+                    .scalar(i.len() as u64)
+                    .scalar(1u32)
+                    .run()
+            },
+        )
+        .unwrap()
+    };
+    // Once first, so the second run takes its pinned blocks from the pool (allocating
+    // pinned memory may wait for the whole device).
+    run(&mut output);
+    let gate = common::Gate::new();
+    let tmp = hal.alloc::<u32>("tmp", chunk).unwrap();
+    gate.hold(hal.stream_handle());
+    tmp.fill(0xAAAA_AAAA).unwrap(); // held back by the gate
+    drop(tmp); // its block is the cache's newest: the first set's input takes it
+    output.fill(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            gate.open();
+        });
+        run(&mut output);
+    });
+    for (k, (o, x)) in output.iter().zip(&input).enumerate() {
+        assert_eq!(*o, lcg(*x, 1), "element {k}");
+    }
 }
 
 #[test]

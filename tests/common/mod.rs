@@ -89,3 +89,37 @@ impl Rng {
 }
 
 pub const MIB: usize = 1 << 20;
+
+/// Holds a stream back until opened, to make a race between streams happen every time:
+/// the stream waits (`cuStreamWaitValue32`) for a flag in device memory, and `open` sets
+/// the flag from a HAL of its own, whose stream nothing holds.
+pub struct Gate {
+    hal: CudaHal,
+    flag: cuda_hal::Buffer<u32>,
+}
+
+impl Gate {
+    pub fn new() -> Gate {
+        let hal = CudaHal::new(0).unwrap();
+        let flag = hal.alloc_zeroed::<u32>("gate", 1).unwrap();
+        hal.synchronize().unwrap();
+        Gate { hal, flag }
+    }
+
+    /// Work queued on `stream` from now on waits for [`Gate::open`]. Call it on a thread
+    /// where a HAL of device 0 was used (its context is current).
+    pub fn hold(&self, stream: cuda_hal::cuda_sys::CUstream) {
+        let d = cuda_hal::cuda_sys::driver().unwrap();
+        let flag = self.flag.device_ptr().unwrap().addr;
+        let eq = cuda_hal::cuda_sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_EQ.0;
+        // SAFETY: `flag` is a live 4-byte device allocation kept by the gate, and the
+        // stream is live; the wait only reads the flag.
+        unsafe { d.cuStreamWaitValue32(stream, flag, 1, eq as _) }.unwrap();
+    }
+
+    /// Lets the held streams go on.
+    pub fn open(&self) {
+        self.flag.copy_from_slice(&[1]).unwrap();
+        self.hal.synchronize().unwrap();
+    }
+}
