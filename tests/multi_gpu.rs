@@ -84,9 +84,10 @@ fn buffers_copy_between_hals_of_one_device() {
 }
 
 /// Two HALs of one device copy from a third's buffer, the first with its stream held
-/// back: overwriting the source must wait for both copies, not only the last one queued
-/// (their pending uses of the source were once kept per device, so the second replaced
-/// the first and the overwrite ran before the first copy had read the source).
+/// back by a gate: overwriting the source must wait for both copies. (This sequence is
+/// ordered through the second copy's preparation of the source as well; the pending uses
+/// once kept per device, where a second copy replaced the first, lost one only when two
+/// threads copied from the source at once, which no test here makes happen.)
 #[test]
 fn a_source_waits_for_copies_into_two_hals_of_one_device() {
     let Some(a) = common::gpu() else { return };
@@ -97,13 +98,8 @@ fn a_source_waits_for_copies_into_two_hals_of_one_device() {
         b1.alloc::<u32>("d1", n).unwrap(),
         b2.alloc::<u32>("d2", n).unwrap(),
     );
-    let gate = common::Gate::new();
-    gate.hold(b1.stream_handle());
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            gate.open();
-        });
+    let gate = common::Gate::new(&b1);
+    gate.held_for(b1.stream_handle(), 100, || {
         d1.copy_from_device(&src).unwrap(); // queued behind the gate
         d2.copy_from_device(&src).unwrap();
         src.fill(0).unwrap(); // on a's stream: after both copies have read the source

@@ -399,54 +399,37 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     ));
 }
 
-/// The pipeline's device buffers come from the main stream's allocations: a block freed
-/// there while main-stream work still writes it may be the first set's input. The side
-/// stream's first upload must wait for that work, or its late writes replace chunk 0's
-/// input. A gate holds the main stream back so that the write always comes late.
+/// The test helper that `multi_gpu` relies on: a gate holds its stream and no other.
 #[test]
-fn pipeline_buffers_freed_on_the_main_stream_are_waited_for() {
+fn a_gate_holds_only_its_stream() {
     let Some(hal) = gpu() else { return };
-    let chunk = 1 << 20;
-    let input = Rng::new(8).u32s(3 * chunk);
-    let mut output = vec![0u32; input.len()];
-    let run = |output: &mut [u32]| {
-        hal.pipeline(
-            &input,
-            output,
-            chunk,
-            PipelineMode::Overlapped,
-            // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
-            |s, i, o| unsafe {
-                hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
-                    .on(s)
-                    .output(o)
-                    .input(i)
-                    .scalar(i.len() as u64)
-                    .scalar(1u32)
-                    .run()
-            },
-        )
-        .unwrap()
-    };
-    // Once first, so the second run takes its pinned blocks from the pool (allocating
-    // pinned memory may wait for the whole device).
-    run(&mut output);
-    let gate = common::Gate::new();
-    let tmp = hal.alloc::<u32>("tmp", chunk).unwrap();
-    gate.hold(hal.stream_handle());
-    tmp.fill(0xAAAA_AAAA).unwrap(); // held back by the gate
-    drop(tmp); // its block is the cache's newest: the first set's input takes it
-    output.fill(0);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            gate.open();
-        });
-        run(&mut output);
+    let side = hal.create_stream().unwrap();
+    let x = hal.alloc::<u32>("x", 1024).unwrap();
+    let addr = x.device_ptr_mut().unwrap().addr;
+    let (main_done, side_done) = (hal.create_event().unwrap(), hal.create_event().unwrap());
+    let gate = common::Gate::new(&hal);
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    let waited = gate.held_for(hal.stream_handle(), 300, || {
+        main_done.record(&hal.main_stream()).unwrap();
+        // SAFETY: x's 1024 elements, on a stream of its HAL; read only after the syncs.
+        unsafe { d.cuMemsetD32Async(addr, 5, 1024, side.raw()) }.unwrap();
+        side_done.record(&side).unwrap();
+        let t = std::time::Instant::now();
+        side_done.synchronize().unwrap();
+        let side_ms = t.elapsed().as_millis();
+        assert!(!main_done.is_complete().unwrap(), "the main stream went on");
+        main_done.synchronize().unwrap();
+        (side_ms, t.elapsed().as_millis())
     });
-    for (k, (o, x)) in output.iter().zip(&input).enumerate() {
-        assert_eq!(*o, lcg(*x, 1), "element {k}");
-    }
+    assert!(
+        waited.0 < 100,
+        "the side stream was held too: {waited:?} ms"
+    );
+    assert!(
+        waited.1 >= 150,
+        "the main stream was not held: {waited:?} ms"
+    );
+    assert_eq!(x.get_at(1023).unwrap(), 5);
 }
 
 #[test]

@@ -91,35 +91,76 @@ impl Rng {
 pub const MIB: usize = 1 << 20;
 
 /// Holds a stream back until opened, to make a race between streams happen every time:
-/// the stream waits (`cuStreamWaitValue32`) for a flag in device memory, and `open` sets
-/// the flag from a HAL of its own, whose stream nothing holds.
+/// the stream waits (`cuStreamWaitValue32`) for a flag in mapped pinned memory, and
+/// `open` sets the flag with a plain store from the host. Opening makes no driver call,
+/// so it cannot wait behind one that waits for the held stream (freeing memory may wait
+/// for the whole device while the driver holds a lock).
 pub struct Gate {
-    hal: CudaHal,
-    flag: cuda_hal::Buffer<u32>,
+    _flag: cuda_hal::PinnedBuffer<u32>,
+    host: *const std::sync::atomic::AtomicU32,
+    device: cuda_hal::cuda_sys::CUdeviceptr,
 }
 
+// SAFETY: `host` points into the pinned allocation the gate owns, and is only used
+// through an atomic.
+unsafe impl Send for Gate {}
+unsafe impl Sync for Gate {}
+
 impl Gate {
-    pub fn new() -> Gate {
-        let hal = CudaHal::new(0).unwrap();
-        let flag = hal.alloc_zeroed::<u32>("gate", 1).unwrap();
-        hal.synchronize().unwrap();
-        Gate { hal, flag }
+    /// A closed gate, with memory of `hal`'s.
+    pub fn new(hal: &CudaHal) -> Gate {
+        let flags = cuda_hal::PinnedFlags {
+            portable: true,
+            device_mapped: true,
+            write_combined: false,
+        };
+        let mut flag = hal.alloc_pinned::<u32>(1, flags).unwrap();
+        let host = flag.host_mut().unwrap();
+        host[0] = 0;
+        let host = host.as_mut_ptr();
+        let mut device = 0;
+        let d = cuda_hal::cuda_sys::driver().unwrap();
+        // SAFETY: `host` is mapped pinned memory of this context (the HAL's call bound it).
+        unsafe { d.cuMemHostGetDevicePointer(&mut device, host.cast(), 0) }.unwrap();
+        Gate {
+            _flag: flag,
+            host: host.cast(),
+            device,
+        }
     }
 
     /// Work queued on `stream` from now on waits for [`Gate::open`]. Call it on a thread
     /// where a HAL of device 0 was used (its context is current).
     pub fn hold(&self, stream: cuda_hal::cuda_sys::CUstream) {
         let d = cuda_hal::cuda_sys::driver().unwrap();
-        let flag = self.flag.device_ptr().unwrap().addr;
         let eq = cuda_hal::cuda_sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_EQ.0;
-        // SAFETY: `flag` is a live 4-byte device allocation kept by the gate, and the
-        // stream is live; the wait only reads the flag.
-        unsafe { d.cuStreamWaitValue32(stream, flag, 1, eq as _) }.unwrap();
+        // SAFETY: the flag is live mapped pinned memory kept by the gate, and the stream
+        // is live; the wait only reads the flag.
+        unsafe { d.cuStreamWaitValue32(stream, self.device, 1, eq as _) }.unwrap();
     }
 
     /// Lets the held streams go on.
     pub fn open(&self) {
-        self.flag.copy_from_slice(&[1]).unwrap();
-        self.hal.synchronize().unwrap();
+        // SAFETY: `host` points into the live pinned allocation (see the type).
+        unsafe { &*self.host }.store(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Holds `stream`, runs `work` (which queues what the stream must hold back and may
+    /// block on it), and opens the gate from another thread `ms` milliseconds after the
+    /// hold, whatever `work` does meanwhile.
+    pub fn held_for<R>(
+        &self,
+        stream: cuda_hal::cuda_sys::CUstream,
+        ms: u64,
+        work: impl FnOnce() -> R,
+    ) -> R {
+        self.hold(stream);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                self.open();
+            });
+            work()
+        })
     }
 }
