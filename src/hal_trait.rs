@@ -15,6 +15,11 @@
 //! | a transform larger than `2^27` points | [`Error::InvalidArgument`] |
 //! | an element range under an active `view_mut` | [`Error::BufferBorrowed`] |
 //!
+//! One difference is by design: [`FieldElement`] is open to other types, which `CpuHal`
+//! computes with, but a GPU backend has kernels only for the crate's fields and refuses
+//! any other type with [`Error::InvalidArgument`] rather than run a kernel over elements
+//! of another size.
+//!
 //! ```
 //! use cuda_hal::field::Elem;
 //! use cuda_hal::{CpuHal, Hal, HalBuffer};

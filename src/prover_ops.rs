@@ -264,13 +264,12 @@ impl CudaHal {
                 block: (1 << (tile_log - REG_LOG), 1, 1),
                 shared_bytes: 4 << tile_log,
             };
-            let launch = self
-                .launch(NTT_PASS_KERNELS[(p.k - REG_LOG) as usize], dims)
-                .output(pick(p.dst)?);
+            let launch = self.launch(NTT_PASS_KERNELS[(p.k - REG_LOG) as usize], dims);
             let launch = if p.src == p.dst {
-                launch.scalar(0u64) // in place
+                // In place: the kernel reads and writes `dst` (a null `src`).
+                launch.inout(pick(p.dst)?).scalar(0u64)
             } else {
-                launch.input(pick(p.src)?)
+                launch.output(pick(p.dst)?).input(pick(p.src)?)
             };
             // SAFETY: ntt_pass_k*_bb(dst, src, tw, log_n, s0, c, cpos, bitrev, p_load, p_store, do_scale,
             // scale, num_tiles), src 0 for in place; the plan's tiles cover `io`'s (or the
