@@ -83,34 +83,6 @@ fn buffers_copy_between_hals_of_one_device() {
     copies_both_ways(&h0, &h1);
 }
 
-/// Two HALs of one device copy from a third's buffer, the first with its stream held
-/// back by a gate: overwriting the source must wait for both copies. (This sequence is
-/// ordered through the second copy's preparation of the source as well; the pending uses
-/// once kept per device, where a second copy replaced the first, lost one only when two
-/// threads copied from the source at once, which no test here makes happen.)
-#[test]
-fn a_source_waits_for_copies_into_two_hals_of_one_device() {
-    let Some(a) = common::gpu() else { return };
-    let (b1, b2) = (CudaHal::new(0).unwrap(), CudaHal::new(0).unwrap());
-    let n = 16 * MIB / 4;
-    let src = a.copy_from("src", &vec![7u32; n]).unwrap();
-    let (d1, d2) = (
-        b1.alloc::<u32>("d1", n).unwrap(),
-        b2.alloc::<u32>("d2", n).unwrap(),
-    );
-    let gate = common::Gate::new(&b1);
-    gate.held_for(b1.stream_handle(), 100, || {
-        d1.copy_from_device(&src).unwrap(); // queued behind the gate
-        d2.copy_from_device(&src).unwrap();
-        src.fill(0).unwrap(); // on a's stream: after both copies have read the source
-        assert!(d2.to_vec().unwrap().iter().all(|&x| x == 7));
-        assert!(
-            d1.to_vec().unwrap().iter().all(|&x| x == 7),
-            "d1 read the overwrite"
-        );
-    });
-}
-
 /// Copying a buffer onto an overlapping part of itself through the host is refused: the
 /// chunks would read bytes an earlier chunk already overwrote.
 #[test]

@@ -399,39 +399,6 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     ));
 }
 
-/// The test helper that `multi_gpu` relies on: a gate holds its stream and no other.
-#[test]
-fn a_gate_holds_only_its_stream() {
-    let Some(hal) = gpu() else { return };
-    let side = hal.create_stream().unwrap();
-    let x = hal.alloc::<u32>("x", 1024).unwrap();
-    let addr = x.device_ptr_mut().unwrap().addr;
-    let (main_done, side_done) = (hal.create_event().unwrap(), hal.create_event().unwrap());
-    let gate = common::Gate::new(&hal);
-    let d = cuda_hal::cuda_sys::driver().unwrap();
-    let waited = gate.held_for(hal.stream_handle(), 300, || {
-        main_done.record(&hal.main_stream()).unwrap();
-        // SAFETY: x's 1024 elements, on a stream of its HAL; read only after the syncs.
-        unsafe { d.cuMemsetD32Async(addr, 5, 1024, side.raw()) }.unwrap();
-        side_done.record(&side).unwrap();
-        let t = std::time::Instant::now();
-        side_done.synchronize().unwrap();
-        let side_ms = t.elapsed().as_millis();
-        assert!(!main_done.is_complete().unwrap(), "the main stream went on");
-        main_done.synchronize().unwrap();
-        (side_ms, t.elapsed().as_millis())
-    });
-    assert!(
-        waited.0 < 100,
-        "the side stream was held too: {waited:?} ms"
-    );
-    assert!(
-        waited.1 >= 150,
-        "the main stream was not held: {waited:?} ms"
-    );
-    assert_eq!(x.get_at(1023).unwrap(), 5);
-}
-
 #[test]
 fn timed_transfers_report_device_time_and_bandwidth() {
     let Some(_) = gpu() else { return };
