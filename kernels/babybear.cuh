@@ -7,7 +7,7 @@
 // Montgomery form (NTT twiddles, Poseidon2 constants) costs one multiplication per use.
 //
 // Every function is __host__ __device__ so that the same code can be checked on the CPU
-// (kernels/host_check/host_check.cu compiles this header for the host and compares it with
+// (kernels/host_check/host_check.cpp compiles this header for the host and compares it with
 // known answers).
 #pragma once
 #include <stdint.h>
@@ -128,7 +128,8 @@ BB_HD Ext ext_mul_base_mont(const Ext& a, uint32_t s_mont) {
 //   [4W, 4W + R_P)       partial-round constants
 //   [4W + R_P, 8W + R_P) round constants of the 4 final full rounds
 //   [8W + R_P, 9W + R_P) internal diagonal mu_i (y_i = mu_i x_i + sum_j x_j)
-// The Rust side (src/prover_ops.rs, poseidon2_table) builds it from grain.rs's parameters.
+// The Rust side (Poseidon2::device_table in src/poseidon2/mod.rs) builds it from grain.rs's
+// parameters.
 
 template <int W>
 struct P2Params;

@@ -236,6 +236,14 @@ impl CudaHal {
         let tw = self.twiddles(log_n, inverse)?;
         let scale = Elem::inv_pow2(log_n).to_montgomery();
         let plan = plan_ntt(log_n, cols, inverse);
+        // A pass launches one block per tile: past the grid's limit (more than 2^31 columns
+        // of 16 points), the radix-2 path's grid-stride launches take it.
+        if plan
+            .iter()
+            .any(|p| io.len() >> (p.k + p.c) > i32::MAX as usize)
+        {
+            return self.batch_ntt_radix2(io, log_n, inverse);
+        }
         let scratch = if plan
             .iter()
             .any(|p| p.src == Loc::Scratch || p.dst == Loc::Scratch)

@@ -149,7 +149,11 @@ impl<T> Drop for PendingRead<T> {
         } = &mut self.state
         {
             if let Some(mut b) = block.take() {
-                // The pool waits for `done` before the block is reused or freed.
+                // The pool waits for `done` before the block is reused or freed, and frees
+                // it (past its limit) on this thread: its context must be current here.
+                if let Err(e) = hal.ctx.bind() {
+                    log::warn!("dropping a pending read: {e}");
+                }
                 b.set_pending(done.clone());
                 hal.pinned.give(b);
             }
