@@ -149,10 +149,7 @@ impl Allocs {
     /// Forgets the tracked allocation of `bytes` the driver then refused.
     pub(crate) fn abandon(&self, ticket: Ticket, bytes: usize) {
         if self.tracking {
-            let mut guard = self.state.lock();
-            let s = &mut *guard;
-            let cached = self.cached_held(s);
-            s.tracker.abandon(ticket.name, ticket.slot, bytes, cached);
+            self.untrack_refused(ticket, bytes);
         }
     }
 
