@@ -11,7 +11,8 @@ Reads the machine-readable lines the bench binaries print, one per line:
 and prints one table grouped by operation (builds in the order baseline, p1, p12, p123,
 all; unknown builds after them), then the INFO lines verbatim under "Notes". Everything
 else in the log (banners, harness output) is ignored. The table also goes to out.md if
-given. Targets of the forms "<=1.2x floor" and "<=1.5us" are checked and marked.
+given. Targets it understands (see check_target) are checked and marked met or MISSED;
+any other is marked "not checked here".
 """
 
 import math
@@ -56,17 +57,38 @@ def ratio(crate_us, floor_us):
     return crate_us / floor_us
 
 
-def check_target(target, crate_us, r):
-    """True/False for a target we understand, None otherwise."""
+def compare(op, value, bound):
+    return {"<=": value <= bound, "<": value < bound, ">=": value >= bound, ">": value > bound}[op]
+
+
+def check_target(target, row, r):
+    """True/False for a target we understand, None otherwise (marked "not checked").
+
+    Understood: "<=1.2x floor" (crate/floor); ">=0.9x floor bandwidth" and ">=0.9 of
+    ideal" (floor/crate, the floor being the ideal time); "<=200 us ..." and "<1000us, aim
+    300us" (the crate's time; the first bound counts); "<=1us, 0 B" (also no bytes moved);
+    ">=40 GB/s" (bytes moved over the crate's time); "<1% overhead" (crate/floor - 1).
+    """
     t = target.strip().replace(" ", "").lower()
+    crate_us, floor_us, nbytes = row["crate_us"], row["floor_us"], row["bytes"]
     m = re.fullmatch(r"(<=|<)([0-9.]+)x(floor)?", t)
     if m and r is not None:
-        bound = float(m.group(2))
-        return r <= bound if m.group(1) == "<=" else r < bound
-    m = re.fullmatch(r"(<=|<)([0-9.]+)(us|µs)", t)
+        return compare(m.group(1), r, float(m.group(2)))
+    m = re.fullmatch(r"(>=|>)([0-9.]+)x?(floorbandwidth|ofideal)", t)
+    if m and crate_us and floor_us:
+        return compare(m.group(1), floor_us / crate_us, float(m.group(2)))
+    m = re.fullmatch(r"(<=|<)([0-9.]+)(us|µs)(,0b)?([,(].*)?", t)
     if m and crate_us is not None:
-        bound = float(m.group(2))
-        return crate_us <= bound if m.group(1) == "<=" else crate_us < bound
+        met = compare(m.group(1), crate_us, float(m.group(2)))
+        if m.group(4):
+            met = met and nbytes == 0
+        return met
+    m = re.fullmatch(r"(>=|>)([0-9.]+)gb/s", t)
+    if m and crate_us and nbytes and nbytes > 0:
+        return compare(m.group(1), nbytes / (crate_us * 1e-6) / 1e9, float(m.group(2)))
+    m = re.fullmatch(r"(<=|<)([0-9.]+)%overhead", t)
+    if m and r is not None:
+        return compare(m.group(1), (r - 1.0) * 100.0, float(m.group(2)))
     return None
 
 
@@ -127,11 +149,13 @@ def render(rows, notes, warnings, source):
             for r in group:
                 rt = ratio(r["crate_us"], r["floor_us"])
                 target = r["target"] or "-"
-                ok = check_target(target, r["crate_us"], rt)
+                ok = check_target(target, r, rt)
                 if ok is True:
                     target += " (met)"
                 elif ok is False:
                     target += " (**MISSED**)"
+                elif target != "-":
+                    target += " (not checked here)"
                 out.append("| " + " | ".join(cell(c) for c in [
                     op, r["build"], sig3(r["crate_us"]), r["floor_name"] or "-",
                     sig3(r["floor_us"]), "-" if rt is None else sig3(rt) + "x",
