@@ -265,6 +265,11 @@ fi
   echo "==================== gpu-run summary ===================="
   echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
   echo "bundle: $(grep -E '^(git_head|packed_at)' "$bundle/manifest.txt" 2>/dev/null | tr '\n' ' ')"
+  # `gpu-pack.sh <builds>` leaves the other builds as an earlier pack made them.
+  packed_now=" $(sed -n 's/^builds_packed_this_time: //p' "$bundle/manifest.txt" 2>/dev/null) "
+  for b in "${builds[@]}"; do
+    [[ "$packed_now" == *" $b "* ]] || echo "NOTE: [$b] was built by an earlier pack than git_head's"
+  done
   echo "mode: $mode   builds: ${builds[*]}"
   for b in "${builds[@]}"; do
     line="[$b]"

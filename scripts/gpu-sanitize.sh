@@ -99,6 +99,8 @@ run() {  # run LABEL compute-sanitizer-args...
   summary+=("$line")
   echo "$line" | tee -a "$log"
   if [ "$rc" -ne 0 ] || [ "${findings:-1}" != 0 ] || [ -z "$tests" ]; then status=1; fi
+  # A run in which no test passed checked nothing.
+  if [[ "$tests" == *" 0 passed;"* ]]; then status=1; fi
 }
 # One test thread under racecheck, for every suite. Over the gpu tests with four threads,
 # about one run in four hangs inside the driver: one test thread frees pinned memory
