@@ -120,8 +120,10 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
     }
     // Registration: what it costs, and the copies it buys.
     let mut host = vec![7u32; n];
-    let staged = median_us(10, 200, || dev.upload_async(&host).unwrap());
-    hal.synchronize().unwrap();
+    let staged = median_us(10, 200, || {
+        dev.upload_async(&host).unwrap();
+        hal.synchronize().unwrap();
+    });
     let t0 = Instant::now();
     let reg = hal.register_host(&mut host).unwrap();
     let reg_us = t0.elapsed().as_secs_f64() * 1e6;
@@ -138,7 +140,7 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
         "-",
     );
     row(
-        "staged upload 64 MiB (phase 4 path)",
+        "staged upload 64 MiB (phase 4 path, + sync)",
         staged,
         "pinned H2D 64 MiB",
         floor,

@@ -428,6 +428,12 @@ impl<T: Pod> Buffer<T> {
         self.offset * sz..(self.offset + self.len) * sz
     }
 
+    /// The allocation's bytes holding element `i` of this buffer or slice.
+    pub(crate) fn element_range(&self, i: usize) -> Range<usize> {
+        let sz = std::mem::size_of::<T>();
+        (self.offset + i) * sz..(self.offset + i + 1) * sz
+    }
+
     /// Device address of the first element.
     pub(crate) fn raw_ptr(&self) -> CUdeviceptr {
         self.raw.ptr + (self.offset * std::mem::size_of::<T>()) as u64
@@ -541,8 +547,7 @@ impl<T: Pod> Buffer<T> {
         }
         let h = &self.raw.hal;
         h.enter()?;
-        let sz = std::mem::size_of::<T>();
-        let r = (self.offset + i) * sz..(self.offset + i + 1) * sz;
+        let r = self.element_range(i);
         if PHASES.host_cache {
             let c = self.raw.cache.lock();
             if let (true, Some(host)) = (c.state.readable().contains(&r), c.bytes.as_ref()) {
@@ -595,8 +600,7 @@ impl<T: Pod> Buffer<T> {
 
     /// Element `i` from a valid host copy (phase 2), or `None`.
     pub(crate) fn cached_element(&self, i: usize) -> Option<T> {
-        let sz = std::mem::size_of::<T>();
-        let r = (self.offset + i) * sz..(self.offset + i + 1) * sz;
+        let r = self.element_range(i);
         let c = self.raw.cache.lock();
         let host = c.bytes.as_ref()?;
         if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
@@ -604,7 +608,7 @@ impl<T: Pod> Buffer<T> {
         }
         self.raw.hal.ledger.cache(true);
         // SAFETY: as in `cached_copy`, for the bytes of one element.
-        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), sz) };
+        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
         Some(bytemuck::pod_read_unaligned(bytes))
     }
 

@@ -382,9 +382,8 @@ impl CudaHal {
             return Ok(out);
         }
         for (buf, i) in items {
-            // The allocation's bytes: a slice's elements start at its offset.
-            let at = buf.byte_range().start + i * sz;
-            buf.raw().prepare_device_access(at..at + sz, false)?;
+            buf.raw()
+                .prepare_device_access(buf.element_range(*i), false)?;
         }
         let n = todo.len();
         let table_bytes = n * 8;
