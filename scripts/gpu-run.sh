@@ -100,6 +100,11 @@ echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), mode=$mode, builds: ${bui
 # Tests named two_devices_* skip themselves on one device, which would count as passing:
 # with fewer than two devices they are left out here instead, and reported as not run.
 ngpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+# nvidia-smi lists every GPU whatever CUDA_VISIBLE_DEVICES hides from the tests.
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+  visible="$(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)"
+  [ "$visible" -lt "${ngpus:-0}" ] && ngpus="$visible"
+fi
 two_device_args=()
 if [ "${ngpus:-0}" -lt 2 ] && [ "${CUDA_HAL_REQUIRE_GPUS:-0}" -lt 2 ]; then
   two_device_args=(--skip two_devices_)
