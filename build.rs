@@ -69,8 +69,16 @@ fn main() {
     for h in &headers {
         fs::read(h).unwrap_or_default().hash(&mut hasher);
     }
+    // The compiler's own version, not only its path: an nvcc upgraded in place must not
+    // reuse the kernels the old one built.
+    let nvcc_version = Command::new(&nvcc)
+        .arg("--version")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
     (
         nvcc.display().to_string(),
+        nvcc_version,
         &extra,
         SASS_ARCHS,
         PTX_ARCH,

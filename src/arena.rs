@@ -139,6 +139,10 @@ pub struct Batch<'a> {
 
 /// A typed view of arena memory, valid for its batch. Dereferences to [`Buffer`].
 ///
+/// The borrow ends with the batch, but a `Buffer` cloned out of the view (or a slice of
+/// it) does not: the arena's region stays allocated, so using one after its batch is not
+/// unsafe, but it then sees whatever the next batch puts at those bytes.
+///
 /// ```
 /// use cuda_hal::{ArenaLayout, CudaHal};
 /// let Ok(hal) = CudaHal::new(0) else {
@@ -254,8 +258,11 @@ impl BatchArena {
         &self.stats
     }
 
-    /// Whether a batch of these requests (bytes each; per slot in slot order for the slot
-    /// layout) fits.
+    /// Whether a batch of these requests fits, each a view of that many bytes (`u8`, or
+    /// any element type whose size divides 256), in order; per slot in slot order for the
+    /// slot layout. Exactly when [`Batch::alloc`] would place them all: each view starts on
+    /// a 256-byte boundary, and the last needs no more than its own bytes. For other element
+    /// sizes, [`BatchArena::can_fit_as`].
     ///
     /// ```
     /// use cuda_hal::{ArenaLayout, CudaHal};
@@ -265,18 +272,49 @@ impl BatchArena {
     /// };
     /// let arena = hal.batch_arena("a", 1024, ArenaLayout::Bump).unwrap();
     /// assert!(arena.can_fit(&[512, 512]));
+    /// assert!(arena.can_fit(&[100, 100, 100, 100]), "the last one starts at 768 and fits");
     /// assert!(!arena.can_fit(&[100, 100, 100, 1000]), "each request starts on a 256-byte boundary");
     /// ```
     pub fn can_fit(&self, bytes: &[usize]) -> bool {
+        self.can_fit_as::<u8>(bytes)
+    }
+
+    /// Whether a batch of views of `T` with these lengths (in order; per slot in slot
+    /// order for the slot layout) fits: exactly when [`Batch::alloc::<T>`](Batch::alloc)
+    /// would place them all. A view of an element size that does not divide 256 starts at
+    /// the first multiple of that size from the next 256-byte boundary on.
+    ///
+    /// ```
+    /// use cuda_hal::{ArenaLayout, CudaHal};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let arena = hal.batch_arena("a", 1024, ArenaLayout::Bump).unwrap();
+    /// // 24-byte elements (a degree-3 extension of a 64-bit field): the second view
+    /// // starts at 264, not 256, so 32 more elements (768 bytes) do not fit.
+    /// assert!(arena.can_fit(&[24, 768]));
+    /// assert!(!arena.can_fit_as::<[u64; 3]>(&[1, 32]));
+    /// assert!(arena.can_fit_as::<[u64; 3]>(&[1, 31]));
+    /// ```
+    pub fn can_fit_as<T: Pod>(&self, lens: &[usize]) -> bool {
+        let sz = std::mem::size_of::<T>();
+        let bytes = |len: usize| len.checked_mul(sz).filter(|b| *b > 0);
         match &self.layout {
-            ArenaLayout::Bump => bytes
+            ArenaLayout::Bump => lens
                 .iter()
-                .try_fold(0usize, |sum, b| {
-                    sum.checked_add(b.checked_next_multiple_of(256)?)
+                .try_fold(0usize, |cursor, len| {
+                    let end = bump_start(cursor, sz)?.checked_add(bytes(*len)?)?;
+                    (end <= self.capacity()).then_some(end)
                 })
-                .is_some_and(|total| total <= self.capacity()),
+                .is_some(),
             ArenaLayout::Slots(slots) => {
-                bytes.len() <= slots.len() && bytes.iter().zip(slots).all(|(b, (_, cap))| b <= cap)
+                lens.len() <= slots.len()
+                    && lens.iter().zip(slots).zip(&self.slot_starts).all(
+                        |((len, (_, cap)), start)| {
+                            bytes(*len).is_some_and(|b| b <= *cap) && start % sz == 0
+                        },
+                    )
             }
         }
     }
@@ -354,19 +392,17 @@ impl Batch<'_> {
         let bytes = len
             .checked_mul(sz)
             .ok_or_else(|| full(name, usize::MAX, self.used(), self.arena.capacity()))?;
-        // Offsets are 256-byte aligned and a multiple of the element size.
-        let align = |x: usize| x.next_multiple_of(256).next_multiple_of(sz);
         // Every check comes before any state changes: a refused view leaves the batch as
         // it was.
         let (start, slot) = match &self.arena.layout {
             ArenaLayout::Bump => {
-                let start = align(self.cursor.get());
-                if start
-                    .checked_add(bytes)
-                    .is_none_or(|end| end > self.arena.capacity())
-                {
+                let start = bump_start(self.cursor.get(), sz);
+                let Some(start) = start.filter(|s| {
+                    s.checked_add(bytes)
+                        .is_some_and(|end| end <= self.arena.capacity())
+                }) else {
                     return Err(full(name, bytes, self.cursor.get(), self.arena.capacity()));
-                }
+                };
                 (start, None)
             }
             ArenaLayout::Slots(slots) => {
@@ -472,6 +508,15 @@ impl Batch<'_> {
         }
         Ok(views)
     }
+}
+
+/// Where a bump view of `sz`-byte elements starts with the batch's cursor at `cursor`: the
+/// first multiple of `sz` from the next 256-byte boundary on (the boundary itself for
+/// sizes that divide 256). `None` past the address space.
+fn bump_start(cursor: usize, sz: usize) -> Option<usize> {
+    cursor
+        .checked_next_multiple_of(256)?
+        .checked_next_multiple_of(sz)
 }
 
 /// Writes every byte of `staged`, which stands for the region's bytes from `start`: each

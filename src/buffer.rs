@@ -16,7 +16,11 @@ use crate::kernels::DevicePtr;
 use crate::streams::{HalStream, SideUses};
 use crate::{CudaHal, Error, Result, PHASES};
 
-/// Zeroed, 64-byte aligned host memory the size of an allocation: the phase-2 host copy.
+/// Alignment of the phase-2 host copy: a page, so that views of any `Pod` type up to that
+/// alignment are aligned (a `#[repr(align(128))]` type is `Pod` too).
+const HOST_ALIGN: usize = 4096;
+
+/// Zeroed, page-aligned host memory the size of an allocation: the phase-2 host copy.
 struct HostBytes {
     ptr: *mut u8,
     layout: Layout,
@@ -29,7 +33,7 @@ unsafe impl Sync for HostBytes {}
 
 impl HostBytes {
     fn new(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), 64)
+        let layout = Layout::from_size_align(len.max(1), HOST_ALIGN)
             .map_err(|e| Error::InvalidArgument(format!("host copy of {len} bytes: {e}")))?;
         // SAFETY: layout has non-zero size. Zeroed memory is lazily committed by the OS.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -171,7 +175,12 @@ impl RawBuffer {
     /// overwrites bytes they may still read.
     fn flush_host(&self, r: Range<usize>, write: bool, side: bool) -> Result<()> {
         if !PHASES.host_cache {
-            return Ok(());
+            // Only an open `view_mut` (a detached view) can stand in the way.
+            let c = self.cache.lock();
+            return match c.state.plan_device_access(&r) {
+                Ok(_) => Ok(()),
+                Err(_) => Err(self.borrowed()),
+            };
         }
         let mut c = self.cache.lock();
         let uploads = c
@@ -422,6 +431,12 @@ impl<T: Pod> Buffer<T> {
         CudaHal::from_inner(self.raw.hal.clone())
     }
 
+    /// The HAL for the library's own use within one call: not counted as a user's handle
+    /// (see [`CudaHal::internal`]).
+    pub(crate) fn hal_internal(&self) -> CudaHal {
+        CudaHal::internal(&self.raw.hal)
+    }
+
     /// Byte range within the allocation.
     pub(crate) fn byte_range(&self) -> Range<usize> {
         let sz = std::mem::size_of::<T>();
@@ -437,6 +452,18 @@ impl<T: Pod> Buffer<T> {
     /// Device address of the first element.
     pub(crate) fn raw_ptr(&self) -> CUdeviceptr {
         self.raw.ptr + (self.offset * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Views of the host copy need `T` aligned at most as the copy is (a page).
+    fn check_host_align(&self) -> Result<()> {
+        if std::mem::align_of::<T>() > HOST_ALIGN {
+            return Err(Error::InvalidArgument(format!(
+                "a view of `{}` needs {}-byte alignment; the host copy has {HOST_ALIGN}",
+                self.name(),
+                std::mem::align_of::<T>()
+            )));
+        }
+        Ok(())
     }
 
     fn out_of_range(&self, start: usize, end: usize) -> Error {
@@ -543,7 +570,7 @@ impl<T: Pod> Buffer<T> {
     pub fn get_at(&self, i: usize) -> Result<T> {
         let _range = crate::nvtx::range(|| format!("get_at {}[{i}]", self.name()));
         if i >= self.len {
-            return Err(self.out_of_range(i, i + 1));
+            return Err(self.out_of_range(i, i.saturating_add(1)));
         }
         let h = &self.raw.hal;
         h.enter()?;
@@ -641,14 +668,15 @@ impl<T: Pod> Buffer<T> {
         if !PHASES.host_cache {
             return Ok(f(&self.download_vec()?));
         }
+        self.check_host_align()?;
         self.raw.hal.enter()?;
         let len = self.len;
         self.raw
             .with_host(self.byte_range(), BorrowKind::Shared, |base| {
                 let start = self.byte_range().start;
-                // SAFETY: the host copy holds the newest data for these bytes, 64-byte aligned
-                // base plus a multiple of size_of::<T>() keeps T's alignment (Pod, align <= 64
-                // checked by the cast below), and the shared view keeps writers out until `f`
+                // SAFETY: the host copy holds the newest data for these bytes, a page-aligned
+                // base plus a multiple of size_of::<T>() keeps T's alignment (checked above to
+                // be at most a page), and the shared view keeps writers out until `f`
                 // returns.
                 let bytes = unsafe {
                     std::slice::from_raw_parts(base.add(start), len * std::mem::size_of::<T>())
@@ -679,13 +707,33 @@ impl<T: Pod> Buffer<T> {
         let _range =
             crate::nvtx::range(|| format!("view_mut {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
+            // The edits live in a `Vec` until the upload: the device must neither write
+            // these bytes meanwhile (the upload would undo it) nor read them (stale), so
+            // the view is registered and device accesses to it are refused, as with the
+            // host cache.
             let mut v = self.download_vec()?;
+            let r = self.byte_range();
+            let id = self
+                .raw
+                .cache
+                .lock()
+                .state
+                .begin_detached_borrow(r)
+                .map_err(|_| self.raw.borrowed())?;
+            struct EndView<'a>(&'a RawBuffer, u64);
+            impl Drop for EndView<'_> {
+                fn drop(&mut self) {
+                    self.0.cache.lock().state.end_detached_borrow(self.1);
+                }
+            }
+            let _end = EndView(&self.raw, id);
             let out = f(&mut v);
             self.raw
                 .hal
                 .upload(self.raw_ptr(), bytemuck::cast_slice(&v))?;
             return Ok(out);
         }
+        self.check_host_align()?;
         self.raw.hal.enter()?;
         let len = self.len;
         self.raw

@@ -136,6 +136,10 @@ pub struct HalStats {
 /// ```
 pub struct CudaHal {
     pub(crate) inner: Arc<HalInner>,
+    /// Whether this handle counts as one of the user's (`handles`): the library's own
+    /// short-lived handles (see [`CudaHal::internal`]) do not, so that dropping them never
+    /// takes the count to zero again.
+    counted: bool,
 }
 
 impl Clone for CudaHal {
@@ -146,6 +150,9 @@ impl Clone for CudaHal {
 
 impl Drop for CudaHal {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let left = self
             .inner
             .handles
@@ -235,6 +242,7 @@ impl CudaHal {
         let kernels = KernelTable::load();
         let staging = StagingPool::new(config.staging);
         Ok(CudaHal {
+            counted: true,
             inner: Arc::new(HalInner {
                 kernels,
                 prover: Default::default(),
@@ -505,7 +513,20 @@ impl CudaHal {
         inner
             .handles
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        CudaHal { inner }
+        CudaHal {
+            inner,
+            counted: true,
+        }
+    }
+
+    /// A handle for the library's own use inside one call (a buffer's operation that needs
+    /// the HAL's methods): not one of the user's, so it neither keeps the HAL's tables nor,
+    /// when dropped, logs the report of buffers left alive a second time.
+    pub(crate) fn internal(inner: &Arc<HalInner>) -> Self {
+        CudaHal {
+            inner: inner.clone(),
+            counted: false,
+        }
     }
 
     /// Every live allocation by name and size, with totals per name and overall (current

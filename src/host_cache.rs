@@ -188,8 +188,12 @@ impl IntervalSet {
     /// s.insert(10..20);
     /// assert!(s.overlaps(&(15..25)));
     /// assert!(!s.overlaps(&(20..30)), "ranges are half-open");
+    /// assert!(!s.overlaps(&(15..15)), "an empty range holds no byte");
     /// ```
     pub fn overlaps(&self, r: &Range<usize>) -> bool {
+        if r.is_empty() {
+            return false;
+        }
         let i = self.ranges.partition_point(|x| x.end <= r.start);
         self.ranges.get(i).is_some_and(|x| x.start < r.end)
     }
@@ -268,8 +272,9 @@ pub struct CacheState {
     next_borrow: u64,
 }
 
+/// Whether `a` and `b` share a byte (an empty range shares none).
 fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
+    a.start < b.end && b.start < a.end && !a.is_empty() && !b.is_empty()
 }
 
 impl CacheState {
@@ -380,6 +385,38 @@ impl CacheState {
         self.next_borrow += 1;
         self.borrows.push((self.next_borrow, kind, r));
         Ok(self.next_borrow)
+    }
+
+    /// Starts an exclusive view of `r` whose bytes live outside the host copy (builds
+    /// without phase 2 edit a downloaded `Vec` and upload it after): only its conflicts
+    /// count, so that the device neither reads nor writes `r` meanwhile. Ended with
+    /// [`CacheState::end_detached_borrow`].
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::CacheState;
+    /// let mut c = CacheState::default();
+    /// let v = c.begin_detached_borrow(0..8).unwrap();
+    /// assert!(c.plan_device_access(&(4..12)).is_err(), "the device waits for the view");
+    /// assert!(c.begin_detached_borrow(0..4).is_err(), "one editor at a time");
+    /// c.end_detached_borrow(v);
+    /// assert!(c.plan_device_access(&(4..12)).unwrap().is_empty(), "nothing host-newer");
+    /// ```
+    pub fn begin_detached_borrow(&mut self, r: Range<usize>) -> Result<u64, Conflict> {
+        if self.conflicts(&r, true) {
+            return Err(Conflict);
+        }
+        self.next_borrow += 1;
+        self.borrows
+            .push((self.next_borrow, BorrowKind::Exclusive, r));
+        Ok(self.next_borrow)
+    }
+
+    /// Ends detached view `id`: its edits were uploaded already, so nothing is marked
+    /// newer on the host.
+    pub fn end_detached_borrow(&mut self, id: u64) {
+        if let Some(pos) = self.borrows.iter().position(|(i, _, _)| *i == id) {
+            self.borrows.swap_remove(pos);
+        }
     }
 
     /// Ends view `id`; an exclusive view leaves its range newer on the host.

@@ -177,7 +177,8 @@ pub struct Launch<'h> {
     hal: &'h CudaHal,
     kernel: &'h str,
     dims: LaunchDims,
-    /// Each argument's value, 16-byte slots so any scalar up to 16 bytes fits aligned.
+    /// Each argument's value, in 16-byte slots (8-byte aligned) so any scalar up to 16
+    /// bytes fits; the driver copies each parameter by its size from wherever it lies.
     /// (Inline up to `INLINE_ARGS`: a launch allocates nothing on the host.)
     values: SmallVec<[[u64; 2]; INLINE_ARGS]>,
     buffers: SmallVec<[BufferArg; INLINE_BUFFERS]>,
@@ -520,7 +521,8 @@ impl<'h> Launch<'h> {
             .collect();
         let d = self.dims;
         let stream = side.as_ref().map_or(&h.stream, |s| &s.stream);
-        // SAFETY: one pointer per argument, each to a 16-byte aligned slot holding the value;
+        // SAFETY: one pointer per argument, each to a 16-byte slot holding the value (the
+        // driver copies as many bytes as the kernel's parameter has from each pointer);
         // buffer arguments are live allocations kept alive by `self.buffers` until the
         // kernel is queued, and by their owners (which free in stream order) afterwards.
         let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, stream, &mut params) };

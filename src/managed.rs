@@ -61,10 +61,15 @@ pub struct ManagedBuffer<T> {
     _t: PhantomData<T>,
 }
 
+/// Managed bytes live per device ordinal, over every HAL of the process; its lock also
+/// makes each check and its allocation one step.
+static MANAGED_LIVE: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
+
 impl CudaHal {
     /// Allocates `len` elements of managed memory. Refused with `OutOfMemory` when the
-    /// device reports less free memory than that (managed memory can oversubscribe; the
-    /// HAL never asks it to), or past the HAL's limit.
+    /// device's free memory, less the managed memory already handed out on it (by any
+    /// HAL of the process, touched or not), is less than that (managed memory can
+    /// oversubscribe; the HAL never asks it to), or past the HAL's limit.
     ///
     /// ```
     /// use cuda_hal::{CudaHal, Error};
@@ -89,10 +94,15 @@ impl CudaHal {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
-        // The free memory read and the allocation under one process-wide lock: two
-        // allocations that each fit what is free must not both be made.
-        static CHECK_AND_ALLOC: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-        let _one_at_a_time = CHECK_AND_ALLOC.lock();
+        // The check and the allocation under one process-wide lock, which also holds the
+        // managed bytes every HAL has live per device: a managed allocation takes no device
+        // memory until its pages are touched, so the free memory the driver reports does
+        // not count it, and two requests that each fit what is free must not both be made.
+        let mut handed_out = MANAGED_LIVE.lock();
+        let ordinal = h.info().ordinal;
+        if handed_out.len() <= ordinal {
+            handed_out.resize(ordinal + 1, 0);
+        }
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers are valid locals.
         h.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
@@ -108,7 +118,9 @@ impl CudaHal {
                 driver: None,
             }
         };
-        if bytes > free {
+        // Pages already touched count twice (in use and handed out): the check errs on the
+        // side of refusing.
+        if bytes > free.saturating_sub(handed_out[ordinal]) {
             return Err(oom());
         }
         let Some(ticket) = h
@@ -131,6 +143,8 @@ impl CudaHal {
             h.allocs.untrack_refused(ticket, bytes);
             return h.guard(Err(e.into()));
         }
+        handed_out[ordinal] += bytes;
+        drop(handed_out);
         log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
         Ok(ManagedBuffer {
             hal: h.clone(),
@@ -354,12 +368,17 @@ impl<T: Pod> ManagedBuffer<T> {
 
 impl<T> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
+        let mut handed_out = MANAGED_LIVE.lock();
         let r = self.hal.ctx.bind().and_then(|()| {
             self.hal.stream.synchronize()?;
             // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream.
             unsafe { api()?.cuMemFree(self.ptr)? };
             Ok(())
         });
+        if let Some(b) = handed_out.get_mut(self.hal.info().ordinal) {
+            *b = b.saturating_sub(self.len * std::mem::size_of::<T>());
+        }
+        drop(handed_out);
         self.hal
             .allocs
             .untrack(self.ticket, self.len * std::mem::size_of::<T>());

@@ -127,7 +127,7 @@ impl<T: Pod> Buffer<T> {
     /// ```
     pub fn copy_from_device(&self, src: &Buffer<T>) -> Result<()> {
         check::lengths(self.len(), &[(self.name(), src.len())])?;
-        let (dst_hal, src_hal) = (self.hal(), src.hal());
+        let (dst_hal, src_hal) = (self.hal_internal(), src.hal_internal());
         if dst_hal.same(src.raw().hal()) {
             return self.copy_from_buffer(src);
         }
@@ -184,7 +184,9 @@ impl<T: Pod> Buffer<T> {
         // The source is not freed or overwritten until the copy has read it.
         let done = d.event()?;
         done.record(&d.stream)?;
-        src.raw().side.add(d.aside.copy_id, done);
+        src.raw()
+            .side
+            .add_keeping(d.aside.copy_id, done, Some(d.clone()));
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;
@@ -224,16 +226,16 @@ impl<T: Pod> Buffer<T> {
             format!(
                 "copy_from_device_via_host {} (dev {}) <- {} (dev {})",
                 self.name(),
-                self.hal().info().ordinal,
+                self.hal_internal().info().ordinal,
                 src.name(),
-                src.hal().info().ordinal
+                src.hal_internal().info().ordinal
             )
         });
         let bytes = self.size_bytes();
         if bytes == 0 {
             return Ok(());
         }
-        let (dst_hal, src_hal) = (self.hal(), src.hal());
+        let (dst_hal, src_hal) = (self.hal_internal(), src.hal_internal());
         let (d, s) = (&dst_hal.inner, &src_hal.inner);
         s.enter()?;
         src.raw().prepare_device_access(src.byte_range(), false)?;
@@ -303,7 +305,9 @@ impl<T: Pod> Buffer<T> {
         s.ledger.copy(crate::ledger::Dir::D2H, bytes);
         d.ledger.copy(crate::ledger::Dir::H2D, bytes);
         // The source is not freed or overwritten until the downloads have read it.
-        src.raw().side.add(d.aside.copy_id, last);
+        src.raw()
+            .side
+            .add_keeping(d.aside.copy_id, last, Some(d.clone()));
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;

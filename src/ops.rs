@@ -46,7 +46,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(b.view(|s| s.iter().sum::<u64>()).unwrap(), 1000);
     /// ```
     pub fn fill(&self, value: T) -> Result<()> {
-        let hal = self.hal();
+        let hal = self.hal_internal();
         let n = self.len() as u64;
         let dims = LaunchDims::for_elements(self.len(), hal.info().multiprocessors);
         let bytes = bytemuck::bytes_of(&value);
@@ -121,7 +121,7 @@ fn eltwise<T: EltwiseElement>(
             size: std::mem::size_of::<T>(),
         });
     }
-    let hal = out.hal();
+    let hal = out.hal_internal();
     // SAFETY: eltwise_{op}_{u32,f32}(out, a, b, n) touch [0..n) of each, of 4-byte
     // elements (checked above); the three buffers have n elements (checked above).
     unsafe {

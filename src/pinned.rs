@@ -489,7 +489,7 @@ impl<T: Pod> Buffer<T> {
     /// assert!(short.copy_from_pinned(&src).is_err(), "lengths must match");
     /// ```
     pub fn copy_from_pinned(&self, src: &PinnedBuffer<T>) -> Result<()> {
-        self.copy_from_pinned_on(src, &self.hal().main_stream())
+        self.copy_from_pinned_on(src, &self.hal_internal().main_stream())
     }
 
     /// As [`Buffer::copy_from_pinned`], on `stream`.
@@ -554,7 +554,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(dst.host().unwrap(), &[1, 2, 3]);
     /// ```
     pub fn copy_to_pinned(&self, dst: &mut PinnedBuffer<T>) -> Result<()> {
-        self.copy_to_pinned_on(dst, &self.hal().main_stream())
+        self.copy_to_pinned_on(dst, &self.hal_internal().main_stream())
     }
 
     /// As [`Buffer::copy_to_pinned`], on `stream`.

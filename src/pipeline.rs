@@ -280,7 +280,10 @@ impl CudaHal {
         };
         let t0 = Instant::now();
         let chunks = input.len().div_ceil(chunk_len);
-        let result = (|| -> Result<()> {
+        // Caught so that a panic in `compute` (or anywhere in the loop) still waits for the
+        // copies in flight below: they read and write `input`, `output` and the sets'
+        // buffers, which unwinding would free or hand back to the caller.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<()> {
             // The sets' device buffers were allocated in the main stream's order (a cached
             // block may still be in use there): the side streams' first copies wait for it.
             sets.iter().try_for_each(|set| set.stream.after_main())?;
@@ -338,7 +341,7 @@ impl CudaHal {
                 finish(set, output)?;
             }
             Ok(())
-        })();
+        }));
         let wall = t0.elapsed();
         // Every copy is complete (or failed): the blocks can go back to the pool.
         let synced = sets.iter().try_for_each(|s| s.stream.synchronize());
@@ -346,6 +349,7 @@ impl CudaHal {
             h.pinned.give(set.pin_in);
             h.pinned.give(set.pin_out);
         }
+        let result = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         h.guard(result)?;
         synced?;
         Ok(PipelineReport {

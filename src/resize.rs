@@ -21,7 +21,7 @@ impl<T: Pod> Buffer<T> {
     pub fn resized(&self, new_len: usize) -> Result<Buffer<T>> {
         let _range =
             crate::nvtx::range(|| format!("resize {} {} -> {new_len}", self.name(), self.len()));
-        let hal = self.hal();
+        let hal = self.hal_internal();
         let out = hal.alloc::<T>(self.name().to_string(), new_len)?;
         let keep = self.len().min(new_len);
         out.slice(0, keep)?
@@ -169,7 +169,7 @@ impl<T: Pod> GrowableBuffer<T> {
     fn regrow(&mut self, capacity: usize) -> Result<()> {
         let next = self
             .buf
-            .hal()
+            .hal_internal()
             .alloc::<T>(self.buf.name().to_string(), capacity)?;
         if self.len > 0 {
             next.slice(0, self.len)?

@@ -295,26 +295,43 @@ impl StagingPool {
         let result = if workers == 1 {
             work(&mut slots[..], (0..chunks).step_by(1))
         } else {
+            // Each worker's slots, taken by the thread that runs it.
+            let groups: Vec<Mutex<Option<&mut [Slot]>>> = slots
+                .chunks_mut(per_worker)
+                .take(workers)
+                .map(|g| Mutex::new(Some(g)))
+                .collect();
+            let run = |w: usize| -> Result<()> {
+                let Some(group) = groups[w].lock().take() else {
+                    return Ok(());
+                };
+                work(group, (w..chunks).step_by(workers))
+            };
             std::thread::scope(|s| {
                 let mut handles = Vec::new();
-                let work = &work;
-                for (w, group) in slots.chunks_mut(per_worker).take(workers).enumerate() {
-                    handles.push(s.spawn(move || {
+                let mut here = Vec::new();
+                let run = &run;
+                for w in 0..groups.len() {
+                    let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
                         ctx.bind()?;
-                        work(group, (w..chunks).step_by(workers))
-                    }));
+                        run(w)
+                    });
+                    match spawned {
+                        Ok(h) => handles.push(h),
+                        // The OS would not start a thread (a thread limit): this thread runs
+                        // that worker's chunks instead, so the transfer still completes.
+                        Err(_) => here.push(w),
+                    }
                 }
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(crate::Error::InvalidArgument(
-                                "a staging worker panicked".into(),
-                            ))
-                        })
+                let mut results: Vec<Result<()>> = here.into_iter().map(run).collect();
+                results.extend(handles.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(crate::Error::InvalidArgument(
+                            "a staging worker panicked".into(),
+                        ))
                     })
-                    .collect::<Result<Vec<()>>>()
-                    .map(|_| ())
+                }));
+                results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
             })
         };
         self.give_back(slots);

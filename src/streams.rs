@@ -299,12 +299,24 @@ impl HalEvent {
     }
 }
 
-/// Events of side-stream work that may still use one allocation, newest per stream.
+/// Events of side-stream work that may still use one allocation.
 #[derive(Default)]
 pub(crate) struct SideUses {
-    uses: Mutex<Vec<(u64, Arc<Event>)>>,
+    uses: Mutex<Vec<SideUse>>,
     any: std::sync::atomic::AtomicBool,
 }
+
+/// One side use: work on stream `id` up to `ev`.
+struct SideUse {
+    id: u64,
+    ev: Arc<Event>,
+    /// The HAL whose context made `ev`, when it is not the allocation's own: its context
+    /// must outlive the event, which another HAL's streams wait on.
+    _keep: Option<Arc<crate::hal::HalInner>>,
+}
+
+/// Past this many events of one stream, the completed ones are dropped when another comes.
+const PRUNE_AT: usize = 4;
 
 impl SideUses {
     /// Whether side-stream work may still use the allocation.
@@ -319,14 +331,17 @@ impl SideUses {
             return Ok(());
         }
         let mut uses = self.uses.lock();
-        for (id, ev) in uses.iter() {
-            if *id != own_id {
-                stream.wait_event(ev)?;
+        for u in uses.iter() {
+            if u.id != own_id {
+                stream.wait_event(&u.ev)?;
             }
         }
         if clear {
-            uses.clear();
+            let done = std::mem::take(&mut *uses);
             self.any.store(false, Ordering::Release);
+            drop(uses);
+            // (A HAL kept for its events may go now, outside the lock.)
+            drop(done);
         }
         Ok(())
     }
@@ -337,21 +352,42 @@ impl SideUses {
             return Ok(());
         }
         let mut uses = self.uses.lock();
-        for (_, ev) in uses.iter() {
-            ev.synchronize()?;
+        for u in uses.iter() {
+            u.ev.synchronize()?;
         }
-        uses.clear();
+        let done = std::mem::take(&mut *uses);
         self.any.store(false, Ordering::Release);
+        drop(uses);
+        drop(done);
         Ok(())
     }
 
     /// Records that work on stream `id` up to `ev` may use the allocation.
     pub(crate) fn add(&self, id: u64, ev: Arc<Event>) {
+        self.add_keeping(id, ev, None);
+    }
+
+    /// [`SideUses::add`] for an event of another HAL's context, kept alive with it.
+    ///
+    /// Every event is kept, not only the last one added per stream: two threads that share
+    /// a stream record their events and add them in two steps, so the one added last may
+    /// be the older.
+    pub(crate) fn add_keeping(
+        &self,
+        id: u64,
+        ev: Arc<Event>,
+        keep: Option<Arc<crate::hal::HalInner>>,
+    ) {
         let mut uses = self.uses.lock();
-        match uses.iter_mut().find(|(i, _)| *i == id) {
-            Some(slot) => slot.1 = ev,
-            None => uses.push((id, ev)),
+        if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {
+            // Events of this stream (whose context is current) that have completed.
+            uses.retain(|u| u.id != id || !u.ev.is_complete().unwrap_or(false));
         }
+        uses.push(SideUse {
+            id,
+            ev,
+            _keep: keep,
+        });
         self.any.store(true, Ordering::Release);
     }
 }

@@ -178,7 +178,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(firsts, vec![0, 1, 2, 3]);
     /// ```
     pub fn read_async(&self) -> Result<PendingRead<T>> {
-        self.read_async_on(&self.hal().main_stream())
+        self.read_async_on(&self.hal_internal().main_stream())
     }
 
     /// As [`Buffer::read_async`], on `stream`.
@@ -329,7 +329,7 @@ impl<T: Pod> Buffer<T> {
     /// ```
     pub fn get_many(&self, indices: &[usize]) -> Result<Vec<T>> {
         let items: Vec<(&Buffer<T>, usize)> = indices.iter().map(|i| (self, *i)).collect();
-        self.hal().gather(&items)
+        self.hal_internal().gather(&items)
     }
 }
 
@@ -368,7 +368,7 @@ impl CudaHal {
                 return Err(Error::OutOfRange {
                     name: buf.name().to_string(),
                     start: *i,
-                    end: i + 1,
+                    end: i.saturating_add(1),
                     len: buf.len(),
                 });
             }
@@ -396,9 +396,9 @@ impl CudaHal {
                 host[j * 8..j * 8 + 8].copy_from_slice(&addr.to_ne_bytes());
             }
         }
+        let d = api()?;
         let scratch_alloc = h.alloc_raw(&std::borrow::Cow::Borrowed("gather-scratch"), total)?;
         let scratch = scratch_alloc.ptr;
-        let d = api()?;
         let result = (|| -> Result<()> {
             // SAFETY: the block holds the table; scratch has `total` bytes; the block is
             // not touched by the host until the stream synchronises below.
@@ -521,11 +521,12 @@ impl CudaHal {
                 host[*off..off + buf.size_bytes()].copy_from_slice(bytemuck::cast_slice(data));
             }
         }
+        // Before the scratch allocation, which no early return below may leave live.
+        let d = api()?;
+        let done = h.event()?;
         let scratch_alloc =
             h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total)?;
         let scratch = scratch_alloc.ptr;
-        let d = api()?;
-        let done = h.event()?;
         let result = (|| -> Result<()> {
             // SAFETY: the block holds `total` staged bytes and is reused only after `done`;
             // scratch has `total` bytes.

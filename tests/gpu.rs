@@ -474,6 +474,16 @@ fn allocation_kind_and_pool_statistics_follow_phase_3() {
 fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
     let Some(hal) = gpu_exclusive() else { return };
     let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
+    // The last index there is: an error, not an overflow (a panic in debug builds before
+    // 2026-11-25 18:00).
+    assert!(matches!(
+        b.get_at(usize::MAX),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        b.get_many(&[0, usize::MAX]),
+        Err(Error::OutOfRange { .. })
+    ));
     assert!(matches!(
         b.get_at(3),
         Err(Error::OutOfRange {
@@ -632,12 +642,21 @@ fn host_view_in_the_way_is_an_error_not_a_deadlock() {
         s[0] = 2;
         ops::add(&out, &a, &a)
     });
-    let inner = inner.unwrap();
-    if PHASES.host_cache {
-        assert!(matches!(inner, Err(Error::BufferBorrowed { .. })));
-    } else {
-        inner.unwrap();
-    }
+    // In every build (without phase 2 the kernel read the device's stale bytes before
+    // 2026-11-25 18:10).
+    assert!(matches!(inner.unwrap(), Err(Error::BufferBorrowed { .. })));
+    // A device write into the view's bytes is refused too: without phase 2 the view's
+    // upload used to overwrite it, and the write was lost.
+    let before = a.to_vec().unwrap();
+    let inner = a.view_mut(|s| {
+        s[1] = 7;
+        a.slice(2, 2).unwrap().copy_from_slice(&[5, 5])
+    });
+    assert!(matches!(inner.unwrap(), Err(Error::BufferBorrowed { .. })));
+    let mut expect = before;
+    expect[1] = 7;
+    assert_eq!(a.to_vec().unwrap(), expect);
+    a.slice(1, 1).unwrap().copy_from_slice(&[1]).unwrap();
     ops::add(&out, &a, &a).unwrap();
     assert_eq!(out.get_at(0).unwrap(), 4);
     // Nested shared views are fine.
@@ -792,6 +811,50 @@ fn device_fault_poisons_the_hal_and_a_new_one_works() {
     )
     .unwrap();
     assert_eq!(b.to_vec().unwrap(), vec![10, 10, 5, 5]);
+}
+
+/// With every device hidden (`CUDA_VISIBLE_DEVICES=`), `cuInit` itself reports no device:
+/// the HAL says so as it does on a machine with none, in a child process (a process
+/// initialises the driver once).
+#[test]
+fn hidden_devices_count_as_none() {
+    let Some(_hal) = gpu() else { return };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hidden_devices_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CUDA_HAL_HIDDEN_CHILD", "1")
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "child failed");
+    assert!(text.contains("HIDDEN-CHILD-OK"));
+}
+
+#[test]
+#[ignore = "run by hidden_devices_count_as_none in its own process"]
+fn hidden_devices_child() {
+    if std::env::var("CUDA_HAL_HIDDEN_CHILD").is_err() {
+        return;
+    }
+    // Before 2026-11-25 18:05 both failed with `cuInit`'s CUDA_ERROR_NO_DEVICE.
+    assert_eq!(cuda_hal::driver::device_count().unwrap(), 0);
+    match CudaHal::new(0) {
+        Err(Error::NoDevice {
+            ordinal: 0,
+            count: 0,
+        }) => {}
+        Err(e) => panic!("expected NoDevice, got {e}"),
+        Ok(_) => panic!("a HAL with every device hidden"),
+    }
+    println!("HIDDEN-CHILD-OK");
 }
 
 #[test]

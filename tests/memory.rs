@@ -106,6 +106,23 @@ fn the_last_handle_going_away_reports_what_is_still_alive() {
     assert_eq!(leak.len(), 12345);
     leak.fill(1).unwrap();
     assert_eq!(leak.get_at(12344).unwrap(), 1);
+    // Operations that use the HAL inside the call do not count as handles: the report is
+    // not logged again (it was, once for each such call, before 2026-11-25 18:10).
+    let grown = leak.resized(20000).unwrap();
+    assert_eq!(leak.read_async().unwrap().wait().unwrap()[7], 1);
+    assert_eq!(grown.get_at(12344).unwrap(), 1);
+    let reports = || {
+        LINES
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("buffers remain") && l.contains("leaky-buffer"))
+            .count()
+    };
+    assert_eq!(reports(), 1, "{:?}", LINES.lock().unwrap());
+    // A handle the user takes from a buffer counts: dropping it reports again.
+    drop(grown.hal());
+    assert_eq!(reports(), 2, "{:?}", LINES.lock().unwrap());
     drop(hal);
 }
 
@@ -291,6 +308,47 @@ fn arena_refusals_leave_the_batch_as_it_was() {
         assert_eq!(v.len(), 30);
     }
     assert_eq!(slots.stats().slot_peaks, vec![0, 30]);
+}
+
+/// `can_fit` and `can_fit_as` answer exactly what a batch then places: before 2026-11-25
+/// 18:10 `can_fit` padded every request to 256 bytes, the last too, and ignored element
+/// sizes that do not divide 256 (12- and 24-byte extension-field elements).
+#[test]
+fn can_fit_says_exactly_what_a_batch_places() {
+    let Some(hal) = gpu() else { return };
+    fn check<T: bytemuck::Pod>(arena: &mut cuda_hal::BatchArena, rng: &mut Rng, cap: usize) {
+        let sz = std::mem::size_of::<T>();
+        for _ in 0..200 {
+            let n = 1 + (rng.next_u64() % 4) as usize;
+            let lens: Vec<usize> = (0..n)
+                .map(|_| 1 + (rng.next_u64() % (cap / sz) as u64) as usize / n)
+                .collect();
+            let says = arena.can_fit_as::<T>(&lens);
+            let batch = arena.begin_batch();
+            let placed = lens.iter().all(|len| batch.alloc::<T>("v", *len).is_ok());
+            assert_eq!(says, placed, "{sz}-byte elements, lengths {lens:?}");
+            if sz == 1 {
+                drop(batch);
+                assert_eq!(arena.can_fit(&lens), placed, "bytes {lens:?}");
+            }
+        }
+    }
+    let cap = 4096;
+    let mut arena = hal.batch_arena("fit", cap, ArenaLayout::Bump).unwrap();
+    let mut rng = Rng::new(7);
+    check::<u8>(&mut arena, &mut rng, cap);
+    check::<u32>(&mut arena, &mut rng, cap);
+    check::<[u32; 3]>(&mut arena, &mut rng, cap);
+    check::<[u64; 3]>(&mut arena, &mut rng, cap);
+    // The slot layout: a slot whose start is not a multiple of the element size.
+    let slots = vec![("a".into(), 24), ("b".into(), 256)];
+    let mut arena = hal
+        .batch_arena("fit-slots", 0, ArenaLayout::Slots(slots))
+        .unwrap();
+    let fits = arena.can_fit_as::<[u64; 3]>(&[1, 1]);
+    let batch = arena.begin_batch();
+    let placed = batch.alloc::<[u64; 3]>("a", 1).is_ok() && batch.alloc::<[u64; 3]>("b", 1).is_ok();
+    assert_eq!(fits, placed);
 }
 
 /// `get_many` on a slice checks the slice's own bytes against open views: a view of the
@@ -562,4 +620,38 @@ fn managed_memory_is_shared_prefetched_and_advised() {
         hal.alloc_managed::<u8>("empty", 0),
         Err(Error::ZeroLength { .. })
     ));
+}
+
+/// Managed memory takes no device memory until its pages are touched, so the free memory
+/// the driver reports does not fall: what is handed out counts against it.
+#[test]
+fn managed_memory_handed_out_counts_against_what_is_free() {
+    let Some(hal) = gpu_exclusive() else { return };
+    hal.synchronize().unwrap(); // binds the HAL's context on this thread
+    let free = || {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid locals; the context is current.
+        unsafe {
+            cuda_hal::cuda_sys::driver()
+                .unwrap()
+                .cuMemGetInfo(&mut free, &mut total)
+        }
+        .unwrap();
+        free
+    };
+    let part = free() / 10 * 6;
+    let first = hal.alloc_managed::<u8>("m-first", part).unwrap();
+    // Nothing touched: the driver still reports about as much free (before 18:00 on
+    // 2026-11-25 the second request was made, and the two oversubscribed the device).
+    assert!(free() > part);
+    match hal.alloc_managed::<u8>("m-second", part) {
+        Err(Error::OutOfMemory { requested, .. }) => assert_eq!(requested, part),
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|m| m.len())),
+    }
+    // Another HAL of the device sees the same managed memory handed out.
+    let other = CudaHal::new(0).unwrap();
+    assert!(other.alloc_managed::<u8>("m-other", part).is_err());
+    drop(first);
+    let second = other.alloc_managed::<u8>("m-second", part).unwrap();
+    assert_eq!(second.len(), part);
 }

@@ -399,6 +399,54 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     ));
 }
 
+/// A panic in the pipeline's compute closure still waits for the copies in flight before
+/// it unwinds: they write the caller's output and read buffers unwinding frees. Before
+/// 2026-11-25 18:10 the first chunk's kernel and copy were still running when the panic
+/// reached the caller.
+#[test]
+fn a_panicking_pipeline_waits_for_its_copies() {
+    let Some(hal) = gpu() else { return };
+    let n = 1usize << 22;
+    let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    pin_in.host_mut().unwrap().fill(5);
+    let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    pin_out.host_mut().unwrap().fill(POISON);
+    let rounds = 20_000u32; // the first chunk's kernel takes milliseconds
+    let mut calls = 0;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hal.pipeline(
+            pin_in.host().unwrap(),
+            pin_out.host_mut().unwrap(),
+            n / 2,
+            PipelineMode::Overlapped,
+            |s, i, o| {
+                calls += 1;
+                if calls == 2 {
+                    panic!("compute failed");
+                }
+                // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+                unsafe {
+                    hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
+                        .on(s)
+                        .output(o)
+                        .input(i)
+                        .scalar(i.len() as u64)
+                        .scalar(rounds)
+                        .run()
+                }
+            },
+        )
+    }));
+    assert!(r.is_err(), "the panic reaches the caller");
+    // The first chunk is complete, not still being written.
+    let out = pin_out.host().unwrap();
+    assert_eq!(out[n / 2 - 1], lcg(5, rounds));
+    assert_eq!(out[n / 2], POISON, "the second chunk never ran");
+    // The HAL is as usable as before.
+    let b = hal.copy_from("after-panic", &[1u32, 2, 3]).unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![1, 2, 3]);
+}
+
 #[test]
 fn timed_transfers_report_device_time_and_bandwidth() {
     let Some(_) = gpu() else { return };

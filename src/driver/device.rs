@@ -14,12 +14,19 @@ use crate::{Error, Result};
 /// }
 /// ```
 pub fn device_count() -> Result<usize> {
-    let d = api()?;
+    let no_device =
+        |e: &cuda_sys::Error| e.code() == Some(cuda_sys::CUresult::CUDA_ERROR_NO_DEVICE);
+    let d = match api() {
+        Ok(d) => d,
+        // `cuInit` itself reports no device when none is visible (`CUDA_VISIBLE_DEVICES=`).
+        Err(crate::Error::Cuda(e)) if no_device(&e) => return Ok(0),
+        Err(e) => return Err(e),
+    };
     let mut n = 0;
     // SAFETY: out-pointer is a valid local.
     match unsafe { d.cuDeviceGetCount(&mut n) } {
         Ok(()) => Ok(n as usize),
-        Err(e) if e.code() == Some(cuda_sys::CUresult::CUDA_ERROR_NO_DEVICE) => Ok(0),
+        Err(e) if no_device(&e) => Ok(0),
         Err(e) => Err(e.into()),
     }
 }
