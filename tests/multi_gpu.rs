@@ -73,9 +73,63 @@ fn two_devices_buffers_copy_both_ways() {
     assert_eq!(d.get_at(63).unwrap(), 99);
 }
 
-/// The copies of the test above between two HALs of device 0: every route's code (the
-/// remembered peer answer, the idle-source check, the events that order the two streams,
-/// the host route's pinned slots taking turns) runs on one device too.
+/// A source buffer outlives the destination device's last HAL, whose context the driver
+/// then destroys: the copies' events must not outlive it in the source's pending uses
+/// (before 6e37837 every later access to the source failed with CONTEXT_IS_DESTROYED).
+/// In a child process, so that no other test holds a HAL of device 1.
+#[test]
+fn two_devices_a_source_outlives_the_destination_hal() {
+    let Some(set) = need_two() else { return };
+    drop(set);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "outliving_source_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CUDA_HAL_OUTLIVING_CHILD", "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "child failed");
+    assert!(text.contains("OUTLIVING-CHILD-OK"));
+}
+
+#[test]
+#[ignore = "run by two_devices_a_source_outlives_the_destination_hal in its own process"]
+fn outliving_source_child() {
+    if std::env::var("CUDA_HAL_OUTLIVING_CHILD").is_err() {
+        return;
+    }
+    let h0 = CudaHal::new(0).unwrap();
+    let a = h0.copy_from("a", &[1u32; 1024]).unwrap();
+    for via_host in [false, true] {
+        {
+            let h1 = CudaHal::new(1).unwrap();
+            let b = h1.alloc::<u32>("b", 1024).unwrap();
+            if via_host {
+                b.copy_from_device_via_host(&a).unwrap();
+            } else {
+                b.copy_from_device(&a).unwrap();
+            }
+            h1.synchronize().unwrap();
+            assert_eq!(b.get_at(1023).unwrap(), 1);
+        } // device 1's last HAL and buffer: its context goes
+        a.fill(2).unwrap();
+        assert_eq!(a.to_vec().unwrap(), vec![2; 1024], "via host: {via_host}");
+        a.fill(1).unwrap();
+    }
+    assert!(h0.poisoned().is_none());
+    println!("OUTLIVING-CHILD-OK");
+}
+
+/// The copies of `two_devices_buffers_copy_both_ways` between two HALs of device 0: every
+/// route's code (the remembered peer answer, the idle-source check, the events that order
+/// the two streams, the host route's pinned slots taking turns) runs on one device too.
 #[test]
 fn buffers_copy_between_hals_of_one_device() {
     let Some(h0) = common::gpu() else { return };

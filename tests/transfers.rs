@@ -401,8 +401,9 @@ fn pipeline_matches_the_cpu_in_both_modes() {
 
 /// A panic in the pipeline's compute closure still waits for the copies in flight before
 /// it unwinds: they write the caller's output and read buffers unwinding frees. Before
-/// 2026-11-25 18:10 the first chunk's kernel and copy were still running when the panic
-/// reached the caller.
+/// 6e37837 nothing waited on that path; this test passed there too (2026-11-25 18:17, H100),
+/// most likely because freeing the sets' pinned blocks during the unwind synchronises the
+/// device (`cuMemFreeHost` does), which the pipeline no longer relies on.
 #[test]
 fn a_panicking_pipeline_waits_for_its_copies() {
     let Some(hal) = gpu() else { return };
