@@ -475,7 +475,7 @@ fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
     let Some(hal) = gpu_exclusive() else { return };
     let b = hal.copy_from("b", &[1u32, 2, 3]).unwrap();
     // The last index there is: an error, not an overflow (a panic in debug builds before
-    // 2026-11-25 18:00).
+    // 6e37837).
     assert!(matches!(
         b.get_at(usize::MAX),
         Err(Error::OutOfRange { .. })
@@ -643,7 +643,7 @@ fn host_view_in_the_way_is_an_error_not_a_deadlock() {
         ops::add(&out, &a, &a)
     });
     // In every build (without phase 2 the kernel read the device's stale bytes before
-    // 2026-11-25 18:10).
+    // 6e37837).
     assert!(matches!(inner.unwrap(), Err(Error::BufferBorrowed { .. })));
     // A device write into the view's bytes is refused too: without phase 2 the view's
     // upload used to overwrite it, and the write was lost.
@@ -786,22 +786,7 @@ fn every_operation_binds_the_context_whatever_is_current() {
 #[test]
 fn device_fault_poisons_the_hal_and_a_new_one_works() {
     let Some(_hal) = gpu() else { return };
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "poison_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CUDA_HAL_POISON_CHILD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "child failed");
-    assert!(text.contains("POISON-CHILD-OK"));
+    common::run_child("poison_child", &[]);
     let hal = CudaHal::new(0).unwrap();
     let b = hal.copy_from("after-fault", &[5u32; 4]).unwrap();
     ops::add(
@@ -819,32 +804,16 @@ fn device_fault_poisons_the_hal_and_a_new_one_works() {
 #[test]
 fn hidden_devices_count_as_none() {
     let Some(_hal) = gpu() else { return };
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "hidden_devices_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CUDA_HAL_HIDDEN_CHILD", "1")
-        .env("CUDA_VISIBLE_DEVICES", "")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "child failed");
-    assert!(text.contains("HIDDEN-CHILD-OK"));
+    common::run_child("hidden_devices_child", &[("CUDA_VISIBLE_DEVICES", "")]);
 }
 
 #[test]
 #[ignore = "run by hidden_devices_count_as_none in its own process"]
 fn hidden_devices_child() {
-    if std::env::var("CUDA_HAL_HIDDEN_CHILD").is_err() {
+    if !common::is_child("hidden_devices_child") {
         return;
     }
-    // Before 2026-11-25 18:05 both failed with `cuInit`'s CUDA_ERROR_NO_DEVICE.
+    // Before 6e37837 both failed with the CUDA_ERROR_NO_DEVICE of `cuInit`.
     assert_eq!(cuda_hal::driver::device_count().unwrap(), 0);
     match CudaHal::new(0) {
         Err(Error::NoDevice {
@@ -854,13 +823,13 @@ fn hidden_devices_child() {
         Err(e) => panic!("expected NoDevice, got {e}"),
         Ok(_) => panic!("a HAL with every device hidden"),
     }
-    println!("HIDDEN-CHILD-OK");
+    println!("CHILD-OK");
 }
 
 #[test]
 #[ignore = "run by device_fault_poisons_the_hal_and_a_new_one_works in its own process"]
 fn poison_child() {
-    if std::env::var("CUDA_HAL_POISON_CHILD").is_err() {
+    if !common::is_child("poison_child") {
         return;
     }
     let hal = CudaHal::new(0).unwrap();
@@ -906,5 +875,5 @@ fn poison_child() {
             println!("RECOVERY: needs a new process ({e})");
         }
     }
-    println!("POISON-CHILD-OK");
+    println!("CHILD-OK");
 }

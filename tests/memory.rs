@@ -107,7 +107,7 @@ fn the_last_handle_going_away_reports_what_is_still_alive() {
     leak.fill(1).unwrap();
     assert_eq!(leak.get_at(12344).unwrap(), 1);
     // Operations that use the HAL inside the call do not count as handles: the report is
-    // not logged again (it was, once for each such call, before 2026-11-25 18:10).
+    // not logged again (it was, once for each such call, before 6e37837).
     let grown = leak.resized(20000).unwrap();
     assert_eq!(leak.read_async().unwrap().wait().unwrap()[7], 1);
     assert_eq!(grown.get_at(12344).unwrap(), 1);
@@ -310,9 +310,9 @@ fn arena_refusals_leave_the_batch_as_it_was() {
     assert_eq!(slots.stats().slot_peaks, vec![0, 30]);
 }
 
-/// `can_fit` and `can_fit_as` answer exactly what a batch then places: before 2026-11-25
-/// 18:10 `can_fit` padded every request to 256 bytes, the last too, and ignored element
-/// sizes that do not divide 256 (12- and 24-byte extension-field elements).
+/// `can_fit` and `can_fit_as` answer exactly what a batch then places: before 6e37837
+/// `can_fit` padded every request to 256 bytes, the last too, and ignored element sizes
+/// that do not divide 256 (12- and 24-byte extension-field elements).
 #[test]
 fn can_fit_says_exactly_what_a_batch_places() {
     let Some(hal) = gpu() else { return };
@@ -641,8 +641,8 @@ fn managed_memory_handed_out_counts_against_what_is_free() {
     };
     let part = free() / 10 * 6;
     let first = hal.alloc_managed::<u8>("m-first", part).unwrap();
-    // Nothing touched: the driver still reports about as much free (before 18:00 on
-    // 2026-11-25 the second request was made, and the two oversubscribed the device).
+    // Nothing touched: the driver still reports about as much free (before 6e37837 the
+    // second request was made, and the two oversubscribed the device).
     assert!(free() > part);
     match hal.alloc_managed::<u8>("m-second", part) {
         Err(Error::OutOfMemory { requested, .. }) => assert_eq!(requested, part),

@@ -81,28 +81,13 @@ fn two_devices_buffers_copy_both_ways() {
 fn two_devices_a_source_outlives_the_destination_hal() {
     let Some(set) = need_two() else { return };
     drop(set);
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "outliving_source_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CUDA_HAL_OUTLIVING_CHILD", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    assert!(out.status.success(), "child failed");
-    assert!(text.contains("OUTLIVING-CHILD-OK"));
+    common::run_child("outliving_source_child", &[]);
 }
 
 #[test]
 #[ignore = "run by two_devices_a_source_outlives_the_destination_hal in its own process"]
 fn outliving_source_child() {
-    if std::env::var("CUDA_HAL_OUTLIVING_CHILD").is_err() {
+    if !common::is_child("outliving_source_child") {
         return;
     }
     let h0 = CudaHal::new(0).unwrap();
@@ -124,7 +109,7 @@ fn outliving_source_child() {
         a.fill(1).unwrap();
     }
     assert!(h0.poisoned().is_none());
-    println!("OUTLIVING-CHILD-OK");
+    println!("CHILD-OK");
 }
 
 /// The copies of `two_devices_buffers_copy_both_ways` between two HALs of device 0: every

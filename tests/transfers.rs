@@ -425,16 +425,8 @@ fn a_panicking_pipeline_waits_for_its_copies() {
                 if calls == 2 {
                     panic!("compute failed");
                 }
-                // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
-                unsafe {
-                    hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
-                        .on(s)
-                        .output(o)
-                        .input(i)
-                        .scalar(i.len() as u64)
-                        .scalar(rounds)
-                        .run()
-                }
+                launch_lcg(&hal, Some(s), o, i, rounds);
+                Ok(())
             },
         )
     }));

@@ -89,3 +89,33 @@ impl Rng {
 }
 
 pub const MIB: usize = 1 << 20;
+
+/// Runs test `child` of this test binary in a process of its own, with `env` set, and
+/// checks that it passed and printed `CHILD-OK`. For what must not share a process with
+/// the other tests: a poisoned context, a driver initialised with every device hidden, a
+/// context that must really go. The child returns at once unless [`is_child`] says it
+/// is the one asked for.
+pub fn run_child(child: &str, env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            child,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CUDA_HAL_CHILD", child)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert!(out.status.success(), "child `{child}` failed");
+    assert!(text.contains("CHILD-OK"), "child `{child}` did not finish");
+}
+
+/// Whether this process is the child `child` that [`run_child`] started.
+pub fn is_child(child: &str) -> bool {
+    std::env::var("CUDA_HAL_CHILD").is_ok_and(|v| v == child)
+}
