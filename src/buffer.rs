@@ -192,9 +192,9 @@ impl RawBuffer {
                 self.side.wait_on(&self.hal.stream, 0, true)?;
             }
             for u in uploads {
-                // SAFETY: dirty bytes have no exclusive view (checked by
-                // plan_device_access), and the cache lock keeps new ones out during the
-                // upload; shared views only read.
+                // SAFETY: the planned uploads lie outside every exclusive view
+                // (plan_device_access leaves the bytes a view is editing dirty), and the
+                // cache lock keeps new views out during the upload; shared views only read.
                 let src = unsafe { host.range(u.clone()) };
                 self.hal.upload(self.ptr + u.start as u64, src)?;
             }

@@ -442,7 +442,8 @@ impl CacheState {
     }
 
     /// Before the device reads (or, with `write`, writes) `r`: the host-newer ranges to
-    /// upload first. Fails while a mutable view covers `r`.
+    /// upload first, all of them but those a mutable view is editing (they stay newer on
+    /// the host until a later access). Fails while a mutable view covers `r`.
     ///
     /// ```
     /// use cuda_hal::host_cache::{BorrowKind, CacheState};
@@ -452,13 +453,45 @@ impl CacheState {
     /// assert!(c.plan_device_access(&(0..8)).is_err());
     /// c.end_borrow(v);
     /// assert_eq!(c.plan_device_access(&(0..8)).unwrap(), vec![0..4]);
+    /// // Bytes outside an open view are reachable; its own edits wait for it to end.
+    /// let v = c.begin_borrow(0..2, BorrowKind::Exclusive).unwrap();
+    /// assert_eq!(c.plan_device_access(&(4..8)).unwrap(), vec![2..4]);
+    /// c.mark_device_access(4..8, false);
+    /// assert_eq!(c.dirty().ranges(), &[0..2]);
+    /// c.end_borrow(v);
     /// ```
     pub fn plan_device_access(&self, r: &Range<usize>) -> Result<Vec<Range<usize>>, Conflict> {
-        if self.conflicts(r, false) || self.dirty.ranges().iter().any(|d| self.conflicts(d, false))
-        {
+        if self.conflicts(r, false) {
             return Err(Conflict);
         }
-        Ok(self.dirty.ranges().to_vec())
+        if !self.any_editing() {
+            return Ok(self.dirty.ranges().to_vec());
+        }
+        let editing = self.editing();
+        Ok(self
+            .dirty
+            .ranges()
+            .iter()
+            .flat_map(|d| editing.missing(d))
+            .collect())
+    }
+
+    /// Whether a mutable view is open.
+    fn any_editing(&self) -> bool {
+        self.borrows
+            .iter()
+            .any(|(_, k, _)| *k == BorrowKind::Exclusive)
+    }
+
+    /// The bytes under mutable views.
+    fn editing(&self) -> IntervalSet {
+        let mut set = IntervalSet::new();
+        for (_, kind, r) in &self.borrows {
+            if *kind == BorrowKind::Exclusive {
+                set.insert(r.clone());
+            }
+        }
+        set
     }
 
     /// Records that the planned uploads are done and, with `write`, that the device is about
@@ -474,7 +507,25 @@ impl CacheState {
     /// assert_eq!(c.plan_read(&(0..8)).unwrap(), vec![0..8]);
     /// ```
     pub fn mark_device_access(&mut self, r: Range<usize>, write: bool) {
-        self.dirty.clear();
+        // What was uploaded is no longer newer on the host: all of it but what mutable
+        // views are editing (see `plan_device_access`).
+        if !self.any_editing() {
+            self.dirty.clear();
+            if write {
+                self.readable.remove(r);
+            }
+            return;
+        }
+        let mut kept = IntervalSet::new();
+        for e in self.editing().ranges() {
+            for d in self.dirty.ranges() {
+                let (start, end) = (d.start.max(e.start), d.end.min(e.end));
+                if start < end {
+                    kept.insert(start..end);
+                }
+            }
+        }
+        self.dirty = kept;
         if write {
             self.readable.remove(r);
         }
@@ -577,6 +628,28 @@ mod tests {
             c.readable().contains(&(0..64)),
             "a device read keeps the host copy valid"
         );
+    }
+
+    #[test]
+    fn device_access_outside_a_view_uploads_only_what_is_not_being_edited() {
+        let mut c = CacheState::default();
+        c.mark_downloaded(0..256);
+        let whole = c.begin_borrow(0..256, BorrowKind::Exclusive).unwrap();
+        c.end_borrow(whole); // every byte newer on the host
+        let head = c.begin_borrow(0..128, BorrowKind::Exclusive).unwrap();
+        // Refused through 737646b: a dirty range touched the view.
+        assert_eq!(c.plan_device_access(&(128..256)).unwrap(), vec![128..256]);
+        c.mark_device_access(128..256, true);
+        assert_eq!(
+            c.dirty().ranges(),
+            &[0..128],
+            "the view's bytes wait for it"
+        );
+        assert_eq!(c.plan_device_access(&(0..8)), Err(Conflict));
+        c.end_borrow(head);
+        assert_eq!(c.plan_device_access(&(0..256)).unwrap(), vec![0..128]);
+        c.mark_device_access(0..256, false);
+        assert!(c.dirty().is_empty());
     }
 
     #[test]

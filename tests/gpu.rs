@@ -664,6 +664,31 @@ fn host_view_in_the_way_is_an_error_not_a_deadlock() {
     assert_eq!(total, 2);
 }
 
+/// A view of one part of a buffer leaves the rest to the device, even with host edits of
+/// the whole buffer still to upload (refused with phase 2 through 737646b).
+#[test]
+fn a_view_of_one_part_leaves_the_rest_to_the_device() {
+    let Some(hal) = gpu() else { return };
+    let a = hal.copy_from("parts", &[0u32; 64]).unwrap();
+    a.view_mut(|s| s[0] = 1).unwrap(); // with phase 2: every byte newer on the host
+    let (head, tail) = (a.slice(0, 32).unwrap(), a.slice(32, 32).unwrap());
+    let inner = head
+        .view_mut(|h| {
+            h[1] = 2;
+            let write = tail.copy_from_slice(&[7; 32]);
+            let whole = tail.hal().alloc::<u32>("whole", 64).unwrap();
+            // The whole buffer includes the view's bytes: refused.
+            let read_all = ops::add(&whole, &a, &a);
+            (write, read_all)
+        })
+        .unwrap();
+    inner.0.unwrap();
+    assert!(matches!(inner.1, Err(Error::BufferBorrowed { .. })));
+    let v = a.to_vec().unwrap();
+    assert_eq!(&v[..3], &[1, 2, 0]);
+    assert!(v[32..].iter().all(|x| *x == 7), "{v:?}");
+}
+
 #[test]
 fn staging_memory_is_reused_not_reallocated() {
     let Some(hal) = gpu() else { return };
