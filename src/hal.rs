@@ -1038,6 +1038,19 @@ impl Timings {
     }
 }
 
+impl HalInner {
+    /// This HAL's context retained once more, for an event of it that outlives the HAL
+    /// (see `SideUses`); `None` if the driver refuses (the event is then kept alone).
+    pub(crate) fn retain_context(&self) -> Option<PrimaryContext> {
+        self.ctx
+            .retain_again()
+            .inspect_err(|e| {
+                log::warn!("retaining the context of device {}: {e}", self.info.ordinal)
+            })
+            .ok()
+    }
+}
+
 impl Drop for HalInner {
     fn drop(&mut self) {
         // Free cached blocks and let pending frees and copies finish before the stream,

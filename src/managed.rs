@@ -368,17 +368,17 @@ impl<T: Pod> ManagedBuffer<T> {
 
 impl<T> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
-        let mut handed_out = MANAGED_LIVE.lock();
         let r = self.hal.ctx.bind().and_then(|()| {
             self.hal.stream.synchronize()?;
             // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream.
             unsafe { api()?.cuMemFree(self.ptr)? };
             Ok(())
         });
-        if let Some(b) = handed_out.get_mut(self.hal.info().ordinal) {
+        // After the free (not holding the lock through the stream's wait): until then a
+        // request meanwhile still counts these bytes, erring on the side of refusing.
+        if let Some(b) = MANAGED_LIVE.lock().get_mut(self.hal.info().ordinal) {
             *b = b.saturating_sub(self.len * std::mem::size_of::<T>());
         }
-        drop(handed_out);
         self.hal
             .allocs
             .untrack(self.ticket, self.len * std::mem::size_of::<T>());

@@ -186,7 +186,7 @@ impl<T: Pod> Buffer<T> {
         done.record(&d.stream)?;
         src.raw()
             .side
-            .add_keeping(d.aside.copy_id, done, Some(d.clone()));
+            .add_keeping(d.aside.copy_id, done, d.retain_context());
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;
@@ -307,7 +307,7 @@ impl<T: Pod> Buffer<T> {
         // The source is not freed or overwritten until the downloads have read it.
         src.raw()
             .side
-            .add_keeping(d.aside.copy_id, last, Some(d.clone()));
+            .add_keeping(d.aside.copy_id, last, d.retain_context());
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;

@@ -310,9 +310,10 @@ pub(crate) struct SideUses {
 struct SideUse {
     id: u64,
     ev: Arc<Event>,
-    /// The HAL whose context made `ev`, when it is not the allocation's own: its context
-    /// must outlive the event, which another HAL's streams wait on.
-    _keep: Option<Arc<crate::hal::HalInner>>,
+    /// The context that made `ev`, retained when it is another HAL's: it must outlive the
+    /// event, which this allocation's streams wait on, even when that HAL is gone.
+    /// (Released after the event is destroyed: fields drop in order.)
+    _keep: Option<crate::driver::PrimaryContext>,
 }
 
 /// Past this many events of one stream, the completed ones are dropped when another comes.
@@ -337,11 +338,8 @@ impl SideUses {
             }
         }
         if clear {
-            let done = std::mem::take(&mut *uses);
+            uses.clear();
             self.any.store(false, Ordering::Release);
-            drop(uses);
-            // (A HAL kept for its events may go now, outside the lock.)
-            drop(done);
         }
         Ok(())
     }
@@ -355,10 +353,8 @@ impl SideUses {
         for u in uses.iter() {
             u.ev.synchronize()?;
         }
-        let done = std::mem::take(&mut *uses);
+        uses.clear();
         self.any.store(false, Ordering::Release);
-        drop(uses);
-        drop(done);
         Ok(())
     }
 
@@ -367,7 +363,7 @@ impl SideUses {
         self.add_keeping(id, ev, None);
     }
 
-    /// [`SideUses::add`] for an event of another HAL's context, kept alive with it.
+    /// [`SideUses::add`] for an event of another HAL's context, retained with it.
     ///
     /// Every event is kept, not only the last one added per stream: two threads that share
     /// a stream record their events and add them in two steps, so the one added last may
@@ -376,7 +372,7 @@ impl SideUses {
         &self,
         id: u64,
         ev: Arc<Event>,
-        keep: Option<Arc<crate::hal::HalInner>>,
+        keep: Option<crate::driver::PrimaryContext>,
     ) {
         let mut uses = self.uses.lock();
         if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {

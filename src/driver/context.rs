@@ -71,6 +71,38 @@ impl PrimaryContext {
         Ok(PrimaryContext { ctx, device })
     }
 
+    /// One more reference to this same context, released when the result drops. Never
+    /// resets a poisoned context (unlike [`PrimaryContext::retain`]): a context the driver
+    /// no longer gives back is an error.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let again = ctx.retain_again().unwrap();
+    /// drop(ctx);
+    /// again.bind().unwrap(); // still alive: `again` holds it
+    /// ```
+    pub fn retain_again(&self) -> Result<Self> {
+        let d = api()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local; the device handle is valid.
+        unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, self.device)? };
+        let again = PrimaryContext {
+            ctx,
+            device: self.device,
+        };
+        if ctx != self.ctx {
+            // (Dropping `again` releases what was just retained.)
+            return Err(Error::InvalidArgument(
+                "the device's primary context was reset".into(),
+            ));
+        }
+        Ok(again)
+    }
+
     /// Makes this context current on the calling thread if it is not already.
     ///
     /// ```
