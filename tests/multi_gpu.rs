@@ -112,6 +112,65 @@ fn outliving_source_child() {
     println!("CHILD-OK");
 }
 
+/// A destination HAL that goes away gives its memory back at once, although the source
+/// still holds an event of its context (the copy's, until the source is next used): the
+/// source keeps that context alive, not the whole HAL with its pool and cached blocks
+/// (before fe9e29c it kept the HAL, so its 256 MiB block stayed reserved on device 1).
+/// In a child process, so that no other test allocates on device 1 meanwhile.
+#[test]
+fn two_devices_a_dropped_destination_gives_its_memory_back() {
+    let Some(set) = need_two() else { return };
+    drop(set);
+    common::run_child("dropped_destination_child", &[]);
+}
+
+#[test]
+#[ignore = "run by two_devices_a_dropped_destination_gives_its_memory_back in its own process"]
+fn dropped_destination_child() {
+    if !common::is_child("dropped_destination_child") {
+        return;
+    }
+    const N: usize = 256 * MIB / 4;
+    let h0 = CudaHal::new(0).unwrap();
+    let a = h0.copy_from("a", &vec![7u32; N]).unwrap();
+    // Device 1's free memory, read in its primary context (held here throughout).
+    let ctx1 = driver::PrimaryContext::retain(1).unwrap();
+    let free_on_1 = || {
+        ctx1.bind().unwrap();
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid locals; device 1's context is current.
+        unsafe {
+            cuda_hal::cuda_sys::driver()
+                .unwrap()
+                .cuMemGetInfo(&mut free, &mut total)
+                .unwrap()
+        };
+        free
+    };
+    let before = free_on_1();
+    for via_host in [false, true] {
+        {
+            let h1 = CudaHal::new(1).unwrap();
+            let b = h1.alloc::<u32>("b", N).unwrap();
+            if via_host {
+                b.copy_from_device_via_host(&a).unwrap();
+            } else {
+                b.copy_from_device(&a).unwrap();
+            }
+            assert_eq!(b.get_at(N - 1).unwrap(), 7);
+        } // `a` still holds the copy's event of device 1's context
+        let after = free_on_1();
+        assert!(
+            after + 64 * MIB >= before,
+            "via host: {via_host}: device 1 has {} MiB less free after its HAL went",
+            (before - after) / MIB
+        );
+        a.fill(7).unwrap(); // clears the pending use
+    }
+    assert_eq!(a.get_at(N - 1).unwrap(), 7);
+    println!("CHILD-OK");
+}
+
 /// The copies of `two_devices_buffers_copy_both_ways` between two HALs of device 0: every
 /// route's code (the remembered peer answer, the idle-source check, the events that order
 /// the two streams, the host route's pinned slots taking turns) runs on one device too.
