@@ -311,6 +311,31 @@ mod tests {
 
     const COL: Cow<'static, str> = Cow::Borrowed("column");
 
+    /// A cached allocation that raises the peak while another allocation waits for the
+    /// driver: when the driver then refuses that one, the peak the cached one reached
+    /// stays (it was taken back to the peak before the refused request).
+    #[test]
+    fn a_refused_allocation_keeps_a_peak_a_cached_one_reached_meanwhile() {
+        let a = Allocs::new(true, None, 1 << 20);
+        let g = a.alloc(&COL, 100, true).unwrap();
+        assert!(a.free(0xA, 100, g.ticket, true));
+        let _big = a.alloc(&COL, 250, true).unwrap();
+        let pending = a.alloc(&COL, 16, true).unwrap(); // waits for the driver
+        let c = a.alloc(&COL, 100, true).unwrap();
+        assert_eq!(c.cached, Some(0xA));
+        // 250 + 100 live at once (and the pending 16 counted while asked for).
+        assert_eq!(a.report().peak_bytes, 366);
+        assert!(!a.free(0xA, 100, c.ticket, false));
+        a.abandon(pending.ticket, 16);
+        let r = a.report();
+        assert!(
+            r.peak_bytes >= 350,
+            "peak {} below the 350 bytes live at once",
+            r.peak_bytes
+        );
+        assert_eq!(r.current_bytes, 250);
+    }
+
     #[test]
     fn the_allocation_path_reads_the_first_cache_lines_only() {
         use std::mem::offset_of;

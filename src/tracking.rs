@@ -460,7 +460,13 @@ impl Tracker {
     #[cold]
     #[inline(never)]
     fn admit_parked(&mut self, cached: usize) -> Option<()> {
+        let peak = self.peak;
         self.admit(self.held.wrapping_sub(cached))?;
+        if self.peak != peak {
+            // A peak this allocation reached: a refused allocation in flight may no longer
+            // take the peak back below it (see `Tracker::abandon`).
+            self.raised.0 = FREE;
+        }
         self.floor = self.held.saturating_sub(self.peak);
         Some(())
     }
