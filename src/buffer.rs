@@ -175,12 +175,14 @@ impl RawBuffer {
     /// overwrites bytes they may still read.
     fn flush_host(&self, r: Range<usize>, write: bool, side: bool) -> Result<()> {
         if !PHASES.host_cache {
-            // Only an open `view_mut` (a detached view) can stand in the way.
-            let c = self.cache.lock();
-            return match c.state.plan_device_access(&r) {
-                Ok(_) => Ok(()),
-                Err(_) => Err(self.borrowed()),
-            };
+            // Only an open `view_mut` (a detached view) can stand in the way. A write is
+            // still marked: a view that began meanwhile then leaves these bytes to it.
+            let mut c = self.cache.lock();
+            if c.state.plan_device_access(&r).is_err() {
+                return Err(self.borrowed());
+            }
+            c.state.mark_device_access(r, write);
+            return Ok(());
         }
         let mut c = self.cache.lock();
         let uploads = c
@@ -205,11 +207,10 @@ impl RawBuffer {
 
     /// Marks the host copy of `r` stale after a device write of it was queued (prepared
     /// with [`RawBuffer::prepare_device_access`] or its side-stream form): host edits made
-    /// since to other bytes stay to be uploaded.
+    /// since to other bytes stay to be uploaded. Without phase 2 it tells an open
+    /// `view_mut` that the device wrote these bytes.
     pub(crate) fn invalidate_host(&self, r: Range<usize>) {
-        if PHASES.host_cache {
-            self.cache.lock().state.mark_device_written(r);
-        }
+        self.cache.lock().state.mark_device_written(r);
     }
 
     /// Runs `f` over the host copy of `r` (phase 2), downloading what is missing.
@@ -649,6 +650,50 @@ impl<T: Pod> Buffer<T> {
         Ok(v)
     }
 
+    /// `view_mut` without phase 2: the edits live in a downloaded `Vec` until they are
+    /// uploaded. The view is registered before the download, so the device neither writes
+    /// these bytes meanwhile (the upload would undo it) nor reads them (stale): device
+    /// accesses to them are refused, as with the host cache. A device write checked before
+    /// the view began may still be queued while it is open: the view's edits of those
+    /// bytes are dropped then, and the device's bytes win, as with the host cache.
+    fn view_mut_detached<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        let (h, r) = (&self.raw.hal, self.byte_range());
+        h.enter()?;
+        let id = {
+            let mut c = self.raw.cache.lock();
+            let id = c
+                .state
+                .begin_detached_borrow(r.clone())
+                .map_err(|_| self.raw.borrowed())?;
+            // Cleared by a device write queued from now on.
+            c.state.mark_downloaded(r.clone());
+            id
+        };
+        struct EndView<'a>(&'a RawBuffer, u64);
+        impl Drop for EndView<'_> {
+            fn drop(&mut self) {
+                self.0.cache.lock().state.end_detached_borrow(self.1);
+            }
+        }
+        let _end = EndView(&self.raw, id);
+        self.raw.side.wait_on(&h.stream, 0, true)?;
+        let mut v = vec![T::zeroed(); self.len];
+        h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
+        let out = f(&mut v);
+        // After side-stream work queued since (such a write), and only the bytes no device
+        // write has made stale.
+        self.raw.side.wait_on(&h.stream, 0, true)?;
+        let kept = self.raw.cache.lock().state.readable().within(&r);
+        let bytes: &[u8] = bytemuck::cast_slice(&v);
+        for k in kept {
+            h.upload(
+                self.raw.ptr + k.start as u64,
+                &bytes[k.start - r.start..k.end - r.start],
+            )?;
+        }
+        Ok(out)
+    }
+
     /// Runs `f` over the elements on the host. Phase 2 reads the cached host copy (no
     /// transfer while it is valid); otherwise the buffer is copied into a new `Vec`.
     ///
@@ -707,31 +752,7 @@ impl<T: Pod> Buffer<T> {
         let _range =
             crate::nvtx::range(|| format!("view_mut {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
-            // The edits live in a `Vec` until the upload: the device must neither write
-            // these bytes meanwhile (the upload would undo it) nor read them (stale), so
-            // the view is registered and device accesses to it are refused, as with the
-            // host cache.
-            let mut v = self.download_vec()?;
-            let r = self.byte_range();
-            let id = self
-                .raw
-                .cache
-                .lock()
-                .state
-                .begin_detached_borrow(r)
-                .map_err(|_| self.raw.borrowed())?;
-            struct EndView<'a>(&'a RawBuffer, u64);
-            impl Drop for EndView<'_> {
-                fn drop(&mut self) {
-                    self.0.cache.lock().state.end_detached_borrow(self.1);
-                }
-            }
-            let _end = EndView(&self.raw, id);
-            let out = f(&mut v);
-            self.raw
-                .hal
-                .upload(self.raw_ptr(), bytemuck::cast_slice(&v))?;
-            return Ok(out);
+            return self.view_mut_detached(f);
         }
         self.check_host_align()?;
         self.raw.hal.enter()?;

@@ -180,6 +180,26 @@ impl IntervalSet {
         out
     }
 
+    /// The parts of `r` in the set, in order.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::IntervalSet;
+    /// let mut s = IntervalSet::new();
+    /// s.insert(0..10);
+    /// s.insert(20..30);
+    /// assert_eq!(s.within(&(5..25)), vec![5..10, 20..25]);
+    /// assert!(s.within(&(10..20)).is_empty());
+    /// ```
+    pub fn within(&self, r: &Range<usize>) -> Vec<Range<usize>> {
+        let i = self.ranges.partition_point(|x| x.end <= r.start);
+        self.ranges[i..]
+            .iter()
+            .take_while(|x| x.start < r.end)
+            .map(|x| x.start.max(r.start)..x.end.min(r.end))
+            .filter(|x| !x.is_empty())
+            .collect()
+    }
+
     /// Whether any byte of `r` is in the set.
     ///
     /// ```
@@ -419,7 +439,10 @@ impl CacheState {
         }
     }
 
-    /// Ends view `id`; an exclusive view leaves its range newer on the host.
+    /// Ends view `id`; an exclusive view leaves its range newer on the host, but for bytes
+    /// a device write queued meanwhile made stale (one prepared before the view began,
+    /// [`CacheState::mark_device_written`]): the device's bytes win there, as if the view
+    /// had come first.
     ///
     /// ```
     /// use cuda_hal::host_cache::{BorrowKind, CacheState};
@@ -436,7 +459,9 @@ impl CacheState {
         if let Some(pos) = self.borrows.iter().position(|(i, _, _)| *i == id) {
             let (_, kind, r) = self.borrows.swap_remove(pos);
             if kind == BorrowKind::Exclusive {
-                self.dirty.insert(r);
+                for k in self.readable.within(&r) {
+                    self.dirty.insert(k);
+                }
             }
         }
     }
@@ -608,6 +633,57 @@ mod tests {
         assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
     }
 
+    /// A device write checked before an exclusive view began and queued while it is open
+    /// (two threads): the view's copy was downloaded before the write, so its bytes must
+    /// not be uploaded over the write's when it ends.
+    #[test]
+    fn a_device_write_queued_during_a_view_is_not_undone_when_it_ends() {
+        let mut c = CacheState::default();
+        c.mark_downloaded(0..100);
+        assert!(c.plan_device_access(&(0..60)).unwrap().is_empty());
+        c.mark_device_access(0..60, true); // thread A: a kernel on 0..60 is being queued
+                                           // Thread B: a mutable view of 0..100 downloads the old bytes first.
+        assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..60]);
+        c.mark_downloaded(0..60);
+        let v = c.begin_borrow(0..100, BorrowKind::Exclusive).unwrap();
+        c.mark_device_written(0..60); // thread A: queued
+        c.end_borrow(v);
+        assert_eq!(
+            c.dirty().ranges(),
+            &[60..100],
+            "only the view's other bytes"
+        );
+        assert_eq!(c.plan_device_access(&(0..100)).unwrap(), vec![60..100]);
+        assert_eq!(
+            c.plan_read(&(0..100)).unwrap(),
+            vec![0..60],
+            "the write's bytes"
+        );
+    }
+
+    /// The same race without phase 2: a detached view marks its bytes readable when it
+    /// begins, a device write queued meanwhile takes its bytes away, and the view uploads
+    /// only what is left.
+    #[test]
+    fn a_detached_view_leaves_bytes_written_meanwhile_to_the_device() {
+        let mut c = CacheState::default();
+        c.mark_device_access(0..40, true); // a kernel on 0..40 is being queued
+        let v = c.begin_detached_borrow(0..100).unwrap();
+        c.mark_downloaded(0..100);
+        assert!(
+            c.plan_device_access(&(0..10)).is_err(),
+            "refused while the view is open"
+        );
+        c.mark_device_written(0..40); // the kernel is queued
+        assert_eq!(
+            c.readable().within(&(0..100)),
+            vec![40..100],
+            "what the view uploads"
+        );
+        c.end_detached_borrow(v);
+        assert!(c.dirty().is_empty());
+    }
+
     #[test]
     fn view_mut_makes_host_newest_until_uploaded() {
         let mut c = CacheState::default();
@@ -688,7 +764,15 @@ mod tests {
                 }
                 let probe = 50..150;
                 let missing: usize = set.missing(&probe).iter().map(|r| r.len()).sum();
-                prop_assert_eq!(missing, model[probe].iter().filter(|b| !**b).count());
+                prop_assert_eq!(missing, model[probe.clone()].iter().filter(|b| !**b).count());
+                let within = set.within(&probe);
+                for w in within.windows(2) {
+                    prop_assert!(w[0].end < w[1].start);
+                }
+                for (i, b) in model.iter().enumerate() {
+                    let inside = within.iter().any(|w| w.contains(&i));
+                    prop_assert_eq!(inside, *b && probe.contains(&i));
+                }
             }
         }
     }
