@@ -1,6 +1,7 @@
 //! A double-buffered upload -> kernel -> download pipeline over two streams (three when
 //! the host stages the chunks through pinned memory).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
@@ -148,7 +149,10 @@ struct Set<I, O> {
     dev_out: Buffer<O>,
     pin_in: PinnedBlock,
     pin_out: PinnedBlock,
-    ev: [Event; 4],
+    /// Timing events of the chunk in flight: before and after the upload, after `compute`,
+    /// after the download. The two after the copies are also their uses of the set's
+    /// buffers on its stream (so the main stream and other streams wait for them).
+    ev: [Arc<Event>; 4],
     /// The chunk in flight: (first element, length).
     busy: Option<(usize, usize)>,
 }
@@ -249,10 +253,10 @@ impl CudaHal {
                 pin_in: h.guard(h.pinned.take(chunk_len * si))?,
                 pin_out: h.guard(h.pinned.take(chunk_len * so))?,
                 ev: [
-                    Event::new_timing()?,
-                    Event::new_timing()?,
-                    Event::new_timing()?,
-                    Event::new_timing()?,
+                    Arc::new(Event::new_timing()?),
+                    Arc::new(Event::new_timing()?),
+                    Arc::new(Event::new_timing()?),
+                    Arc::new(Event::new_timing()?),
                 ],
                 busy: None,
             });
@@ -311,6 +315,11 @@ impl CudaHal {
                 };
                 let (dev_in, dev_out) = (set.dev_in.slice(0, len)?, set.dev_out.slice(0, len)?);
                 let s = &set.stream;
+                // The copies are accesses of the set's buffers like any other: ordered after
+                // the buffers' other uses, host edits `compute` made with views uploaded or
+                // dropped, and the host copy of what the upload overwrites marked stale.
+                let (in_range, out_range) = (dev_in.byte_range(), dev_out.byte_range());
+                dev_in.access_on(s, in_range.clone(), true)?;
                 set.ev[0].record(&s.stream)?;
                 // SAFETY: host_in holds len*si bytes (staged, or the caller's pinned input,
                 // borrowed for the whole call) and is rewritten only after ev[3] completes.
@@ -319,8 +328,10 @@ impl CudaHal {
                 };
                 h.ledger.copy(Dir::H2D, len * si);
                 set.ev[1].record(&s.stream)?;
+                dev_in.after_on(s, set.ev[1].clone(), in_range, true);
                 compute(s, &dev_in, &dev_out)?;
                 set.ev[2].record(&s.stream)?;
+                dev_out.access_on(s, out_range.clone(), false)?;
                 // SAFETY: host_out has room for len*so bytes (staging, or the caller's pinned
                 // output range of this chunk) and is read only after ev[3].
                 unsafe {
@@ -328,6 +339,7 @@ impl CudaHal {
                 };
                 h.ledger.copy(Dir::D2H, len * so);
                 set.ev[3].record(&s.stream)?;
+                dev_out.after_on(s, set.ev[3].clone(), out_range, false);
                 set.busy = Some((start, len));
                 if mode == PipelineMode::Synchronous {
                     finish(set, output)?;
@@ -343,8 +355,12 @@ impl CudaHal {
             Ok(())
         }));
         let wall = t0.elapsed();
-        // Every copy is complete (or failed): the blocks can go back to the pool.
-        let synced = sets.iter().try_for_each(|s| s.stream.synchronize());
+        // Every copy is complete (or failed): the blocks can go back to the pool. Every
+        // stream is waited for, even after one fails.
+        let synced = sets
+            .iter()
+            .map(|s| s.stream.synchronize())
+            .fold(Ok(()), Result::and);
         for set in sets {
             h.pinned.give(set.pin_in);
             h.pinned.give(set.pin_out);

@@ -399,6 +399,43 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     ));
 }
 
+/// `compute` may use its buffers from the host (a CPU step of a prover, or checking a
+/// chunk): it reads the chunk just uploaded, and what it writes through a view is what is
+/// downloaded. Seven chunks over three sets: every set's buffers are reused with a host copy
+/// left from an earlier chunk. Before, the pipeline's own copies bypassed the buffers'
+/// bookkeeping: a read got an earlier chunk's input (or raced the upload), and host edits
+/// of the output were never uploaded before its download.
+#[test]
+fn a_pipeline_compute_may_use_its_buffers_from_the_host() {
+    let Some(hal) = gpu() else { return };
+    let (n, chunk) = (10_000usize, 1500usize);
+    let input = Rng::new(77).u32s(n);
+    for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
+        let mut output = vec![POISON; n];
+        let mut seen = 0;
+        hal.pipeline(&input, &mut output, chunk, mode, |_, i, o| {
+            let x = i.to_vec()?;
+            assert_eq!(
+                x[..],
+                input[seen..seen + x.len()],
+                "chunk at {seen} ({mode:?})"
+            );
+            assert_eq!(i.get_at(x.len() - 1)?, input[seen + x.len() - 1]);
+            seen += x.len();
+            o.view_mut(|o| {
+                for (o, x) in o.iter_mut().zip(&x) {
+                    *o = x.wrapping_mul(3);
+                }
+            })
+        })
+        .unwrap();
+        assert_eq!(seen, n);
+        for (k, (o, x)) in output.iter().zip(&input).enumerate() {
+            assert_eq!(*o, x.wrapping_mul(3), "element {k} ({mode:?})");
+        }
+    }
+}
+
 /// A panic in the pipeline's compute closure still waits for the copies in flight before
 /// it unwinds: they write the caller's output and read buffers unwinding frees. Before
 /// 6e37837 nothing waited on that path; this test passed there too (2026-11-25 18:17, H100),
