@@ -299,17 +299,39 @@ impl HalEvent {
     }
 }
 
+/// Something a [`SideUses`] list keeps, to ask whether the work before it is done: a
+/// driver [`Event`] (a stand-in in unit tests).
+pub(crate) trait Completion {
+    /// Whether the work is known to be done: `false` when the driver cannot tell.
+    fn known_complete(&self) -> bool;
+}
+
+impl Completion for Event {
+    fn known_complete(&self) -> bool {
+        // (An event of another context may not be queryable from this one: kept.)
+        self.is_complete().unwrap_or(false)
+    }
+}
+
 /// Events of side-stream work that may still use one allocation.
-#[derive(Default)]
-pub(crate) struct SideUses {
-    uses: Mutex<Vec<SideUse>>,
+pub(crate) struct SideUses<E = Event> {
+    uses: Mutex<Vec<SideUse<E>>>,
     any: std::sync::atomic::AtomicBool,
 }
 
+impl<E> Default for SideUses<E> {
+    fn default() -> Self {
+        SideUses {
+            uses: Mutex::new(Vec::new()),
+            any: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
 /// One side use: work on stream `id` up to `ev`.
-struct SideUse {
+struct SideUse<E> {
     id: u64,
-    ev: Arc<Event>,
+    ev: Arc<E>,
     /// The context that made `ev`, retained when it is another HAL's: it must outlive the
     /// event, which this allocation's streams wait on, even when that HAL is gone.
     /// (Released after the event is destroyed: fields drop in order.)
@@ -319,12 +341,25 @@ struct SideUse {
 /// Past this many events of one stream, the completed ones are dropped when another comes.
 const PRUNE_AT: usize = 4;
 
-impl SideUses {
+/// Past this many events in all (of many streams: a table read by kernels on a new stream
+/// each time, which neither the main stream nor the host touches), the completed ones of
+/// every stream are dropped when another comes, so that the list stays short.
+const PRUNE_ALL_AT: usize = 16;
+
+impl<E> SideUses<E> {
     /// Whether side-stream work may still use the allocation.
     pub(crate) fn pending(&self) -> bool {
         self.any.load(Ordering::Acquire)
     }
 
+    /// Events kept now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.uses.lock().len()
+    }
+}
+
+impl SideUses<Event> {
     /// Makes `stream` wait for every pending side use not made on `stream` itself; with
     /// `clear`, forgets them (the caller is the main stream or the free).
     pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
@@ -357,9 +392,11 @@ impl SideUses {
         self.any.store(false, Ordering::Release);
         Ok(())
     }
+}
 
+impl<E: Completion> SideUses<E> {
     /// Records that work on stream `id` up to `ev` may use the allocation.
-    pub(crate) fn add(&self, id: u64, ev: Arc<Event>) {
+    pub(crate) fn add(&self, id: u64, ev: Arc<E>) {
         self.add_keeping(id, ev, None);
     }
 
@@ -371,13 +408,15 @@ impl SideUses {
     pub(crate) fn add_keeping(
         &self,
         id: u64,
-        ev: Arc<Event>,
+        ev: Arc<E>,
         keep: Option<crate::driver::PrimaryContext>,
     ) {
         let mut uses = self.uses.lock();
-        if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {
+        if uses.len() >= PRUNE_ALL_AT {
+            uses.retain(|u| !u.ev.known_complete());
+        } else if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {
             // Events of this stream (whose context is current) that have completed.
-            uses.retain(|u| u.id != id || !u.ev.is_complete().unwrap_or(false));
+            uses.retain(|u| u.id != id || !u.ev.known_complete());
         }
         uses.push(SideUse {
             id,
@@ -385,5 +424,80 @@ impl SideUses {
             _keep: keep,
         });
         self.any.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// Work that is done once `done` is set.
+    struct Work {
+        done: AtomicBool,
+    }
+
+    impl Completion for Work {
+        fn known_complete(&self) -> bool {
+            self.done.load(Ordering::Relaxed)
+        }
+    }
+
+    fn work(done: bool) -> Arc<Work> {
+        Arc::new(Work {
+            done: AtomicBool::new(done),
+        })
+    }
+
+    /// A table read by kernels on a new stream each time, never touched by the main stream
+    /// or the host: the list of its uses stays short once the work completes. (Before,
+    /// only the uses of the stream being added were pruned, and the list grew by one per
+    /// stream, each launch waiting on all of them.)
+    #[test]
+    fn uses_on_many_streams_are_pruned_once_complete() {
+        let uses = SideUses::<Work>::default();
+        for id in 1..=1000 {
+            uses.add(id, work(true));
+            assert!(
+                uses.len() <= PRUNE_ALL_AT,
+                "{} uses after {id} streams",
+                uses.len()
+            );
+        }
+        assert!(uses.pending());
+    }
+
+    #[test]
+    fn uses_still_running_are_kept() {
+        let uses = SideUses::<Work>::default();
+        let running: Vec<_> = (0..40).map(|_| work(false)).collect();
+        for (id, w) in running.iter().enumerate() {
+            uses.add(id as u64 + 1, w.clone());
+        }
+        assert_eq!(uses.len(), 40, "none may be dropped while running");
+        for w in &running[..30] {
+            w.done.store(true, Ordering::Relaxed);
+        }
+        uses.add(99, work(false));
+        assert_eq!(uses.len(), 11, "the ten running and the new one");
+    }
+
+    #[test]
+    fn one_stream_keeps_few_uses() {
+        let uses = SideUses::<Work>::default();
+        for _ in 0..100 {
+            uses.add(7, work(true));
+        }
+        assert!(uses.len() <= PRUNE_AT, "{} uses of one stream", uses.len());
+        let other = work(false);
+        uses.add(8, other.clone());
+        for _ in 0..10 {
+            uses.add(7, work(true));
+        }
+        assert!(
+            uses.uses.lock().iter().any(|u| u.id == 8),
+            "another stream's running use stays"
+        );
     }
 }
