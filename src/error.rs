@@ -164,6 +164,17 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A sticky driver error (a device fault that broke the context for the process) as
+    /// [`Error::ContextPoisoned`]; any other error as it is.
+    pub(crate) fn sticky_as_poisoned(self) -> Self {
+        match self {
+            Error::Cuda(e) if e.is_sticky() => Error::ContextPoisoned { cause: e },
+            other => other,
+        }
+    }
+}
+
 impl From<cuda_sys::Error> for Error {
     fn from(e: cuda_sys::Error) -> Self {
         Error::Cuda(e)

@@ -234,6 +234,13 @@ impl CudaHal {
     /// assert!(hal.memory_report().live.is_empty());
     /// ```
     pub fn with_config(ordinal: usize, config: HalConfig) -> Result<Self> {
+        // On a device whose context a fault broke earlier in the process, the driver still
+        // hands the context out, and the first call in it fails.
+        Self::open(ordinal, config).map_err(Error::sticky_as_poisoned)
+    }
+
+    /// [`CudaHal::with_config`], its driver errors as they came.
+    fn open(ordinal: usize, config: HalConfig) -> Result<Self> {
         let info = DeviceInfo::query(ordinal)?;
         let ctx = PrimaryContext::retain(ordinal)?;
         ctx.bind()?;
@@ -603,6 +610,17 @@ impl HalInner {
     /// a reused one when one is free. The context is current.
     pub(crate) fn event(&self) -> Result<Arc<Event>> {
         self.aside.events.take(Event::new)
+    }
+
+    /// Records `ev` on `stream` right after queuing work there that uses memory the caller
+    /// frees or hands back once `ev` completes. If the record fails, the stream is waited
+    /// for first: on that error path no queued work may still use the memory.
+    pub(crate) fn record_use(&self, ev: &Event, stream: &Stream) -> Result<()> {
+        let recorded = ev.record(stream);
+        if recorded.is_err() {
+            let _ = stream.synchronize();
+        }
+        self.guard(recorded)
     }
 
     /// Checks the context is usable and current on this thread.
@@ -1057,6 +1075,9 @@ impl Drop for HalInner {
         // pool and context go.
         if let Err(e) = self.ctx.bind().and_then(|()| self.trim(0)) {
             log::warn!("dropping the HAL of device {}: {e}", self.info.ordinal);
+            // The trim stops at its first failure, maybe before it waited for the stream:
+            // its copies may still read staging slots that are freed next.
+            let _ = self.stream.synchronize();
         }
     }
 }

@@ -521,6 +521,9 @@ impl<'h> Launch<'h> {
             .collect();
         let d = self.dims;
         let stream = side.as_ref().map_or(&h.stream, |s| &s.stream);
+        // Taken before the launch: once the kernel is queued, its buffers must get the
+        // event that orders their later uses and frees after it.
+        let done = side.as_ref().map(|_| h.event()).transpose()?;
         // SAFETY: one pointer per argument, each to a 16-byte slot holding the value (the
         // driver copies as many bytes as the kernel's parameter has from each pointer);
         // buffer arguments are live allocations kept alive by `self.buffers` until the
@@ -528,9 +531,8 @@ impl<'h> Launch<'h> {
         let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, stream, &mut params) };
         h.ledger.launch();
         h.guard(r)?;
-        if let Some(s) = &side {
-            let done = h.event()?;
-            done.record(&s.stream)?;
+        if let (Some(s), Some(done)) = (&side, done) {
+            h.record_use(&done, &s.stream)?;
             for (raw, _, _) in &self.buffers {
                 raw.side.add(s.id, done.clone());
             }

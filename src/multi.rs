@@ -84,24 +84,40 @@ impl CudaHal {
             .map(|&(_, enabled)| enabled)
     }
 
-    /// [`CudaHal::enable_peer_access`] without the memo: asks the driver.
+    /// [`CudaHal::enable_peer_access`] without the memo: asks the driver. A pair the driver
+    /// will not connect although it could (too many peers, the pool's access refused)
+    /// gets `false`, and its copies go through the host; a sticky error fails.
     fn enable_peer_access_uncached(&self, other: &CudaHal) -> Result<bool> {
         if !self.can_access_peer(other)? {
             return Ok(false);
         }
         self.inner.enter()?;
         // SAFETY: the peer context is a live retained primary context.
-        match unsafe { api()?.cuCtxEnablePeerAccess(other.inner.ctx.raw(), 0) } {
-            Ok(()) => {}
-            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => {}
-            Err(e) => return Err(e.into()),
+        let enabled = match unsafe { api()?.cuCtxEnablePeerAccess(other.inner.ctx.raw(), 0) } {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) => Ok(()),
+            Err(e) => self.inner.guard(Err(e.into())),
         }
-        // Pool allocations are not covered by context peer access: `other`'s pool must
-        // grant this device access too.
-        other.inner.enter()?;
-        other.inner.pool_grant_access(self.info().ordinal)?;
+        .and_then(|()| {
+            // Pool allocations are not covered by context peer access: `other`'s pool must
+            // grant this device access too.
+            other.inner.enter()?;
+            other.inner.pool_grant_access(self.info().ordinal)
+        });
         self.inner.enter()?;
-        Ok(true)
+        match enabled {
+            Ok(()) => Ok(true),
+            Err(e @ Error::ContextPoisoned { .. }) => Err(e),
+            Err(e) => {
+                log::warn!(
+                    "peer access from device {} to device {} refused ({e}): copies between \
+                     them go through the host",
+                    self.info().ordinal,
+                    other.info().ordinal
+                );
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -166,6 +182,8 @@ impl<T: Pod> Buffer<T> {
         if let Some(ready) = &ready {
             d.stream.wait_event(ready)?;
         }
+        // Taken before the copy is queued (see `Launch::run`).
+        let done = d.event()?;
         // SAFETY: both ranges lie in live allocations of their contexts; the copy is queued
         // after the source's writes (event) and before the destination's later work.
         d.guard(unsafe {
@@ -182,8 +200,7 @@ impl<T: Pod> Buffer<T> {
         })?;
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
         // The source is not freed or overwritten until the copy has read it.
-        let done = d.event()?;
-        done.record(&d.stream)?;
+        d.record_use(&done, &d.stream)?;
         src.raw()
             .side
             .add_keeping(d.aside.copy_id, done, d.retain_context());

@@ -533,7 +533,7 @@ impl<T: Pod> Buffer<T> {
                 .map_err(Error::from)
         })?;
         h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
-        ev.record(&stream.stream)?;
+        h.record_use(&ev, &stream.stream)?;
         src.set_pending(ev.clone());
         self.after_on(stream, ev, r, true);
         Ok(())
@@ -597,7 +597,7 @@ impl<T: Pod> Buffer<T> {
                 .map_err(Error::from)
         })?;
         h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
-        ev.record(&stream.stream)?;
+        h.record_use(&ev, &stream.stream)?;
         dst.set_pending(ev.clone());
         self.after_on(stream, ev, r, false);
         Ok(())

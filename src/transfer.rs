@@ -225,7 +225,7 @@ impl<T: Pod> Buffer<T> {
                 .map_err(Error::from)
         })?;
         h.ledger.copy(Dir::D2H, self.size_bytes());
-        done.record(&stream.stream)?;
+        h.record_use(&done, &stream.stream)?;
         self.after_on(stream, done.clone(), r, false);
         Ok(PendingRead {
             state: ReadState::InFlight {
@@ -302,7 +302,7 @@ impl<T: Pod> Buffer<T> {
             )
         }
         .map_err(Error::from)
-        .and_then(|()| done.record(&h.stream));
+        .and_then(|()| h.record_use(&done, &h.stream));
         h.ledger.copy(Dir::H2D, len);
         block.set_pending(done);
         h.pinned.give(block);

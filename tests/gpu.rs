@@ -886,6 +886,14 @@ fn poison_child() {
         other.synchronize(),
         Err(Error::ContextPoisoned { .. })
     ));
+    // A new HAL while the faulted context is still held: the driver hands the context out
+    // and the first call in it fails. Before, that was the raw driver error of the stream's
+    // creation, not the poisoning.
+    match CudaHal::new(0) {
+        Err(Error::ContextPoisoned { .. }) => {}
+        Err(e) => panic!("expected ContextPoisoned, got {e}"),
+        Ok(_) => panic!("a new HAL on a faulted context"),
+    }
     drop((keep, hal, other));
     // The driver keeps a fault for the rest of the process ("the process must be terminated
     // and relaunched"): a new HAL here is a typed error, never a panic or a hang.

@@ -67,7 +67,14 @@ impl Driver {
             }
             let api = DriverApi::resolve(|symbol: &CStr| {
                 // SAFETY: handle is a live dlopen handle and symbol a valid C string.
-                unsafe { libc::dlsym(handle, symbol.as_ptr()) }
+                let found = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+                match older_name(symbol) {
+                    // SAFETY: as above.
+                    Some(older) if found.is_null() => unsafe {
+                        libc::dlsym(handle, older.as_ptr())
+                    },
+                    _ => found,
+                }
             });
             return Ok(Driver {
                 handle,
@@ -107,6 +114,20 @@ impl Drop for Driver {
         // pointer of this table outlives `self`.
         unsafe { libc::dlclose(self.handle) };
     }
+}
+
+/// Versioned entry points `cuda.h` maps a name to whose older version has the same
+/// signature and meaning: a driver from before the newer one (`cuEventElapsedTime_v2`
+/// came with 12.8) is asked for the older. (Others, such as `cuMemAdvise_v2`, changed
+/// their arguments: a driver without them reports them missing.)
+const OLDER_NAMES: [(&CStr, &CStr); 1] = [(c"cuEventElapsedTime_v2", c"cuEventElapsedTime")];
+
+/// The older name to look up when a driver lacks `symbol`, if it has one.
+fn older_name(symbol: &CStr) -> Option<&'static CStr> {
+    OLDER_NAMES
+        .iter()
+        .find(|(newer, _)| *newer == symbol)
+        .map(|(_, older)| *older)
 }
 
 fn last_dlerror() -> String {

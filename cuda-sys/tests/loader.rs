@@ -6,11 +6,13 @@ use std::process::Command;
 
 use cuda_sys::{check, CUresult, Driver, Error, SYMBOLS};
 
-/// Exports three entry points only: `cuInit`, `cuDriverGetVersion` and `cuDeviceGetCount`.
+/// Exports four entry points only: `cuInit`, `cuDriverGetVersion`, `cuDeviceGetCount`,
+/// and `cuEventElapsedTime` under its name from before 12.8 (no `_v2`).
 const FAKE_DRIVER: &str = r#"
 int cuInit(unsigned int flags) { return flags == 0 ? 0 : 1; }
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 int cuDeviceGetCount(int *n) { *n = 0; return 100; /* CUDA_ERROR_NO_DEVICE */ }
+int cuEventElapsedTime(float *ms, void *start, void *end) { *ms = 2.5f; return 0; }
 "#;
 
 fn build_fake_driver() -> PathBuf {
@@ -90,9 +92,25 @@ fn missing_symbol_is_an_error_and_other_calls_keep_working() {
     assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
 
     let missing = driver.missing_symbols();
-    assert_eq!(missing.len(), SYMBOLS.len() - 3);
+    assert_eq!(missing.len(), SYMBOLS.len() - 4);
     assert!(missing.contains(&"cuMemAllocFromPoolAsync"));
     assert!(!missing.contains(&"cuInit"));
+}
+
+/// A driver from before 12.8 exports `cuEventElapsedTime` only: the table's
+/// `cuEventElapsedTime_v2` (same arguments, same meaning) calls it.
+#[test]
+fn an_older_driver_gives_the_older_name_of_a_same_signature_entry_point() {
+    let lib = build_fake_driver();
+    let driver = Driver::load_from(&[lib.to_str().unwrap()]).expect("the stand-in loads");
+    let mut ms = 0f32;
+    // SAFETY: the stand-in writes `ms` and reads neither event.
+    unsafe { driver.cuEventElapsedTime(&mut ms, std::ptr::null_mut(), std::ptr::null_mut()) }
+        .expect("resolved under the older name");
+    assert_eq!(ms, 2.5);
+    assert!(!driver.missing_symbols().contains(&"cuEventElapsedTime_v2"));
+    // An entry point whose arguments changed is not mapped to its older name.
+    assert!(driver.missing_symbols().contains(&"cuMemAdvise_v2"));
 }
 
 #[test]

@@ -51,29 +51,18 @@ impl PrimaryContext {
         // SAFETY: as above.
         match unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device) } {
             Ok(()) => {}
-            Err(e) if e.is_sticky() => {
-                // A device fault poisoned the primary context for the whole process; every
-                // HAL on it already reports ContextPoisoned. Reset it and retain a fresh one.
-                log::warn!("primary context of device {ordinal} is poisoned ({e}); resetting it");
-                // SAFETY: the device handle is valid; the reset destroys the faulted context.
-                unsafe {
-                    d.cuDevicePrimaryCtxReset(device)?;
-                    d.cuDevicePrimaryCtxRetain(&mut ctx, device)
-                }
-                .map_err(|e| match e.is_sticky() {
-                    // The driver keeps the fault for the life of the process.
-                    true => Error::ContextPoisoned { cause: e },
-                    false => e.into(),
-                })?;
-            }
+            // A device fault poisoned the primary context, and the driver keeps the fault
+            // for the life of the process: no reset brings it back (measured on the H100,
+            // driver 13.0), and resetting a context other holders still use would pull it
+            // out from under them.
+            Err(e) if e.is_sticky() => return Err(Error::ContextPoisoned { cause: e }),
             Err(e) => return Err(e.into()),
         }
         Ok(PrimaryContext { ctx, device })
     }
 
-    /// One more reference to this same context, released when the result drops. Never
-    /// resets a poisoned context (unlike [`PrimaryContext::retain`]): a context the driver
-    /// no longer gives back is an error.
+    /// One more reference to this same context, released when the result drops. A context
+    /// the driver no longer gives back (reset by someone else) is an error.
     ///
     /// ```
     /// use cuda_hal::driver::PrimaryContext;
