@@ -162,9 +162,7 @@ impl Error {
             _ => None,
         }
     }
-}
 
-impl Error {
     /// A sticky driver error (a device fault that broke the context for the process) as
     /// [`Error::ContextPoisoned`]; any other error as it is.
     pub(crate) fn sticky_as_poisoned(self) -> Self {

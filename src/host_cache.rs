@@ -641,8 +641,9 @@ mod tests {
         let mut c = CacheState::default();
         c.mark_downloaded(0..100);
         assert!(c.plan_device_access(&(0..60)).unwrap().is_empty());
-        c.mark_device_access(0..60, true); // thread A: a kernel on 0..60 is being queued
-                                           // Thread B: a mutable view of 0..100 downloads the old bytes first.
+        // Thread A: a kernel on 0..60 is being queued.
+        c.mark_device_access(0..60, true);
+        // Thread B: a mutable view of 0..100 downloads the old bytes first.
         assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..60]);
         c.mark_downloaded(0..60);
         let v = c.begin_borrow(0..100, BorrowKind::Exclusive).unwrap();

@@ -9,7 +9,7 @@ mod common;
 use common::{Rng, MIB};
 use std::sync::{Mutex, MutexGuard};
 
-use cuda_hal::{driver, CudaHal, Error, HalSet, PHASES};
+use cuda_hal::{driver, Buffer, CudaHal, Error, HalSet, PHASES};
 
 /// Taken by every two-device test, so that they run one at a time: a test that reads
 /// device 1's free memory (a device-wide figure) must see only its own allocations, not
@@ -122,17 +122,8 @@ fn outliving_source_child() {
     let h0 = CudaHal::new(0).unwrap();
     let a = h0.copy_from("a", &[1u32; 1024]).unwrap();
     for via_host in [false, true] {
-        {
-            let h1 = CudaHal::new(1).unwrap();
-            let b = h1.alloc::<u32>("b", 1024).unwrap();
-            if via_host {
-                b.copy_from_device_via_host(&a).unwrap();
-            } else {
-                b.copy_from_device(&a).unwrap();
-            }
-            h1.synchronize().unwrap();
-            assert_eq!(b.get_at(1023).unwrap(), 1);
-        } // device 1's last HAL and buffer: its context goes
+        // Device 1's last HAL and buffer go when it returns: its context goes.
+        copy_into_a_new_hal_of_device_1(&a, via_host, 1);
         a.fill(2).unwrap();
         assert_eq!(a.to_vec().unwrap(), vec![2; 1024], "via host: {via_host}");
         a.fill(1).unwrap();
@@ -180,16 +171,8 @@ fn dropped_destination_child() {
     };
     let before = free_on_1();
     for via_host in [false, true] {
-        {
-            let h1 = CudaHal::new(1).unwrap();
-            let b = h1.alloc::<u32>("b", N).unwrap();
-            if via_host {
-                b.copy_from_device_via_host(&a).unwrap();
-            } else {
-                b.copy_from_device(&a).unwrap();
-            }
-            assert_eq!(b.get_at(N - 1).unwrap(), 7);
-        } // `a` still holds the copy's event of device 1's context
+        // `a` still holds the copy's event of device 1's context afterwards.
+        copy_into_a_new_hal_of_device_1(&a, via_host, 7);
         let after = free_on_1();
         println!(
             "via host: {via_host}: device 1 free: {} MiB before, {} MiB after",
@@ -235,6 +218,20 @@ fn a_copy_through_the_host_onto_itself_is_refused() {
 
 /// Copies from `h0`'s buffers into `h1`'s and back, by both routes, at sizes from one
 /// element to eleven pinned slots.
+/// Copies `src` into a buffer of a new HAL of device 1, by the peer route or through the
+/// host, and checks its last element is `last`; the HAL and the buffer go on return.
+fn copy_into_a_new_hal_of_device_1(src: &Buffer<u32>, via_host: bool, last: u32) {
+    let h1 = CudaHal::new(1).unwrap();
+    let b = h1.alloc::<u32>("b", src.len()).unwrap();
+    if via_host {
+        b.copy_from_device_via_host(src).unwrap();
+    } else {
+        b.copy_from_device(src).unwrap();
+    }
+    h1.synchronize().unwrap();
+    assert_eq!(b.get_at(src.len() - 1).unwrap(), last);
+}
+
 fn copies_both_ways(h0: &CudaHal, h1: &CudaHal) {
     let ordinal0 = h0.info().ordinal;
     // Through the host, 16 MiB + 12 B is five 4 MiB chunks over four pinned slots (the
