@@ -7,7 +7,7 @@
 //! - after the work, an event recorded on the side stream is attached to the buffer;
 //! - main-stream work on the buffer, and its free, first wait for those events.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -317,6 +317,9 @@ impl Completion for Event {
 pub(crate) struct SideUses<E = Event> {
     uses: Mutex<Vec<SideUse<E>>>,
     any: std::sync::atomic::AtomicBool,
+    /// The length at which the uses of every stream are next pruned (changed under the
+    /// lock of `uses`).
+    prune_all_at: AtomicUsize,
 }
 
 impl<E> Default for SideUses<E> {
@@ -324,6 +327,7 @@ impl<E> Default for SideUses<E> {
         SideUses {
             uses: Mutex::new(Vec::new()),
             any: std::sync::atomic::AtomicBool::new(false),
+            prune_all_at: AtomicUsize::new(PRUNE_ALL_AT),
         }
     }
 }
@@ -343,7 +347,9 @@ const PRUNE_AT: usize = 4;
 
 /// Past this many events in all (of many streams: a table read by kernels on a new stream
 /// each time, which neither the main stream nor the host touches), the completed ones of
-/// every stream are dropped when another comes, so that the list stays short.
+/// every stream are dropped when another comes, so that the list stays short. The next
+/// such pass comes at twice what was still running (and at least this many), so that
+/// uses that all run long are asked about once per doubling, not at every new one.
 const PRUNE_ALL_AT: usize = 16;
 
 impl<E> SideUses<E> {
@@ -375,6 +381,7 @@ impl SideUses<Event> {
         if clear {
             uses.clear();
             self.any.store(false, Ordering::Release);
+            self.prune_all_at.store(PRUNE_ALL_AT, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -390,6 +397,7 @@ impl SideUses<Event> {
         }
         uses.clear();
         self.any.store(false, Ordering::Release);
+        self.prune_all_at.store(PRUNE_ALL_AT, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -412,8 +420,10 @@ impl<E: Completion> SideUses<E> {
         keep: Option<crate::driver::PrimaryContext>,
     ) {
         let mut uses = self.uses.lock();
-        if uses.len() >= PRUNE_ALL_AT {
+        if uses.len() >= self.prune_all_at.load(Ordering::Relaxed) {
             uses.retain(|u| !u.ev.known_complete());
+            let next = (2 * uses.len()).max(PRUNE_ALL_AT);
+            self.prune_all_at.store(next, Ordering::Relaxed);
         } else if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {
             // Events of this stream (whose context is current) that have completed.
             uses.retain(|u| u.id != id || !u.ev.known_complete());
@@ -438,8 +448,14 @@ mod tests {
         done: AtomicBool,
     }
 
+    thread_local! {
+        // Questions asked of any `Work` so far, per test thread.
+        static ASKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     impl Completion for Work {
         fn known_complete(&self) -> bool {
+            ASKED.with(|a| a.set(a.get() + 1));
             self.done.load(Ordering::Relaxed)
         }
     }
@@ -479,8 +495,31 @@ mod tests {
         for w in &running[..30] {
             w.done.store(true, Ordering::Relaxed);
         }
-        uses.add(99, work(false));
-        assert_eq!(uses.len(), 11, "the ten running and the new one");
+        // The next pass over every stream comes at twice the 32 running at the last one.
+        for id in 100..124 {
+            uses.add(id, work(false));
+        }
+        assert_eq!(uses.len(), 64);
+        uses.add(999, work(false));
+        assert_eq!(
+            uses.len(),
+            35,
+            "the ten still running, the 24 new, and this one"
+        );
+    }
+
+    /// Uses that all keep running are asked about once per doubling of the list, not
+    /// at every new use: in all a small multiple of the uses added.
+    #[test]
+    fn uses_that_keep_running_are_not_asked_about_at_every_add() {
+        let uses = SideUses::<Work>::default();
+        let before = ASKED.with(|a| a.get());
+        for id in 1..=1000 {
+            uses.add(id, work(false));
+        }
+        let asked = ASKED.with(|a| a.get()) - before;
+        assert_eq!(uses.len(), 1000);
+        assert!(asked < 3 * 1000, "{asked} questions for 1000 uses");
     }
 
     #[test]
