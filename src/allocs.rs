@@ -7,7 +7,11 @@
 //!
 //! A request first finds its size class and name id in one probe of [`AllocKeys`], keyed
 //! by size and the static name's address; the allocation then carries both (a
-//! [`Ticket`]), so freeing it needs no lookup at all.
+//! [`Ticket`]), so freeing it needs no lookup at all. A size first seen past the block
+//! cache's cap gets no class ([`NO_CLASS`]): its blocks are allocated and tracked as any
+//! other, and go back to the pool when freed. A name first seen past the tracker's cap
+//! ([`OVERFLOW_NAME`]) is never remembered by its key: its requests take the slow path,
+//! which gives each allocation's text to the tracker for the report.
 
 use std::borrow::Cow;
 
@@ -17,7 +21,7 @@ use parking_lot::Mutex;
 use crate::alloc_keys::{AllocKeys, NameKey, Resolved};
 use crate::block_cache::{BlockCache, Parked, NO_CLASS};
 use crate::ledger::HotCounts;
-use crate::tracking::{MemoryReport, Tracker, NO_NAME, NO_SLOT};
+use crate::tracking::{MemoryReport, Tracker, NO_NAME, NO_SLOT, OVERFLOW_NAME};
 
 /// The allocation bookkeeping of one HAL. Laid out hot fields first from a cache line's
 /// start, so that the allocation path touches as few lines as it can.
@@ -105,11 +109,44 @@ impl Allocs {
         let mut guard = self.state.lock();
         let s = &mut *guard;
         let found = match name {
-            Cow::Borrowed(text) if self.tracking => s.find(bytes, NameKey::of(text), name),
+            Cow::Borrowed(text) if self.tracking => match s.keys.get(bytes, NameKey::of(text)) {
+                Some(found) => found,
+                None => return self.alloc_named_slow(s, name, bytes, pooled),
+            },
             // A tracked name that is not static has no key: its id is found by its text.
-            Cow::Owned(_) if self.tracking => s.find_owned(bytes, name),
+            Cow::Owned(_) if self.tracking => return self.alloc_named_slow(s, name, bytes, pooled),
             _ => s.find(bytes, NameKey::NONE, name),
         };
+        self.grant(s, found, bytes, pooled)
+    }
+
+    /// [`Allocs::alloc`] of a tracked request whose name is not remembered with its size (a
+    /// name that is not static, a static one new with this size, or one past the name
+    /// cap): resolved the slow way, and an allocation under [`OVERFLOW_NAME`] gives the
+    /// tracker its text.
+    #[allow(clippy::ptr_arg)]
+    #[inline(never)]
+    fn alloc_named_slow(
+        &self,
+        s: &mut State,
+        name: &Cow<'static, str>,
+        bytes: usize,
+        pooled: bool,
+    ) -> Option<Granted> {
+        let found = match name {
+            Cow::Borrowed(text) => s.resolve(bytes, NameKey::of(text), name),
+            Cow::Owned(_) => s.find_owned(bytes, name),
+        };
+        let granted = self.grant(s, found, bytes, pooled)?;
+        s.tracker.name_slot(granted.ticket.slot, found.name, name);
+        Some(granted)
+    }
+
+    /// The rest of [`Allocs::alloc`] once the request is resolved to `found`, in its lock
+    /// section: refuses it past the limit, tracks it when tracking, and when `pooled` takes
+    /// a cached block of its class.
+    #[inline(always)]
+    fn grant(&self, s: &mut State, found: Resolved, bytes: usize, pooled: bool) -> Option<Granted> {
         let class = if pooled { found.class } else { NO_CLASS };
         let (ticket, parked) = if self.tracking {
             let name = found.name;
@@ -179,12 +216,13 @@ impl Allocs {
     /// Tracks an allocation made elsewhere (managed memory) whether tracking is on or not,
     /// within the limit; its ticket, or `None` past the limit.
     #[allow(clippy::ptr_arg)]
-    pub(crate) fn track(&self, name: &Cow<'static, str>, bytes: usize) -> Option<Ticket> {
+    pub(crate) fn track(&self, text: &Cow<'static, str>, bytes: usize) -> Option<Ticket> {
         let mut guard = self.state.lock();
         let s = &mut *guard;
-        let name = s.tracker.name_id(name);
+        let name = s.tracker.name_id(text);
         let cached = self.cached_held(s);
         let slot = s.tracker.charge_and_track_new(name, bytes, cached)?;
+        s.tracker.name_slot(slot, name, text);
         Some(Ticket {
             class: NO_CLASS,
             slot,
@@ -275,7 +313,6 @@ impl State {
     /// What a tracked request with a name that is not static resolves to: its size class
     /// by the key with no name, its name id by the text.
     #[allow(clippy::ptr_arg)]
-    #[inline(never)]
     fn find_owned(&mut self, bytes: usize, name: &Cow<'static, str>) -> Resolved {
         let class = self.find(bytes, NameKey::NONE, name).class;
         let name = self.tracker.name_id(name);
@@ -283,8 +320,9 @@ impl State {
     }
 
     /// Resolves a request the slow way (the size class by its size, the name of a key
-    /// that has one by its address or text) and remembers it. Only tracked requests key
-    /// their names.
+    /// that has one by its address or text) and remembers it, unless its name is past the
+    /// tracker's cap: every allocation under [`OVERFLOW_NAME`] must take the slow path, to
+    /// give its text to the tracker. Only tracked requests key their names.
     #[allow(clippy::ptr_arg)]
     #[inline(never)]
     fn resolve(&mut self, bytes: usize, key: NameKey, name: &Cow<'static, str>) -> Resolved {
@@ -295,7 +333,9 @@ impl State {
             self.tracker.name_id(name)
         };
         let found = Resolved { class, name };
-        self.keys.insert(bytes, key, found);
+        if name != OVERFLOW_NAME {
+            self.keys.insert(bytes, key, found);
+        }
         found
     }
 }
@@ -307,7 +347,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::tracking::{LiveAllocation, NameTotals};
+    use crate::block_cache::MAX_CLASSES;
+    use crate::tracking::{LiveAllocation, NameTotals, MAX_NAMES, OVERFLOW_TEXT};
 
     const COL: Cow<'static, str> = Cow::Borrowed("column");
 
@@ -538,9 +579,43 @@ mod tests {
         peak: usize,
         cache: HashMap<usize, Vec<CUdeviceptr>>,
         cached_bytes: usize,
+        /// The totals each text is counted in (itself, or the overflow name), from its
+        /// first request; how many texts have totals of their own.
+        totals_of: HashMap<String, String>,
+        interned: usize,
+        /// The sizes seen, those with a size class, and how many have one.
+        sizes_seen: HashSet<usize>,
+        classes: HashSet<usize>,
+        numbered: usize,
     }
 
     impl Model {
+        /// The totals `text` is counted in, from its first request on.
+        fn intern(&mut self, text: &str) -> String {
+            if let Some(key) = self.totals_of.get(text) {
+                return key.clone();
+            }
+            let key = match self.interned < MAX_NAMES {
+                true => text.to_string(),
+                false => OVERFLOW_TEXT.to_string(),
+            };
+            self.interned += (self.interned < MAX_NAMES) as usize;
+            self.names.entry(key.clone()).or_insert_with(|| NameTotals {
+                name: key.clone(),
+                ..Default::default()
+            });
+            self.totals_of.insert(text.to_string(), key.clone());
+            key
+        }
+
+        /// Numbers `bytes` as a size class at its first sight, within the cap.
+        fn number(&mut self, bytes: usize) {
+            if self.sizes_seen.insert(bytes) && self.numbered < MAX_CLASSES {
+                self.numbered += 1;
+                self.classes.insert(bytes);
+            }
+        }
+
         fn current(&self) -> usize {
             self.live.values().map(|(_, b)| b).sum()
         }
@@ -615,116 +690,268 @@ mod tests {
             cache_limit in 0usize..800,
             pooled in prop::bool::weighted(0.8),
         ) {
-            let a = Allocs::new(tracking, limit, cache_limit);
-            let tracked = tracking || limit.is_some();
-            let limit = limit.unwrap_or(usize::MAX);
-            let mut m = Model::default();
-            let mut held: BTreeMap<u64, Held> = BTreeMap::new(); // by the model's id
-            let (mut next_ptr, mut next_id) = (1u64, 0u64);
-            let (mut cached_allocs, mut frees) = (0u64, 0u64);
-            for op in ops {
-                match op {
-                    Op::Alloc { .. } | Op::Managed { .. } => {
-                        let (name, owned, size, managed) = match op {
-                            Op::Alloc { name, owned, size } => (name, owned, size, false),
-                            Op::Managed { name, size } => (name, false, size, true),
-                            _ => unreachable!(),
-                        };
-                        let (text, bytes) = (NAMES[name], SIZES[size]);
-                        let cow = match owned {
-                            true => Cow::Owned(text.to_string()),
-                            false => Cow::Borrowed(text),
-                        };
-                        if tracked || managed {
-                            // A name is known from its first request, refused or not.
-                            m.names.entry(text.to_string()).or_insert_with(|| NameTotals {
-                                name: text.to_string(),
-                                ..Default::default()
-                            });
-                        }
-                        let refused = (tracked || managed) && m.current() + bytes > limit;
-                        let (ptr, ticket) = if managed {
-                            let got = a.track(&cow, bytes);
-                            if refused {
-                                prop_assert_eq!(got, None);
-                                continue;
-                            }
-                            next_ptr += 1;
-                            (next_ptr, got.expect("within the limit"))
-                        } else {
-                            let got = a.alloc(&cow, bytes, pooled);
-                            if refused {
-                                prop_assert!(got.is_none());
-                                continue;
-                            }
-                            let g = got.expect("within the limit");
-                            let want = match pooled {
-                                true => m.cache.get_mut(&bytes).and_then(|v| v.pop()),
-                                false => None,
-                            };
-                            prop_assert_eq!(g.cached, want);
-                            if want.is_some() {
-                                m.cached_bytes -= bytes;
-                                cached_allocs += 1;
-                            }
-                            (g.cached.unwrap_or_else(|| { next_ptr += 1; next_ptr }), g.ticket)
-                        };
-                        let id = match (tracked || managed, ticket.id()) {
-                            (true, Some(id)) => id,
-                            (false, None) => { next_id += 1; 1 << 40 | next_id }
-                            (t, got) => {
-                                prop_assert!(false, "tracked {} but id {:?}", t, got);
-                                unreachable!()
-                            }
-                        };
-                        prop_assert!(!held.contains_key(&id), "id {} is live", id);
-                        held.insert(id, (ptr, bytes, ticket, managed));
-                        if tracked || managed {
-                            m.live.insert(id, (text.to_string(), bytes));
-                            m.peak = m.peak.max(m.current());
-                            let n = m.names.get_mut(text).unwrap();
-                            n.live += 1;
-                            n.current_bytes += bytes;
-                            n.peak_bytes = n.peak_bytes.max(n.current_bytes);
-                            n.allocations += 1;
-                        }
-                    }
-                    Op::Free { pick, offer } => {
-                        if held.is_empty() {
-                            continue;
-                        }
-                        let id = *held.keys().nth(pick % held.len()).unwrap();
-                        let (ptr, bytes, ticket, managed) = held.remove(&id).unwrap();
-                        if managed {
-                            a.untrack(ticket, bytes);
-                        } else {
-                            let keep = offer && pooled && m.cached_bytes + bytes <= cache_limit;
-                            prop_assert_eq!(a.free(ptr, bytes, ticket, offer), keep);
-                            frees += 1;
-                            if keep {
-                                m.cache.entry(bytes).or_default().push(ptr);
-                                m.cached_bytes += bytes;
-                            }
-                        }
-                        if let Some((name, bytes)) = m.live.remove(&id) {
-                            let n = m.names.get_mut(&name).unwrap();
-                            n.live -= 1;
-                            n.current_bytes -= bytes;
-                        }
-                    }
-                    Op::Trim => {
-                        let mut got = a.drain_cache();
-                        let mut want: Vec<CUdeviceptr> = m.cache.drain().flat_map(|(_, v)| v).collect();
-                        got.sort();
-                        want.sort();
-                        prop_assert_eq!(got, want);
-                        m.cached_bytes = 0;
-                    }
-                }
-                prop_assert_eq!(a.cached_bytes(), m.cached_bytes);
-                prop_assert_eq!(a.report(), m.report());
-                prop_assert_eq!(a.counts(), HotCounts { cached_allocs, frees });
+            check_against_the_model(ops, tracking, limit, cache_limit, pooled, false)?;
+        }
+    }
+
+    proptest! {
+        // Each case reports thousands of names at every step: fewer, shorter cases.
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Two of the four names and two of the four sizes come past the caps.
+        #[test]
+        fn matches_a_plain_model_across_the_caps(
+            ops in prop::collection::vec(op(), 1..200),
+            tracking in any::<bool>(),
+            limit in prop::option::of(200usize..1500),
+            cache_limit in 0usize..800,
+            pooled in prop::bool::weighted(0.8),
+        ) {
+            check_against_the_model(ops, tracking, limit, cache_limit, pooled, true)?;
+        }
+    }
+
+    /// Runs `ops` against a fresh [`Allocs`] and the model, checking every step. With
+    /// `near_the_caps`, all but two names and two size classes are taken first.
+    fn check_against_the_model(
+        ops: Vec<Op>,
+        tracking: bool,
+        limit: Option<usize>,
+        cache_limit: usize,
+        pooled: bool,
+        near_the_caps: bool,
+    ) -> Result<(), TestCaseError> {
+        let a = Allocs::new(tracking, limit, cache_limit);
+        let tracked = tracking || limit.is_some();
+        let limit = limit.unwrap_or(usize::MAX);
+        let mut m = Model::default();
+        if near_the_caps {
+            let mut s = a.state.lock();
+            for i in 0..MAX_NAMES - 2 {
+                let text = format!("filler-{i}");
+                s.tracker.name_id(&Cow::Owned(text.clone()));
+                m.intern(&text);
+            }
+            for i in 0..MAX_CLASSES - 2 {
+                s.blocks.class_of(1 << 20 | i);
+                m.number(1 << 20 | i);
             }
         }
+        let mut held: BTreeMap<u64, Held> = BTreeMap::new(); // by the model's id
+        let (mut next_ptr, mut next_id) = (1u64, 0u64);
+        let (mut cached_allocs, mut frees) = (0u64, 0u64);
+        for op in ops {
+            match op {
+                Op::Alloc { .. } | Op::Managed { .. } => {
+                    let (name, owned, size, managed) = match op {
+                        Op::Alloc { name, owned, size } => (name, owned, size, false),
+                        Op::Managed { name, size } => (name, false, size, true),
+                        _ => unreachable!(),
+                    };
+                    let (text, bytes) = (NAMES[name], SIZES[size]);
+                    let cow = match owned {
+                        true => Cow::Owned(text.to_string()),
+                        false => Cow::Borrowed(text),
+                    };
+                    if tracked || managed {
+                        // A name is known from its first request, refused or not.
+                        m.intern(text);
+                    }
+                    if !managed && (tracked || pooled) {
+                        // So is a size, by every request that takes the lock.
+                        m.number(bytes);
+                    }
+                    let refused = (tracked || managed) && m.current() + bytes > limit;
+                    let (ptr, ticket) = if managed {
+                        let got = a.track(&cow, bytes);
+                        if refused {
+                            prop_assert_eq!(got, None);
+                            continue;
+                        }
+                        next_ptr += 1;
+                        (next_ptr, got.expect("within the limit"))
+                    } else {
+                        let got = a.alloc(&cow, bytes, pooled);
+                        if refused {
+                            prop_assert!(got.is_none());
+                            continue;
+                        }
+                        let g = got.expect("within the limit");
+                        let want = match pooled {
+                            true => m.cache.get_mut(&bytes).and_then(|v| v.pop()),
+                            false => None,
+                        };
+                        prop_assert_eq!(g.cached, want);
+                        if want.is_some() {
+                            m.cached_bytes -= bytes;
+                            cached_allocs += 1;
+                        }
+                        let ptr = g.cached.unwrap_or_else(|| {
+                            next_ptr += 1;
+                            next_ptr
+                        });
+                        (ptr, g.ticket)
+                    };
+                    let id = match (tracked || managed, ticket.id()) {
+                        (true, Some(id)) => id,
+                        (false, None) => {
+                            next_id += 1;
+                            1 << 40 | next_id
+                        }
+                        (t, got) => {
+                            prop_assert!(false, "tracked {} but id {:?}", t, got);
+                            unreachable!()
+                        }
+                    };
+                    prop_assert!(!held.contains_key(&id), "id {} is live", id);
+                    held.insert(id, (ptr, bytes, ticket, managed));
+                    if tracked || managed {
+                        m.live.insert(id, (text.to_string(), bytes));
+                        m.peak = m.peak.max(m.current());
+                        let n = m.names.get_mut(&m.totals_of[text]).unwrap();
+                        n.live += 1;
+                        n.current_bytes += bytes;
+                        n.peak_bytes = n.peak_bytes.max(n.current_bytes);
+                        n.allocations += 1;
+                    }
+                }
+                Op::Free { pick, offer } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let id = *held.keys().nth(pick % held.len()).unwrap();
+                    let (ptr, bytes, ticket, managed) = held.remove(&id).unwrap();
+                    if managed {
+                        a.untrack(ticket, bytes);
+                    } else {
+                        let keep = offer
+                            && pooled
+                            && m.classes.contains(&bytes)
+                            && m.cached_bytes + bytes <= cache_limit;
+                        prop_assert_eq!(a.free(ptr, bytes, ticket, offer), keep);
+                        frees += 1;
+                        if keep {
+                            m.cache.entry(bytes).or_default().push(ptr);
+                            m.cached_bytes += bytes;
+                        }
+                    }
+                    if let Some((text, bytes)) = m.live.remove(&id) {
+                        let n = m.names.get_mut(&m.totals_of[&text]).unwrap();
+                        n.live -= 1;
+                        n.current_bytes -= bytes;
+                    }
+                }
+                Op::Trim => {
+                    let mut got = a.drain_cache();
+                    let mut want: Vec<CUdeviceptr> = m.cache.drain().flat_map(|(_, v)| v).collect();
+                    got.sort();
+                    want.sort();
+                    prop_assert_eq!(got, want);
+                    m.cached_bytes = 0;
+                }
+            }
+            prop_assert_eq!(a.cached_bytes(), m.cached_bytes);
+            prop_assert_eq!(a.report(), m.report());
+            prop_assert_eq!(
+                a.counts(),
+                HotCounts {
+                    cached_allocs,
+                    frees
+                }
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn sizes_past_the_class_cap_are_tracked_but_their_blocks_are_not_cached() {
+        for tracking in [true, false] {
+            let a = Allocs::new(tracking, None, usize::MAX);
+            for bytes in 1..=MAX_CLASSES {
+                let g = a.alloc(&COL, bytes, true).unwrap();
+                assert!(a.free(bytes as CUdeviceptr, bytes, g.ticket, true));
+            }
+            let cached = a.cached_bytes();
+            let past = MAX_CLASSES + 1;
+            let owned = Cow::Owned("owned".to_string());
+            for name in [&COL, &owned, &COL] {
+                let g = a.alloc(name, past, true).unwrap();
+                assert_eq!((g.cached, g.ticket.class), (None, NO_CLASS));
+                assert_eq!(g.ticket.id().is_some(), tracking);
+                if tracking {
+                    let r = a.report();
+                    assert_eq!(r.current_bytes, past);
+                    assert_eq!(r.largest(2), vec![(name.to_string(), past)]);
+                }
+                assert!(!a.free(0xF000, past, g.ticket, true), "freed, not kept");
+                assert_eq!(a.cached_bytes(), cached);
+            }
+            // A size seen before the cap is still served from the cache.
+            let g = a.alloc(&COL, 5, true).unwrap();
+            assert_eq!(g.cached, Some(5));
+            assert!(a.free(5, 5, g.ticket, true));
+            let counts = HotCounts {
+                cached_allocs: 1,
+                frees: MAX_CLASSES as u64 + 4,
+            };
+            assert_eq!(a.counts(), counts);
+            assert_eq!(a.report().current_bytes, 0);
+            assert_eq!(a.drain_cache().len(), MAX_CLASSES);
+        }
+    }
+
+    #[test]
+    fn names_past_the_cap_keep_their_own_text_through_the_cache() {
+        let a = Allocs::new(true, None, usize::MAX);
+        for i in 0..MAX_NAMES {
+            let g = a.alloc(&Cow::Owned(format!("n{i}")), 8, true).unwrap();
+            assert!(a.free(0x8, 8, g.ticket, true));
+        }
+        let leak = |s: &str| -> Cow<'static, str> {
+            Cow::Borrowed(Box::leak(s.to_string().into_boxed_str()))
+        };
+        let (late_a, late_b) = (leak("static-late-a"), leak("static-late-b"));
+        let n3 = Cow::Borrowed("n3"); // known (as an owned text)
+        let in_turn = [
+            Cow::Owned("owned-late-a".to_string()),
+            Cow::Owned("owned-late-b".to_string()),
+            late_a.clone(),
+            late_b.clone(),
+            late_a.clone(),
+            n3.clone(),
+            late_b.clone(),
+            n3.clone(), // now by its key, the block's slot named by the late name before
+            late_a.clone(),
+        ];
+        // One block of 100 bytes, parked with its slot between the allocations.
+        for (i, name) in in_turn.iter().enumerate() {
+            let g = a.alloc(name, 100, true).unwrap();
+            assert_eq!(g.cached, (i > 0).then_some(0x100));
+            let r = a.report();
+            assert_eq!(r.largest(2), vec![(name.to_string(), 100)], "step {i}");
+            assert!(a.free(0x100, 100, g.ticket, true));
+        }
+        let m = a
+            .track(&Cow::Owned("managed-late".to_string()), 10)
+            .unwrap();
+        assert_eq!(
+            a.report().largest(2),
+            vec![("managed-late".to_string(), 10)]
+        );
+        a.untrack(m, 10);
+        let r = a.report();
+        assert_eq!(r.by_name.len(), MAX_NAMES + 1);
+        let over = r.by_name.iter().find(|n| n.name == OVERFLOW_TEXT).unwrap();
+        let n3 = r.by_name.iter().find(|n| n.name == "n3").unwrap();
+        assert_eq!(
+            (
+                over.live,
+                over.current_bytes,
+                over.peak_bytes,
+                over.allocations
+            ),
+            (0, 0, 100, 8)
+        );
+        assert_eq!((n3.allocations, n3.peak_bytes), (3, 100));
+        assert_eq!((r.current_bytes, r.peak_bytes), (0, 100));
     }
 }

@@ -1,12 +1,22 @@
 //! The phase-3 block cache: freed pool blocks kept for reuse, by exact size. Sizes are
 //! numbered as size classes when first seen, and an allocation carries its class, so that
-//! freeing it finds its list without hashing.
+//! freeing it finds its list without hashing. At most [`MAX_CLASSES`] sizes are numbered:
+//! blocks of sizes first seen past that are not kept.
 
 use cuda_sys::CUdeviceptr;
 use rustc_hash::FxHashMap;
 
-/// A class id meaning "no class": the allocation is not from the pool.
+/// A class id meaning "no class": the allocation is not from the pool, or its size was
+/// first seen past [`MAX_CLASSES`]. The cache keeps no block of it.
 pub(crate) const NO_CLASS: u32 = u32::MAX;
+
+/// The most sizes numbered as classes. A class costs a list and a map entry for good, so a
+/// service whose sizes vary without end (trace lengths per proof) would grow the cache's
+/// tables without bound. The sizes seen first keep their classes; a size first seen past
+/// the cap gets [`NO_CLASS`], and its blocks go back to the pool when freed. 4096 matches
+/// the request keys' cap (`crate::alloc_keys`): far more sizes than a prover reuses, and
+/// the tables stay small (a few hundred KiB at the cap).
+pub(crate) const MAX_CLASSES: usize = 1 << 12;
 
 /// A cached block, with the tracker slot parked with it (`crate::tracking::NO_SLOT` when
 /// untracked).
@@ -22,7 +32,8 @@ struct SizeClass {
     parked: Vec<Parked>,
 }
 
-/// Freed pool blocks kept for reuse, by size class.
+/// Freed pool blocks kept for reuse, by size class: at most [`MAX_CLASSES`] of them, the
+/// sizes seen first.
 #[derive(Default)]
 #[repr(C)]
 pub(crate) struct BlockCache {
@@ -38,10 +49,14 @@ impl BlockCache {
     #[cfg(test)]
     pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(BlockCache, by_size);
 
-    /// The class of size `bytes`, numbered when first seen.
+    /// The class of size `bytes`, numbered when first seen; [`NO_CLASS`] for a size first
+    /// seen once [`MAX_CLASSES`] are numbered (for good: classes are never forgotten).
     pub(crate) fn class_of(&mut self, bytes: usize) -> u32 {
         if let Some(&class) = self.by_size.get(&bytes) {
             return class;
+        }
+        if self.classes.len() >= MAX_CLASSES {
+            return NO_CLASS;
         }
         let class = self.classes.len() as u32;
         self.classes.push(SizeClass {
@@ -137,5 +152,31 @@ mod tests {
         drained.sort_by_key(|(p, _)| p.ptr);
         assert_eq!(drained, vec![(block(0xA), 100), (block(0xB), 400)]);
         assert_eq!((c.bytes, c.take(big)), (0, None));
+    }
+
+    #[test]
+    fn sizes_past_the_class_cap_get_no_class_and_are_not_kept() {
+        let mut c = BlockCache::default();
+        for bytes in 1..=MAX_CLASSES {
+            assert_eq!(c.class_of(bytes), bytes as u32 - 1);
+        }
+        let past = MAX_CLASSES + 1;
+        assert_eq!(c.class_of(past), NO_CLASS);
+        assert_eq!(c.class_of(past), NO_CLASS, "and stays so");
+        assert_eq!(
+            (c.classes.len(), c.by_size.len()),
+            (MAX_CLASSES, MAX_CLASSES)
+        );
+        let class = c.class_of(past);
+        assert!(!c.put(class, block(0xA), usize::MAX), "not kept");
+        assert_eq!((c.bytes, c.parked_count(), c.take(NO_CLASS)), (0, 0, None));
+        // The sizes seen before the cap keep their classes, and their blocks are kept.
+        assert_eq!(
+            (c.class_of(1), c.class_of(MAX_CLASSES)),
+            (0, MAX_CLASSES as u32 - 1)
+        );
+        let class = c.class_of(7);
+        assert!(c.put(class, block(0xB), usize::MAX));
+        assert_eq!(c.take(6), Some(block(0xB)));
     }
 }

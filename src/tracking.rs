@@ -1,5 +1,6 @@
 //! Live-allocation tracking: every allocation by name and size, totals per name and
-//! overall (current and peak), and the leak report.
+//! overall (current and peak), and the leak report. Totals are kept for the first
+//! [`MAX_NAMES`] distinct names; later ones share one entry (see [`OVERFLOW_TEXT`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -31,6 +32,12 @@ pub struct LiveAllocation {
 }
 
 /// Totals of every allocation made under one name.
+///
+/// The first 4096 distinct names requested of a HAL each have their own totals. Names first
+/// requested after those (a service that names buffers `format!("proof-{id}-trace")`
+/// would otherwise grow its tables without end) share one entry, named
+/// `(names past the first 4096)`, whose totals are those of all their allocations
+/// together. [`MemoryReport::live`] still names each live allocation by its own name.
 ///
 /// ```
 /// use cuda_hal::CudaHal;
@@ -83,7 +90,9 @@ pub struct MemoryReport {
     pub peak_bytes: usize,
     /// Every live allocation, largest first.
     pub live: Vec<LiveAllocation>,
-    /// Totals per name, largest current bytes first: every name requested so far.
+    /// Totals per name, largest current bytes first: every name requested so far, up to
+    /// the first 4096 distinct ones, and one entry named `(names past the first 4096)`
+    /// for all names first requested after those together (see [`NameTotals`]).
     pub by_name: Vec<NameTotals>,
 }
 
@@ -188,6 +197,18 @@ impl StaticNames {
 
 /// A name id meaning "no name": the allocation is not tracked.
 pub(crate) const NO_NAME: u32 = u32::MAX;
+/// The most distinct names interned. Names are never forgotten (their totals outlive their
+/// allocations), so a service that names buffers by proof would grow the tables, and its
+/// reports, without end. 4096 is far more than a prover's own names, and matches the cap
+/// of the static names' table.
+pub(crate) const MAX_NAMES: usize = 1 << 12;
+/// The name id shared by every name first seen once [`MAX_NAMES`] are interned: one
+/// entry of the totals for all of them. Live allocations under it keep their own text
+/// (see [`Names::overflow`]).
+pub(crate) const OVERFLOW_NAME: u32 = MAX_NAMES as u32;
+/// The report's name for the totals of [`OVERFLOW_NAME`]. (A name of this very text among
+/// the first [`MAX_NAMES`] is a name of its own, listed beside it.)
+pub(crate) const OVERFLOW_TEXT: &str = "(names past the first 4096)";
 /// A slot id meaning "no slot": the allocation is not tracked.
 pub(crate) const NO_SLOT: u32 = u32::MAX;
 /// The `name` of a slot on the free list.
@@ -195,12 +216,22 @@ const FREE: u32 = u32::MAX;
 
 /// Names interned to small ids: a static name is found by the address of its text
 /// ([`StaticNames`]), any other name by hashing its text. One text is one name, however
-/// and wherever it is given.
+/// and wherever it is given, for the first [`MAX_NAMES`] texts; every text first seen past
+/// them is [`OVERFLOW_NAME`] (and stays so: it is not remembered, and is hashed each time).
 #[derive(Default)]
 pub(crate) struct Names {
     statics: StaticNames,
+    /// Indexed by name id: the interned texts, then [`OVERFLOW_TEXT`] once a name
+    /// overflowed (at most `MAX_NAMES + 1`).
     texts: Vec<String>,
+    /// At most [`MAX_NAMES`] entries.
     by_text: FxHashMap<String, u32>,
+    /// The text of the allocation last tracked under [`OVERFLOW_NAME`] in each slot, by
+    /// slot: written by [`Tracker::name_slot`] for every such allocation (none of them is
+    /// tracked by the hot path alone), read by reports only for the live slots whose name
+    /// is [`OVERFLOW_NAME`], so the entry of a slot since freed or named otherwise is never
+    /// read. At most one entry per slot of the tracker.
+    overflow: FxHashMap<u32, Cow<'static, str>>,
 }
 
 impl Names {
@@ -214,6 +245,14 @@ impl Names {
         }
         let (id, new) = match self.by_text.get(name.as_ref()) {
             Some(&id) => (id, false),
+            // Not remembered, by text nor (for a static text) by address.
+            None if self.texts.len() >= MAX_NAMES => {
+                let new = self.texts.len() == MAX_NAMES;
+                if new {
+                    self.texts.push(OVERFLOW_TEXT.to_string());
+                }
+                return (OVERFLOW_NAME, new);
+            }
             None => {
                 let id = self.texts.len() as u32;
                 self.texts.push(name.to_string());
@@ -276,6 +315,11 @@ pub(crate) struct TrackerCounts {
 ///   cached blocks) less the cache's own count, which the cache keeps anyway.
 /// - Name ids come from the caller, who finds them once per size and static name (see
 ///   `crate::alloc_keys`).
+/// - Names are capped at [`MAX_NAMES`]: later ones share [`OVERFLOW_NAME`], one entry of
+///   `totals`, so the per-name tables stay bounded. The hot path does not know of it: an
+///   allocation under that name is tracked as any other, and its caller, which resolved
+///   the name the slow way (such names are never remembered per size), then gives its
+///   text to [`Tracker::name_slot`] for the report.
 /// - An allocation adds its bytes to its name's and names its slot. Allocations are
 ///   counted when freed, which keeps a write off the allocation: a name's allocations are
 ///   its frees and its live ones, which a report counts.
@@ -349,7 +393,9 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(Tracker, names);
 
-    /// The id of `name` (known from now on).
+    /// The id of `name` (known from now on), or [`OVERFLOW_NAME`] for a name first seen
+    /// once [`MAX_NAMES`] are known: an allocation under it must then be given to
+    /// [`Tracker::name_slot`] once tracked.
     #[allow(clippy::ptr_arg)]
     pub(crate) fn name_id(&mut self, name: &Cow<'static, str>) -> u32 {
         let (id, new) = self.names.id(name);
@@ -357,6 +403,30 @@ impl Tracker {
             self.totals.push(Totals::default());
         }
         id
+    }
+
+    /// Keeps `text` as the name that reports give the allocation just tracked in `slot`
+    /// under name id `name`, when that is [`OVERFLOW_NAME`] (other names are found by
+    /// their id). Every allocation tracked under [`OVERFLOW_NAME`] must be given here, so
+    /// that no slot shows the text of an allocation it held before.
+    #[allow(clippy::ptr_arg)]
+    #[inline]
+    pub(crate) fn name_slot(&mut self, slot: u32, name: u32, text: &Cow<'static, str>) {
+        if name == OVERFLOW_NAME {
+            self.name_overflow_slot(slot, text);
+        }
+    }
+
+    /// [`Tracker::name_slot`] for a name past the cap.
+    #[allow(clippy::ptr_arg)]
+    #[cold]
+    #[inline(never)]
+    fn name_overflow_slot(&mut self, slot: u32, text: &Cow<'static, str>) {
+        if (slot as usize) < self.slots.len() {
+            // (Reuses the slot's last owned text's buffer when it can.)
+            let kept = self.names.overflow.entry(slot).or_insert(Cow::Borrowed(""));
+            kept.clone_from(text);
+        }
     }
 
     /// Charges an allocation of `bytes` to name `name` (an id of [`Tracker::name_id`]): the
@@ -577,7 +647,8 @@ impl Tracker {
     }
 
     /// Every live allocation (largest first) and the totals per name (most current bytes
-    /// first) of every name used so far. `parked` are the slots of the blocks in the
+    /// first) of every name used so far (the first [`MAX_NAMES`], and [`OVERFLOW_TEXT`]
+    /// for the others together). `parked` are the slots of the blocks in the
     /// cache, `cached` their bytes: held but not in use.
     pub(crate) fn report(&self, parked: impl Iterator<Item = u32>, cached: usize) -> MemoryReport {
         let mut in_cache = vec![false; self.slots.len()];
@@ -591,9 +662,16 @@ impl Tracker {
         for (id, s) in self.slots.iter().enumerate() {
             if s.name != FREE && !in_cache[id] {
                 live_by_name[s.name as usize] += 1;
+                let name = match s.name {
+                    OVERFLOW_NAME => match self.names.overflow.get(&(id as u32)) {
+                        Some(text) => text.to_string(),
+                        None => OVERFLOW_TEXT.to_string(), // (every such slot has one)
+                    },
+                    name => self.names.texts[name as usize].clone(),
+                };
                 live.push(LiveAllocation {
                     id: id as u64,
-                    name: self.names.texts[s.name as usize].clone(),
+                    name,
                     bytes: s.bytes,
                 });
             }
@@ -630,7 +708,9 @@ mod tests {
     /// Tracks `bytes` under `name` as a new block (no cache), within no limit.
     fn track(t: &mut Tracker, name: Cow<'static, str>, bytes: usize) -> (u32, u32) {
         let id = t.name_id(&name);
-        (id, t.charge_and_track_new(id, bytes, 0).unwrap())
+        let slot = t.charge_and_track_new(id, bytes, 0).unwrap();
+        t.name_slot(slot, id, &name);
+        (id, slot)
     }
 
     fn free(t: &mut Tracker, (name, slot): (u32, u32), bytes: usize) {
@@ -947,5 +1027,134 @@ mod tests {
             r.largest(1),
             vec![(texts[MAX_STATIC_NAMES + 3].to_string(), 5)]
         );
+    }
+
+    /// (id, name, bytes) of the live allocations, by id.
+    fn live(r: &MemoryReport) -> Vec<(u64, String, usize)> {
+        let mut live: Vec<_> = r
+            .live
+            .iter()
+            .map(|l| (l.id, l.name.clone(), l.bytes))
+            .collect();
+        live.sort();
+        live
+    }
+
+    #[test]
+    fn names_past_the_cap_share_one_total_and_live_ones_keep_their_own_text() {
+        assert_eq!(OVERFLOW_TEXT, format!("(names past the first {MAX_NAMES})"));
+        let mut t = Tracker::default();
+        // The cap's worth of names, each allocated and freed once.
+        for i in 0..MAX_NAMES {
+            let a = track(&mut t, Cow::Owned(format!("n{i}")), 1);
+            free(&mut t, a, 1);
+        }
+        // Past it: owned names, and static ones (one with two requests).
+        let leaked: &'static str = Box::leak("static-late".to_string().into_boxed_str());
+        let mut late: Vec<((u32, u32), String, usize)> = (0..10)
+            .map(|i| {
+                let text = format!("late-{i}");
+                (
+                    track(&mut t, Cow::Owned(text.clone()), 100 + i),
+                    text,
+                    100 + i,
+                )
+            })
+            .collect();
+        for bytes in [50, 60] {
+            let a = track(&mut t, Cow::Borrowed(leaked), bytes);
+            late.push((a, leaked.to_string(), bytes));
+        }
+        assert!(late.iter().all(|(a, ..)| a.0 == OVERFLOW_NAME));
+        // Known names keep their ids, static or not.
+        let n7 = track(&mut t, Cow::Borrowed("n7"), 1000);
+        assert_eq!(n7.0, 7);
+        let r = report(&t);
+        assert_eq!(r.by_name.len(), MAX_NAMES + 1);
+        let over = |r: &MemoryReport| {
+            let n = r.by_name.iter().find(|n| n.name == OVERFLOW_TEXT).unwrap();
+            (n.live, n.current_bytes, n.peak_bytes, n.allocations)
+        };
+        let late_bytes: usize = (100..110).sum::<usize>() + 110;
+        assert_eq!(over(&r), (12, late_bytes, late_bytes, 12));
+        let mut want: Vec<_> = late
+            .iter()
+            .map(|(a, text, b)| (u64::from(a.1), text.clone(), *b))
+            .collect();
+        want.push((u64::from(n7.1), "n7".to_string(), 1000));
+        want.sort();
+        assert_eq!(live(&r), want, "each under its own text");
+        assert_eq!(
+            (r.current_bytes, r.peak_bytes),
+            (late_bytes + 1000, late_bytes + 1000)
+        );
+        // Freed, their slots are taken again by known names and by new late ones.
+        for (a, _, bytes) in &late {
+            free(&mut t, *a, *bytes);
+        }
+        let again: Vec<(u32, u32)> = (0..6)
+            .map(|i| track(&mut t, Cow::Owned(format!("n{i}")), 7))
+            .collect();
+        let other = track(&mut t, Cow::Owned("later".to_string()), 9);
+        let slots: Vec<u32> = late.iter().map(|(a, ..)| a.1).collect();
+        assert!(
+            again.iter().chain([&other]).all(|a| slots.contains(&a.1)),
+            "reused"
+        );
+        let r = report(&t);
+        let mut want: Vec<_> = (0..6)
+            .map(|i| (u64::from(again[i].1), format!("n{i}"), 7))
+            .collect();
+        want.push((u64::from(other.1), "later".to_string(), 9));
+        want.push((u64::from(n7.1), "n7".to_string(), 1000));
+        want.sort();
+        assert_eq!(live(&r), want, "no text of a freed allocation");
+        assert_eq!(over(&r), (1, 9, late_bytes, 13));
+        assert_eq!(
+            (r.current_bytes, r.peak_bytes),
+            (1000 + 42 + 9, late_bytes + 1000)
+        );
+        assert_eq!(r.by_name.len(), MAX_NAMES + 1);
+        assert_eq!(t.counts().freed, MAX_NAMES as u64 + 12);
+        // Bounded: one text per name below the cap, one overflow text per slot.
+        assert_eq!(
+            (t.names.texts.len(), t.totals.len()),
+            (MAX_NAMES + 1, MAX_NAMES + 1)
+        );
+        assert_eq!(t.names.by_text.len(), MAX_NAMES);
+        assert!(t.names.overflow.len() <= t.slots.len());
+    }
+
+    #[test]
+    fn a_parked_slot_shows_the_name_of_whoever_takes_it_next() {
+        let mut t = Tracker::default();
+        for i in 0..MAX_NAMES {
+            t.name_id(&Cow::Owned(format!("n{i}")));
+        }
+        let (a, b) = (Cow::Owned("late-a".to_string()), Cow::Borrowed("late-b"));
+        let (over, n0) = (t.name_id(&a), t.name_id(&Cow::Borrowed("n0")));
+        assert_eq!((t.name_id(&b), over, n0), (OVERFLOW_NAME, OVERFLOW_NAME, 0));
+        let slot = t.charge_and_track_new(over, 100, 0).unwrap();
+        t.name_slot(slot, over, &a);
+        let name_of = |t: &Tracker| report(t).live[0].name.clone();
+        assert_eq!(name_of(&t), "late-a");
+        // Parked with its block, and taken by a known name: the hot path names nothing else.
+        t.uncharge(over, 100);
+        t.charge(n0, 100);
+        assert_eq!(t.track_parked(n0, 100, slot, 0), Some(slot));
+        t.name_slot(slot, n0, &Cow::Borrowed("n0"));
+        assert_eq!(name_of(&t), "n0");
+        // Parked again, and taken by another late name.
+        t.uncharge(n0, 100);
+        t.charge(over, 100);
+        assert_eq!(t.track_parked(over, 100, slot, 0), Some(slot));
+        t.name_slot(slot, over, &b);
+        assert_eq!(name_of(&t), "late-b");
+        let r = report(&t);
+        let o = r.by_name.iter().find(|n| n.name == OVERFLOW_TEXT).unwrap();
+        assert_eq!((o.live, o.current_bytes, o.allocations), (1, 100, 2));
+        // A slot that is not the tracker's is not kept.
+        t.name_slot(1000, over, &a);
+        assert_eq!(t.names.overflow.len(), 1);
     }
 }
