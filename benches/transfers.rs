@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gbps, median, median_us};
+use common::{gbps, median, median_us, paired_median_us};
 
 use std::time::Instant;
 
@@ -40,6 +40,7 @@ fn main() {
     pinned_and_registered(&hal, &stream);
     async_reads(&hal, &stream);
     coalescing(&hal);
+    fill_new_buffer(&hal);
     pipeline(&hal);
     timed(&hal);
 }
@@ -269,6 +270,73 @@ fn coalescing(hal: &CudaHal) {
         "pinned H2D 256 KiB",
         floor,
         total as i64,
+        "-",
+    );
+}
+
+/// Filling a buffer on the host with `view_mut` until the device has it: a new buffer
+/// (nothing to download: its contents are unspecified) and one a kernel wrote first (its
+/// bytes come down before the view). Floors: the same fill of a reused `Vec` and a pageable
+/// upload, with a download first for the written buffer. Each crate run makes a new buffer,
+/// host copy included (its pages are faulted in by the fill), as a prover filling a new
+/// column does.
+fn fill_new_buffer(hal: &CudaHal) {
+    let bytes = 64 * MIB;
+    let n = bytes / 4;
+    let mut host = vec![0u32; n];
+    let dev = hal.alloc::<u32>("floor", n).unwrap();
+    let raw = dev.device_ptr_mut().unwrap().addr;
+    hal.synchronize().unwrap();
+    let fill = |s: &mut [u32]| s.iter_mut().enumerate().for_each(|(i, x)| *x ^= i as u32);
+    let up = |host: &[u32]| {
+        // SAFETY: host holds `bytes`; raw is a live allocation of `bytes`.
+        unsafe { d().cuMemcpyHtoD(raw, host.as_ptr().cast(), bytes) }.unwrap();
+    };
+    let (crate_new, floor_new) = paired_median_us(
+        10,
+        1500,
+        || {
+            let b = hal.alloc::<u32>("column", n).unwrap();
+            b.view_mut(fill).unwrap();
+            let _ = b.device_ptr().unwrap(); // uploaded before the device's use
+            hal.synchronize().unwrap();
+        },
+        || {
+            fill(&mut host);
+            up(&host);
+        },
+    );
+    let (crate_written, floor_written) = paired_median_us(
+        10,
+        1500,
+        || {
+            let b = hal.alloc::<u32>("column", n).unwrap();
+            b.fill(1).unwrap();
+            b.view_mut(fill).unwrap();
+            let _ = b.device_ptr().unwrap();
+            hal.synchronize().unwrap();
+        },
+        || {
+            // SAFETY: as above, the other way.
+            unsafe { d().cuMemcpyDtoH(host.as_mut_ptr().cast(), raw, bytes) }.unwrap();
+            fill(&mut host);
+            up(&host);
+        },
+    );
+    row(
+        "alloc + view_mut fill 64 MiB + upload, new buffer",
+        crate_new,
+        "fill Vec + cuMemcpyHtoD 64 MiB",
+        floor_new,
+        bytes as i64,
+        "-",
+    );
+    row(
+        "alloc + fill kernel + view_mut 64 MiB + upload",
+        crate_written,
+        "cuMemcpyDtoH + fill Vec + cuMemcpyHtoD 64 MiB",
+        floor_written,
+        bytes as i64,
         "-",
     );
 }

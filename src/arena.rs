@@ -480,31 +480,32 @@ impl Batch<'_> {
     }
 
     fn upload_views<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
+        let region = &self.arena.region;
+        let base = region.byte_range().start;
+        // Bytes of views handed out before: a copy spanning several new views must not
+        // zero them in its gaps (slots of this batch lie between new ones; a bump batch's
+        // earlier views all lie below the new ones).
+        let taken: Vec<Range<usize>> = match &self.arena.layout {
+            ArenaLayout::Bump => std::iter::once(base..base + self.cursor.get()).collect(),
+            ArenaLayout::Slots(_) => (self.arena.slot_starts.iter())
+                .zip(self.slot_used.borrow().iter())
+                .filter(|(_, used)| **used > 0)
+                .map(|(start, used)| base + start..base + start + used)
+                .collect(),
+        };
         let views = items
             .iter()
             .map(|(name, data)| self.alloc::<T>(name, data.len()))
             .collect::<Result<Vec<_>>>()?;
-        let region = &self.arena.region;
-        let base = region.byte_range().start;
-        let start = views
+        let mut spans: Vec<(Range<usize>, &[u8])> = views
             .iter()
-            .map(|v| v.byte_range().start)
-            .min()
-            .unwrap_or(base);
-        let end = views
-            .iter()
-            .map(|v| v.byte_range().end)
-            .max()
-            .unwrap_or(base);
-        if end > start {
-            let spans = views
-                .iter()
-                .zip(items)
-                .map(|(v, (_, data))| (v.byte_range(), bytemuck::cast_slice(data)))
-                .collect();
-            region.upload_layout(start - base, end - start, |staged| {
-                pack(staged, start, spans)
-            })?;
+            .zip(items)
+            .map(|(v, (_, data))| (v.byte_range(), bytemuck::cast_slice(data)))
+            .collect();
+        spans.sort_unstable_by_key(|(r, _)| r.start);
+        for run in copy_runs(&spans, &taken) {
+            let (start, end) = (run[0].0.start, run[run.len() - 1].0.end);
+            region.upload_layout(start - base, end - start, |staged| pack(staged, start, run))?;
         }
         Ok(views)
     }
@@ -519,12 +520,36 @@ fn bump_start(cursor: usize, sz: usize) -> Option<usize> {
         .checked_next_multiple_of(sz)
 }
 
+/// The sorted, disjoint `spans` of one upload in runs, one copy each: a run ends where the
+/// gap to the next span holds bytes of `taken` (views handed out before), which the copy's
+/// zeros would overwrite. One run when the views were uploaded together.
+fn copy_runs<'a, S>(
+    spans: &'a [(Range<usize>, S)],
+    taken: &[Range<usize>],
+) -> Vec<&'a [(Range<usize>, S)]> {
+    let mut runs = Vec::new();
+    let mut rest = spans;
+    while !rest.is_empty() {
+        let mut n = 1;
+        while let Some(next) = rest.get(n) {
+            let gap = rest[n - 1].0.end..next.0.start;
+            if taken.iter().any(|t| t.start < gap.end && gap.start < t.end) {
+                break;
+            }
+            n += 1;
+        }
+        let (run, after) = rest.split_at(n);
+        runs.push(run);
+        rest = after;
+    }
+    runs
+}
+
 /// Writes every byte of `staged`, which stands for the region's bytes from `start`: each
 /// span's bytes at its range, and zeros in the gaps between spans (alignment). One pass
 /// over the block: it is reused pinned memory, so what a span does not cover would
-/// otherwise be another batch's bytes. The spans do not overlap, in any order.
-fn pack(staged: &mut [u8], start: usize, mut spans: Vec<(Range<usize>, &[u8])>) {
-    spans.sort_unstable_by_key(|(r, _)| r.start);
+/// otherwise be another batch's bytes. The spans are sorted and do not overlap.
+fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])]) {
     let mut at = 0;
     for (r, bytes) in spans {
         let r = r.start - start..r.end - start;
@@ -549,19 +574,41 @@ impl Drop for Batch<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::pack;
+    use super::{copy_runs, pack};
 
     #[test]
-    fn pack_writes_spans_in_any_order_and_zeros_the_gaps() {
+    #[allow(clippy::single_range_in_vec_init)]
+    fn a_copy_never_spans_a_view_handed_out_before() {
+        let spans = [(0..10, 'a'), (20..30, 'b'), (40..50, 'c'), (50..60, 'd')];
+        let ends = |taken: &[std::ops::Range<usize>]| -> Vec<(usize, usize)> {
+            copy_runs(&spans, taken)
+                .iter()
+                .map(|r| (r[0].0.start, r[r.len() - 1].0.end))
+                .collect()
+        };
+        assert_eq!(ends(&[]), vec![(0, 60)], "nothing before: one copy");
+        assert_eq!(
+            ends(&[0..0]),
+            vec![(0, 60)],
+            "an empty slot is in nobody's way"
+        );
+        assert_eq!(ends(&[12..15]), vec![(0, 10), (20, 60)]);
+        assert_eq!(ends(&[9..11, 35..36]), vec![(0, 10), (20, 30), (40, 60)]);
+        assert_eq!(
+            ends(&[60..100]),
+            vec![(0, 60)],
+            "after the last span: no gap"
+        );
+        assert!(copy_runs::<char>(&[], &[0..5]).is_empty());
+    }
+
+    #[test]
+    fn pack_writes_spans_in_place_and_zeros_the_gaps() {
         // Stale bytes of an earlier batch in the reused block.
         let mut staged = vec![0xEEu8; 16];
         let (a, b) = ([1u8, 2, 3], [4u8; 4]);
-        // The region's bytes 100..116: `b` at 108..112, `a` at 101..104.
-        pack(
-            &mut staged,
-            100,
-            vec![(108..112, &b[..]), (101..104, &a[..])],
-        );
+        // The region's bytes 100..116: `a` at 101..104, `b` at 108..112.
+        pack(&mut staged, 100, &[(101..104, &a[..]), (108..112, &b[..])]);
         assert_eq!(
             staged,
             [0, 1, 2, 3, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0],
@@ -575,7 +622,7 @@ mod tests {
         pack(
             &mut staged,
             0,
-            vec![(0..2, &[9u8, 8][..]), (2..6, &[7u8; 4][..])],
+            &[(0..2, &[9u8, 8][..]), (2..6, &[7u8; 4][..])],
         );
         assert_eq!(staged, [9, 8, 7, 7, 7, 7]);
     }

@@ -70,7 +70,6 @@ impl Drop for HostBytes {
     }
 }
 
-#[derive(Default)]
 struct HostCopy {
     state: CacheState,
     bytes: Option<HostBytes>,
@@ -115,7 +114,10 @@ impl RawBuffer {
                 ptr: alloc.ptr,
                 bytes,
                 alloc,
-                cache: Mutex::new(HostCopy::default()),
+                cache: Mutex::new(HostCopy {
+                    state: CacheState::for_new_allocation(),
+                    bytes: None,
+                }),
                 side: SideUses::default(),
             })
         })
@@ -164,6 +166,8 @@ impl RawBuffer {
         write: bool,
         stream: &HalStream,
     ) -> Result<()> {
+        // The caller may have another HAL's context current (user code between steps).
+        self.hal.ctx.bind()?;
         self.flush_host(r, write, true)?;
         stream.after_main()?;
         self.side.wait_on(&stream.stream, stream.id, false)
@@ -222,7 +226,12 @@ impl RawBuffer {
     ) -> Result<R> {
         let (base, id) = {
             let mut c = self.cache.lock();
-            let missing = c.state.plan_read(&r).map_err(|_| self.borrowed())?;
+            let mut missing = c.state.plan_read(&r).map_err(|_| self.borrowed())?;
+            // A new allocation's bytes are unspecified: a mutable view starts from the host
+            // copy's zeros, with no download.
+            if kind == BorrowKind::Exclusive && c.state.adopt_fresh(&r) {
+                missing.clear();
+            }
             if !missing.is_empty() {
                 self.side.wait_on(&self.hal.stream, 0, true)?;
             }
@@ -269,8 +278,13 @@ impl Drop for RawBuffer {
             }),
         };
         if let Err(e) = ordered {
+            // The side streams may still use the memory: the whole context is waited for
+            // before the block is freed or handed out again. (If that fails too, the
+            // context is broken and runs no more work.)
+            let synced = self.hal.ctx.synchronize();
             log::warn!(
-                "ordering the free of `{}` after its side-stream uses: {e}",
+                "ordering the free of `{}` after its side-stream uses: {e}; waited for the \
+                 context instead: {synced:?}",
                 self.name
             );
         }
@@ -659,15 +673,17 @@ impl<T: Pod> Buffer<T> {
     fn view_mut_detached<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         let (h, r) = (&self.raw.hal, self.byte_range());
         h.enter()?;
-        let id = {
+        let (id, fresh) = {
             let mut c = self.raw.cache.lock();
             let id = c
                 .state
                 .begin_detached_borrow(r.clone())
                 .map_err(|_| self.raw.borrowed())?;
+            // A new allocation's bytes are unspecified: the view starts from zeros.
+            let fresh = c.state.adopt_fresh(&r);
             // Cleared by a device write queued from now on.
             c.state.mark_downloaded(r.clone());
-            id
+            (id, fresh)
         };
         struct EndView<'a>(&'a RawBuffer, u64);
         impl Drop for EndView<'_> {
@@ -676,10 +692,14 @@ impl<T: Pod> Buffer<T> {
             }
         }
         let _end = EndView(&self.raw, id);
-        self.raw.side.wait_on(&h.stream, 0, true)?;
         let mut v = vec![T::zeroed(); self.len];
-        h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
+        if !fresh {
+            self.raw.side.wait_on(&h.stream, 0, true)?;
+            h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
+        }
         let out = f(&mut v);
+        // `f` may have left another context current.
+        h.enter()?;
         // After side-stream work queued since (such a write), and only the bytes no device
         // write has made stale.
         self.raw.side.wait_on(&h.stream, 0, true)?;
@@ -732,7 +752,10 @@ impl<T: Pod> Buffer<T> {
 
     /// Runs `f` over the elements on the host with write access. Phase 2 edits the host
     /// copy, which is uploaded before the device next uses the buffer; otherwise the
-    /// buffer is downloaded into a `Vec` and written back at once.
+    /// buffer is downloaded into a `Vec` and written back at once. The first view of a
+    /// new buffer that nothing has used yet downloads nothing, and `f` sees zeros: the
+    /// contents of [`CudaHal::alloc`]'s buffers are unspecified, and
+    /// [`CudaHal::alloc_zeroed`]'s are zeros.
     ///
     /// ```
     /// use cuda_hal::CudaHal;

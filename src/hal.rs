@@ -73,7 +73,9 @@ pub struct HalConfig {
     /// reading the pool's reserved bytes after it: one `cuMemPoolGetAttribute` per such
     /// allocation (two with a `release_threshold` below `u64::MAX`, since the pool then
     /// shrinks at synchronisations; block cache hits make none). A trim resets the
-    /// baseline. Off, those allocations are not classified:
+    /// baseline. With such a threshold the counts are approximate: another thread's
+    /// synchronisation between the two reads can shrink the pool, and an allocation that
+    /// grew it then counts as a hit. Off, those allocations are not classified:
     /// `pool_hits` then counts only the block cache's hits and `pool_misses` stays 0.
     pub count_pool_hits: bool,
 }
@@ -491,6 +493,8 @@ impl CudaHal {
                 .cuMemsetD8Async(b.raw_ptr(), 0, b.size_bytes(), h.stream.raw())
                 .map_err(Error::from)
         })?;
+        // (Still fresh for the host cache: a first `view_mut` starts from the host copy's
+        // zeros, which are now the device's too.)
         Ok(b)
     }
 
@@ -609,7 +613,12 @@ impl HalInner {
     /// An event of this context that no one waits on, to record on one of its streams:
     /// a reused one when one is free. The context is current.
     pub(crate) fn event(&self) -> Result<Arc<Event>> {
-        self.aside.events.take(Event::new)
+        // (A new event belongs to the current context: this HAL's, whatever the caller's
+        // code in between left current.)
+        self.aside.events.take(|| {
+            self.ctx.bind()?;
+            Event::new()
+        })
     }
 
     /// Records `ev` on `stream` right after queuing work there that uses memory the caller
@@ -887,7 +896,10 @@ impl HalInner {
             };
             self.stream.synchronize()
         });
-        self.ledger.copy(Dir::H2D, src.len());
+        if r.is_ok() {
+            // (A failed copy is not counted.)
+            self.ledger.copy(Dir::H2D, src.len());
+        }
         self.guard(r)
     }
 
@@ -897,7 +909,10 @@ impl HalInner {
             self.staging
                 .upload(&self.ctx, &self.stream, dst, src, start)
         });
-        self.ledger.copy(Dir::H2D, src.len());
+        if r.is_ok() {
+            // (A failed copy is not counted.)
+            self.ledger.copy(Dir::H2D, src.len());
+        }
         self.guard(r)
     }
 
@@ -918,7 +933,10 @@ impl HalInner {
             };
             self.stream.synchronize()
         });
-        self.ledger.copy(Dir::D2H, len);
+        if r.is_ok() {
+            // (A failed copy is not counted.)
+            self.ledger.copy(Dir::D2H, len);
+        }
         self.guard(r)
     }
 
@@ -934,7 +952,10 @@ impl HalInner {
                 self.stream.synchronize()
             }
         });
-        self.ledger.copy(Dir::D2D, bytes);
+        if r.is_ok() {
+            // (A failed copy is not counted.)
+            self.ledger.copy(Dir::D2D, bytes);
+        }
         self.guard(r)
     }
 
@@ -968,6 +989,7 @@ impl HalInner {
         if !self.config.time_transfers {
             return enqueue(&|| Ok(()));
         }
+        self.ctx.bind()?;
         let (start, stop) = {
             let mut t = self.timings.lock();
             (t.event()?, t.event()?)
@@ -1053,19 +1075,6 @@ impl Timings {
             Some(e) => Ok(e),
             None => Event::new_timing(),
         }
-    }
-}
-
-impl HalInner {
-    /// This HAL's context retained once more, for an event of it that outlives the HAL
-    /// (see `SideUses`); `None` if the driver refuses (the event is then kept alone).
-    pub(crate) fn retain_context(&self) -> Option<PrimaryContext> {
-        self.ctx
-            .retain_again()
-            .inspect_err(|e| {
-                log::warn!("retaining the context of device {}: {e}", self.info.ordinal)
-            })
-            .ok()
     }
 }
 

@@ -290,6 +290,11 @@ pub struct CacheState {
     dirty: IntervalSet,
     borrows: Vec<(u64, BorrowKind, Range<usize>)>,
     next_borrow: u64,
+    /// Nothing has touched the allocation since it was made: no device access, download
+    /// or view. Its device bytes are unspecified then (or zeros, for a zeroed
+    /// allocation), and the host copy (zeroed when made, written only by downloads and
+    /// views) is all zeros.
+    fresh: bool,
 }
 
 /// Whether `a` and `b` share a byte (an empty range shares none).
@@ -298,6 +303,45 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
 }
 
 impl CacheState {
+    /// The state of a new allocation, whose device bytes are unspecified: a first mutable
+    /// view may start from the zeroed host copy instead of downloading
+    /// ([`CacheState::adopt_fresh`]). (`CacheState::default()` is a state that knows
+    /// nothing of the device's bytes.)
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::CacheState;
+    /// let mut c = CacheState::for_new_allocation();
+    /// assert!(c.adopt_fresh(&(0..64)), "nothing to download");
+    /// assert_eq!(c.readable().ranges(), &[0..64]);
+    /// assert!(!c.adopt_fresh(&(64..128)), "only once: 64..128 is downloaded as usual");
+    /// ```
+    pub fn for_new_allocation() -> Self {
+        CacheState {
+            fresh: true,
+            ..CacheState::default()
+        }
+    }
+
+    /// For a mutable view of `r`: if nothing has touched the allocation since it was made
+    /// (its device bytes are unspecified), the host copy's zeros stand for them. Then `r`
+    /// is marked readable with no download and this returns true; the view's end makes
+    /// it host-newer as usual, so the device gets the view's bytes. Any device access,
+    /// download or view before ends this.
+    ///
+    /// ```
+    /// use cuda_hal::host_cache::CacheState;
+    /// let mut c = CacheState::for_new_allocation();
+    /// c.mark_device_access(0..8, true); // a kernel writes first
+    /// assert!(!c.adopt_fresh(&(0..64)), "the kernel's bytes are downloaded");
+    /// ```
+    pub fn adopt_fresh(&mut self, r: &Range<usize>) -> bool {
+        if !std::mem::take(&mut self.fresh) {
+            return false;
+        }
+        self.readable.insert(r.clone());
+        true
+    }
+
     /// Bytes where the host copy holds the newest data.
     ///
     /// ```
@@ -384,6 +428,7 @@ impl CacheState {
     /// assert!(c.plan_read(&(0..16)).unwrap().is_empty());
     /// ```
     pub fn mark_downloaded(&mut self, r: Range<usize>) {
+        self.fresh = false;
         self.readable.insert(r);
     }
 
@@ -402,6 +447,7 @@ impl CacheState {
         if self.conflicts(&r, with_shared) || !self.readable.contains(&r) {
             return Err(Conflict);
         }
+        self.fresh = false;
         self.next_borrow += 1;
         self.borrows.push((self.next_borrow, kind, r));
         Ok(self.next_borrow)
@@ -410,7 +456,8 @@ impl CacheState {
     /// Starts an exclusive view of `r` whose bytes live outside the host copy (builds
     /// without phase 2 edit a downloaded `Vec` and upload it after): only its conflicts
     /// count, so that the device neither reads nor writes `r` meanwhile. Ended with
-    /// [`CacheState::end_detached_borrow`].
+    /// [`CacheState::end_detached_borrow`]. It leaves a new allocation fresh, for the
+    /// view's [`CacheState::adopt_fresh`].
     ///
     /// ```
     /// use cuda_hal::host_cache::CacheState;
@@ -532,6 +579,7 @@ impl CacheState {
     /// assert_eq!(c.plan_read(&(0..8)).unwrap(), vec![0..8]);
     /// ```
     pub fn mark_device_access(&mut self, r: Range<usize>, write: bool) {
+        self.fresh = false;
         // What was uploaded is no longer newer on the host: all of it but what mutable
         // views are editing (see `plan_device_access`).
         if !self.any_editing() {
@@ -572,6 +620,7 @@ impl CacheState {
     /// assert_eq!(c.plan_read(&(0..100)).unwrap(), vec![0..50]);
     /// ```
     pub fn mark_device_written(&mut self, r: Range<usize>) {
+        self.fresh = false;
         self.dirty.remove(r.clone());
         self.readable.remove(r);
     }
@@ -582,6 +631,37 @@ impl CacheState {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_new_allocation_is_adopted_once_and_only_before_any_use() {
+        // A view without phase 2 registers first, then adopts.
+        let mut c = CacheState::for_new_allocation();
+        let v = c.begin_detached_borrow(0..64).unwrap();
+        assert!(c.adopt_fresh(&(0..64)));
+        c.end_detached_borrow(v);
+        assert!(!c.adopt_fresh(&(0..64)));
+        // Anything that touches the allocation first ends it.
+        let touch: [fn(&mut CacheState); 4] = [
+            |c| c.mark_downloaded(0..8),
+            |c| c.mark_device_access(0..8, false),
+            |c| c.mark_device_access(8..16, true),
+            |c| c.mark_device_written(0..8),
+        ];
+        for t in touch {
+            let mut c = CacheState::for_new_allocation();
+            t(&mut c);
+            assert!(!c.adopt_fresh(&(32..64)));
+            assert!(!c.readable().contains(&(32..64)));
+        }
+        // An adopted range is edited like a downloaded one: host-newer after the view.
+        let mut c = CacheState::for_new_allocation();
+        assert!(c.adopt_fresh(&(16..32)));
+        let v = c.begin_borrow(16..32, BorrowKind::Exclusive).unwrap();
+        c.end_borrow(v);
+        assert_eq!(c.dirty().ranges(), &[16..32]);
+        assert_eq!(c.plan_read(&(0..32)).unwrap(), vec![0..16]);
+        assert!(!CacheState::default().adopt_fresh(&(0..8)));
+    }
 
     #[test]
     fn interval_insert_merges_and_remove_splits() {

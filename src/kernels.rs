@@ -46,8 +46,8 @@ pub(crate) struct KernelTable {
     embedded: Result<Module>,
     /// Modules of [`CudaHal::load_module`], searched after the embedded one in load order.
     loaded: RwLock<Vec<Module>>,
-    /// Kernels found so far, by name.
-    functions: RwLock<FxHashMap<String, Function>>,
+    /// Kernels found so far, by name, and whether the embedded module has them.
+    functions: RwLock<FxHashMap<String, (Function, bool)>>,
 }
 
 impl KernelTable {
@@ -69,32 +69,42 @@ impl KernelTable {
         }
     }
 
-    /// The kernel `name`: the embedded one, else the first loaded module's. A name found in
-    /// no module gives the embedded module's answer (not found, or no kernels built).
-    pub(crate) fn get(&self, name: &str) -> Result<Function> {
-        if let Some(f) = self.functions.read().get(name) {
-            return Ok(*f);
+    /// The kernel `name`: the embedded one, else (unless `embedded_only`) the first loaded
+    /// module's. A name found in no module gives the embedded module's answer (not found,
+    /// or no kernels built). The crate's own operations pass `embedded_only`: they pass
+    /// the arguments of the embedded kernels, which a user's kernel of the same name need
+    /// not take.
+    pub(crate) fn get(&self, name: &str, embedded_only: bool) -> Result<Function> {
+        if let Some(&(f, embedded)) = self.functions.read().get(name) {
+            if embedded || !embedded_only {
+                return Ok(f);
+            }
         }
         let not_embedded = match &self.embedded {
             Ok(module) => match module.function(name) {
-                Ok(f) => return Ok(self.remember(name, f)),
+                Ok(f) => return Ok(self.remember(name, f, true)),
                 Err(e) => e,
             },
             Err(e) => e.clone(),
         };
+        if embedded_only {
+            return Err(not_embedded);
+        }
         let found = self
             .loaded
             .read()
             .iter()
             .find_map(|m| m.function(name).ok());
         match found {
-            Some(f) => Ok(self.remember(name, f)),
+            Some(f) => Ok(self.remember(name, f, false)),
             None => Err(not_embedded),
         }
     }
 
-    fn remember(&self, name: &str, f: Function) -> Function {
-        self.functions.write().insert(name.to_string(), f);
+    fn remember(&self, name: &str, f: Function, embedded: bool) -> Function {
+        self.functions
+            .write()
+            .insert(name.to_string(), (f, embedded));
         f
     }
 
@@ -176,6 +186,8 @@ enum Access {
 pub struct Launch<'h> {
     hal: &'h CudaHal,
     kernel: &'h str,
+    /// Only the embedded module's kernel (the crate's own operations).
+    embedded_only: bool,
     dims: LaunchDims,
     /// Each argument's value, in 16-byte slots (8-byte aligned) so any scalar up to 16
     /// bytes fits; the driver copies each parameter by its size from wherever it lies.
@@ -273,11 +285,22 @@ impl CudaHal {
         Launch {
             hal: self,
             kernel,
+            embedded_only: false,
             dims,
             values: SmallVec::new(),
             buffers: SmallVec::new(),
             stream: None,
             error: None,
+        }
+    }
+
+    /// [`CudaHal::launch`] of a kernel of the embedded module only, for the crate's own
+    /// operations: a module the user loaded is never searched.
+    #[inline]
+    pub(crate) fn launch_embedded<'h>(&'h self, kernel: &'h str, dims: LaunchDims) -> Launch<'h> {
+        Launch {
+            embedded_only: true,
+            ..self.launch(kernel, dims)
         }
     }
 }
@@ -505,7 +528,7 @@ impl<'h> Launch<'h> {
         check_aliasing(&self.buffers)?;
         let h = &self.hal.inner;
         h.enter()?;
-        let f = h.kernels.get(self.kernel)?;
+        let f = h.kernels.get(self.kernel, self.embedded_only)?;
         let side = self.stream.take().filter(|s| !s.is_main());
         for (raw, range, access) in &self.buffers {
             let write = *access != Access::Read;
@@ -529,7 +552,9 @@ impl<'h> Launch<'h> {
         // buffer arguments are live allocations kept alive by `self.buffers` until the
         // kernel is queued, and by their owners (which free in stream order) afterwards.
         let r = unsafe { f.launch(d.grid, d.block, d.shared_bytes, stream, &mut params) };
-        h.ledger.launch();
+        if r.is_ok() {
+            h.ledger.launch();
+        }
         h.guard(r)?;
         if let (Some(s), Some(done)) = (&side, done) {
             h.record_use(&done, &s.stream)?;

@@ -61,6 +61,10 @@ pub struct ManagedBuffer<T> {
     _t: PhantomData<T>,
 }
 
+/// The alignment the driver gives managed allocations (at least; they share pages at
+/// this granularity).
+const MANAGED_ALIGN: usize = 256;
+
 /// Managed bytes live per device ordinal, over every HAL of the process; its lock also
 /// makes each check and its allocation one step.
 static MANAGED_LIVE: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
@@ -89,6 +93,14 @@ impl CudaHal {
             return Err(Error::ZeroLength {
                 name: name.to_string(),
             });
+        }
+        if std::mem::align_of::<T>() > MANAGED_ALIGN {
+            // `host` hands out `&[T]`, which must be aligned; the driver promises 256 bytes
+            // (small managed allocations share pages at that granularity).
+            return Err(Error::InvalidArgument(format!(
+                "`{name}`: elements aligned to {} bytes; managed memory is aligned to {MANAGED_ALIGN}",
+                std::mem::align_of::<T>()
+            )));
         }
         h.enter()?;
         let bytes = len

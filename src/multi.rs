@@ -201,9 +201,7 @@ impl<T: Pod> Buffer<T> {
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
         // The source is not freed or overwritten until the copy has read it.
         d.record_use(&done, &d.stream)?;
-        src.raw()
-            .side
-            .add_keeping(d.aside.copy_id, done, d.retain_context());
+        src.raw().side.add(d.aside.copy_id, done);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;
@@ -322,9 +320,7 @@ impl<T: Pod> Buffer<T> {
         s.ledger.copy(crate::ledger::Dir::D2H, bytes);
         d.ledger.copy(crate::ledger::Dir::H2D, bytes);
         // The source is not freed or overwritten until the downloads have read it.
-        src.raw()
-            .side
-            .add_keeping(d.aside.copy_id, last, d.retain_context());
+        src.raw().side.add(d.aside.copy_id, last);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;

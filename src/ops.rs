@@ -54,14 +54,14 @@ impl<T: Pod> Buffer<T> {
         // n is the buffer's length.
         match bytes.len() {
             4 => unsafe {
-                hal.launch("fill_u32", dims)
+                hal.launch_embedded("fill_u32", dims)
                     .output(self)
                     .scalar(u32::from_ne_bytes(bytes.try_into().unwrap_or_default()))
                     .scalar(n)
                     .run()
             },
             8 => unsafe {
-                hal.launch("fill_u64", dims)
+                hal.launch_embedded("fill_u64", dims)
                     .output(self)
                     .scalar(u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
                     .scalar(n)
@@ -125,7 +125,7 @@ fn eltwise<T: EltwiseElement>(
     // SAFETY: eltwise_{op}_{u32,f32}(out, a, b, n) touch [0..n) of each, of 4-byte
     // elements (checked above); the three buffers have n elements (checked above).
     unsafe {
-        hal.launch(
+        hal.launch_embedded(
             &format!("eltwise_{op}_{}", T::SUFFIX),
             LaunchDims::for_elements(out.len(), hal.info().multiprocessors),
         )

@@ -330,6 +330,8 @@ impl CudaHal {
                 set.ev[1].record(&s.stream)?;
                 dev_in.after_on(s, set.ev[1].clone(), in_range, true);
                 compute(s, &dev_in, &dev_out)?;
+                // `compute` may have left another context current.
+                h.enter()?;
                 set.ev[2].record(&s.stream)?;
                 dev_out.access_on(s, out_range.clone(), false)?;
                 // SAFETY: host_out has room for len*so bytes (staging, or the caller's pinned

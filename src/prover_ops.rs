@@ -178,14 +178,18 @@ impl CudaHal {
             return Ok(b.clone());
         }
         let b = make()?;
-        Ok(self
+        let kept = self
             .inner
             .prover
             .tables
             .lock()
             .entry(key)
-            .or_insert(b)
-            .clone())
+            .or_insert_with(|| b.clone())
+            .clone();
+        // Another thread's table may have come first: this one is freed after the lock,
+        // whose other users a free (a synchronize without phase 3) would hold up.
+        drop(b);
+        Ok(kept)
     }
 
     /// `base^k` in Montgomery form for `k < count`, computed on the device.
@@ -193,7 +197,7 @@ impl CudaHal {
         let t = self.alloc::<u32>(name, count)?;
         // SAFETY: powers_mont_bb(out, base, count) writes out[0..count); `t` has count elements.
         unsafe {
-            self.launch("powers_mont_bb", self.dims(count))
+            self.launch_embedded("powers_mont_bb", self.dims(count))
                 .output(&t)
                 .scalar(base.as_u32())
                 .scalar(count as u64)
@@ -272,7 +276,7 @@ impl CudaHal {
                 block: (1 << (tile_log - REG_LOG), 1, 1),
                 shared_bytes: 4 << tile_log,
             };
-            let launch = self.launch(NTT_PASS_KERNELS[(p.k - REG_LOG) as usize], dims);
+            let launch = self.launch_embedded(NTT_PASS_KERNELS[(p.k - REG_LOG) as usize], dims);
             let launch = if p.src == p.dst {
                 // In place: the kernel reads and writes `dst` (a null `src`).
                 launch.inout(pick(p.dst)?).scalar(0u64)
@@ -333,7 +337,7 @@ impl CudaHal {
             // SAFETY: ntt_stage_bb(io, tw, log_n, stage, total, scale, do_scale) touches io[0..2*total)
             // and tw[0..2^(log_n-1)); total is half of `io`'s length (a multiple of 2^log_n).
             unsafe {
-                self.launch("ntt_stage_bb", self.dims(butterflies))
+                self.launch_embedded("ntt_stage_bb", self.dims(butterflies))
                     .inout(io)
                     .input(&tw)
                     .scalar(log_n)
@@ -354,7 +358,7 @@ impl CudaHal {
         // SAFETY: batch_bit_reverse_bb(io, log_n, total) permutes io[0..total) within columns of
         // 2^log_n; total is `io`'s length, a multiple of 2^log_n (checked by the callers).
         unsafe {
-            self.launch("batch_bit_reverse_bb", self.dims(io.len()))
+            self.launch_embedded("batch_bit_reverse_bb", self.dims(io.len()))
                 .inout(io)
                 .scalar(log_n)
                 .scalar(io.len() as u64)
@@ -393,7 +397,7 @@ impl CudaHal {
         // the width's constant table; width is 16 or 24 (the table lookup above failed
         // otherwise) and states holds n*width elements.
         unsafe {
-            self.launch(&format!("poseidon2_permute_bb{width}"), self.dims(n))
+            self.launch_embedded(&format!("poseidon2_permute_bb{width}"), self.dims(n))
                 .inout(states)
                 .input(&consts)
                 .scalar(n as u64)
@@ -413,7 +417,7 @@ impl CudaHal {
         // SAFETY: eltwise_{op}_{bb,bb4}(out, a, b, n) touches [0..n) of each; the three have n
         // elements (checked) of the tag's size (checked by `field_kernel`).
         unsafe {
-            self.launch(&kernel, self.dims(out.len()))
+            self.launch_embedded(&kernel, self.dims(out.len()))
                 .output(out)
                 .input(a)
                 .input(b)
@@ -515,7 +519,7 @@ impl Hal for CudaHal {
         // SAFETY: eltwise_mul_scalar_{bb,bb4}(out, a, s, n) touches [0..n) of both; both have n
         // elements (checked) of the tag's size (checked by `field_kernel`).
         unsafe {
-            self.launch(&kernel, self.dims(out.len()))
+            self.launch_embedded(&kernel, self.dims(out.len()))
                 .output(out)
                 .input(a)
                 .scalar(scalar)
@@ -559,7 +563,7 @@ impl Hal for CudaHal {
         // out[0..total_out) and reads coeffs by column of 2^log_n and shift_pows[0..2^log_n);
         // `check::lde` matched the lengths.
         unsafe {
-            self.launch("lde_expand_bb", self.dims(out.len()))
+            self.launch_embedded("lde_expand_bb", self.dims(out.len()))
                 .output(out)
                 .input(coeffs)
                 .input(&shift)
@@ -587,7 +591,7 @@ impl Hal for CudaHal {
         // SAFETY: poseidon2_hash_rows_bb(out, matrix, consts, rows, cols) reads matrix[0..rows*cols)
         // and writes rows digests; `check::hash_rows` matched the lengths.
         unsafe {
-            self.launch("poseidon2_hash_rows_bb", self.dims(rows))
+            self.launch_embedded("poseidon2_hash_rows_bb", self.dims(rows))
                 .output(out)
                 .input(matrix)
                 .input(&consts)
@@ -603,7 +607,7 @@ impl Hal for CudaHal {
         // SAFETY: poseidon2_merkle_layer_bb(out, in, consts, n_out) reads 2*n_out digests of `input`
         // and writes n_out; `check::merkle` matched the lengths.
         unsafe {
-            self.launch("poseidon2_merkle_layer_bb", self.dims(out.len()))
+            self.launch_embedded("poseidon2_merkle_layer_bb", self.dims(out.len()))
                 .output(out)
                 .input(input)
                 .input(&consts)

@@ -123,6 +123,20 @@ impl Slot {
         }
         Ok(())
     }
+
+    /// Marks the slot in use by the copy just queued on `stream`, until its event. If the
+    /// event cannot be recorded, the stream is waited for instead: the copy may still run,
+    /// and the slot must not go back to the pool before it ends.
+    fn queued_on(&mut self, stream: &Stream) -> Result<()> {
+        if let Err(e) = self.done.record(stream) {
+            if let Err(sync) = stream.synchronize() {
+                log::warn!("waiting for a staging copy whose event failed ({e}): {sync}");
+            }
+            return Err(e);
+        }
+        self.in_flight = true;
+        Ok(())
+    }
 }
 
 /// The bounded pool of pinned slots of one HAL.
@@ -285,6 +299,8 @@ impl StagingPool {
         let chunks = bytes.div_ceil(self.cfg.chunk_bytes).max(1);
         let workers = self.cfg.workers.min(chunks);
         let per_worker = if chunks > 1 { 2 } else { 1 };
+        // New slots are made in the current context, and this thread may run workers.
+        ctx.bind()?;
         let mut slots = self.take(workers * per_worker)?;
         if let Err(e) = on_start() {
             self.give_back(slots);
@@ -372,8 +388,7 @@ fn upload_worker(
                 stream.raw(),
             )?
         };
-        slot.done.record(stream)?;
-        slot.in_flight = true;
+        slot.queued_on(stream)?;
     }
     Ok(())
 }
@@ -400,8 +415,7 @@ fn download_worker(
                 stream.raw(),
             )?
         };
-        slot.done.record(stream)?;
-        slot.in_flight = true;
+        slot.queued_on(stream)?;
         Ok(())
     };
     // Keep up to `n` chunks in flight; drain them in order.

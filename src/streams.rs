@@ -335,11 +335,9 @@ impl<E> Default for SideUses<E> {
 /// One side use: work on stream `id` up to `ev`.
 struct SideUse<E> {
     id: u64,
+    /// (An event of another HAL keeps that HAL's context alive itself: see
+    /// [`crate::driver::Event`].)
     ev: Arc<E>,
-    /// The context that made `ev`, retained when it is another HAL's: it must outlive the
-    /// event, which this allocation's streams wait on, even when that HAL is gone.
-    /// (Released after the event is destroyed: fields drop in order.)
-    _keep: Option<crate::driver::PrimaryContext>,
 }
 
 /// Past this many events of one stream, the completed ones are dropped when another comes.
@@ -404,21 +402,11 @@ impl SideUses<Event> {
 
 impl<E: Completion> SideUses<E> {
     /// Records that work on stream `id` up to `ev` may use the allocation.
-    pub(crate) fn add(&self, id: u64, ev: Arc<E>) {
-        self.add_keeping(id, ev, None);
-    }
-
-    /// [`SideUses::add`] for an event of another HAL's context, retained with it.
     ///
     /// Every event is kept, not only the last one added per stream: two threads that share
     /// a stream record their events and add them in two steps, so the one added last may
     /// be the older.
-    pub(crate) fn add_keeping(
-        &self,
-        id: u64,
-        ev: Arc<E>,
-        keep: Option<crate::driver::PrimaryContext>,
-    ) {
+    pub(crate) fn add(&self, id: u64, ev: Arc<E>) {
         let mut uses = self.uses.lock();
         if uses.len() >= self.prune_all_at.load(Ordering::Relaxed) {
             uses.retain(|u| !u.ev.known_complete());
@@ -428,11 +416,7 @@ impl<E: Completion> SideUses<E> {
             // Events of this stream (whose context is current) that have completed.
             uses.retain(|u| u.id != id || !u.ev.known_complete());
         }
-        uses.push(SideUse {
-            id,
-            ev,
-            _keep: keep,
-        });
+        uses.push(SideUse { id, ev });
         self.any.store(true, Ordering::Release);
     }
 }

@@ -411,7 +411,7 @@ impl CudaHal {
                 )?
             };
             h.ledger.copy(Dir::H2D, table_bytes);
-            let f = h.kernels.get("gather_elements")?;
+            let f = h.kernels.get("gather_elements", true)?;
             let dims = LaunchDims::for_elements(n, h.info_sms());
             let (mut t, mut o, mut c, mut e) =
                 (scratch, scratch + out_off as u64, n as u64, sz as u32);
@@ -535,7 +535,7 @@ impl CudaHal {
             };
             h.ledger.copy(Dir::H2D, total);
             done.record(&h.stream)?;
-            let f = h.kernels.get("scatter_segments")?;
+            let f = h.kernels.get("scatter_segments", true)?;
             let blocks = (items.len() as u32).min(h.info_sms() * 8).max(1);
             let (mut t, mut dat, mut c) =
                 (scratch, scratch + data_start as u64, items.len() as u32);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{gpu, gpu_exclusive, Rng, MIB};
-use cuda_hal::{driver, ops, CudaHal, Error, LaunchDims, PHASES};
+use cuda_hal::{driver, ops, CudaHal, Error, LaunchDims, PipelineMode, PHASES};
 
 #[test]
 fn driver_reports_device_properties() {
@@ -274,6 +274,60 @@ fn view_after_kernel_write_sees_new_data() {
     // fill is a device write too.
     out.fill(7).unwrap();
     assert!(out.view(|s| s.iter().all(|v| *v == 7)).unwrap());
+}
+
+/// A new buffer's first `view_mut` downloads nothing (`alloc`'s contents are unspecified,
+/// `alloc_zeroed`'s zeros) and starts from zeros, which the device then gets with the
+/// view's edits; a buffer the device wrote first is downloaded as before.
+#[test]
+fn a_new_buffers_first_view_mut_downloads_nothing() {
+    let Some(hal) = gpu() else { return };
+    let n = MIB;
+    // A block of the same size that held data, which the block cache may hand out again.
+    drop(hal.copy_from("old", &vec![7u32; n]).unwrap());
+    let b = hal.alloc::<u32>("new", n).unwrap();
+    let before = hal.ledger();
+    b.view_mut(|s| {
+        assert!(s.iter().all(|x| *x == 0), "the view starts from zeros");
+        (s[0], s[n - 1]) = (5, 6);
+    })
+    .unwrap();
+    assert_eq!(
+        hal.ledger().since(&before).d2h.bytes,
+        0,
+        "nothing downloaded"
+    );
+    // The device has the view's bytes, its zeros included (not the old block's sevens).
+    let out = hal.alloc::<u32>("out", n).unwrap();
+    ops::add(&out, &b, &b).unwrap();
+    let v = out.to_vec().unwrap();
+    assert_eq!((v[0], v[n - 1]), (10, 12));
+    assert!(v[1..n - 1].iter().all(|x| *x == 0));
+    // Written by the device first: downloaded, and the edit lands beside the device's bytes.
+    let c = hal.alloc::<u32>("written", n).unwrap();
+    c.fill(3).unwrap();
+    let before = hal.ledger();
+    c.view_mut(|s| {
+        assert!(s.iter().all(|x| *x == 3));
+        s[0] = 4;
+    })
+    .unwrap();
+    assert_eq!(hal.ledger().since(&before).d2h.bytes, 4 * n as u64);
+    ops::add(&out, &c, &c).unwrap();
+    assert_eq!(out.get_many(&[0, 1, n - 1]).unwrap(), vec![8, 6, 6]);
+    // Only the first view: a second one of another part downloads that part.
+    let d = hal.alloc::<u32>("parts", n).unwrap();
+    d.slice(0, 16).unwrap().view_mut(|s| s.fill(1)).unwrap();
+    let before = hal.ledger();
+    d.slice(16, 16).unwrap().view_mut(|s| s.fill(2)).unwrap();
+    assert!(hal.ledger().since(&before).d2h.bytes >= 64);
+    // A zeroed buffer's zeros are the host copy's: not downloaded either.
+    let z = hal.alloc_zeroed::<u32>("zeroed", n).unwrap();
+    let before = hal.ledger();
+    z.view_mut(|s| s[1] = 1).unwrap();
+    assert_eq!(hal.ledger().since(&before).d2h.bytes, 0);
+    ops::add(&out, &z, &z).unwrap();
+    assert_eq!(out.get_many(&[0, 1, n - 1]).unwrap(), vec![0, 2, 0]);
 }
 
 #[test]
@@ -803,6 +857,54 @@ fn every_operation_binds_the_context_whatever_is_current() {
     hal.trim_pool(0).unwrap();
     unbind();
     hal.synchronize().unwrap();
+    // User code inside an operation may leave no context (or another HAL's) current: a
+    // pipeline's `compute`, a view's closure. The steps after it bind again; before, the
+    // next event or staging slot was made in the wrong context and kept.
+    let input: Vec<u32> = (0..3 * n as u32).collect();
+    let mut output = vec![0u32; 3 * n];
+    hal.pipeline(
+        &input,
+        &mut output,
+        n,
+        PipelineMode::Overlapped,
+        |s, i, o| {
+            // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+            unsafe {
+                hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
+                    .on(s)
+                    .output(o)
+                    .input(i)
+                    .scalar(i.len() as u64)
+                    .scalar(0u32)
+                    .run()?
+            };
+            unbind();
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(output, input, "zero rounds: a copy");
+    let side = hal.create_stream().unwrap();
+    let c = hal.copy_from("rebind-side", &data).unwrap();
+    c.view_mut(|v| {
+        v[0] = 9;
+        unbind();
+    })
+    .unwrap();
+    for _ in 0..40 {
+        // SAFETY: fill_u32(out, value, n) writes c's n elements.
+        unsafe {
+            hal.launch("fill_u32", LaunchDims::for_elements(n, 132))
+                .on(&side)
+                .output(&c)
+                .scalar(3u32)
+                .scalar(n as u64)
+                .run()
+        }
+        .unwrap();
+        unbind();
+    }
+    assert_eq!(c.to_vec().unwrap(), vec![3; n]);
 }
 
 /// Runs `poison_child` in a child process: a device fault poisons the process's primary
@@ -908,5 +1010,55 @@ fn poison_child() {
             println!("RECOVERY: needs a new process ({e})");
         }
     }
+    println!("CHILD-OK");
+}
+
+/// Driver objects keep their context alive: with the last other reference to the primary
+/// context gone (which makes the driver destroy it, and everything in it), pinned memory,
+/// a stream, an event and a module still work, and their drops find them alive. In a
+/// child process, where no other test holds the context. Before, writing the pinned
+/// memory crashed the process (measured on an H200).
+#[test]
+fn driver_objects_keep_their_context_alive() {
+    let Some(_hal) = gpu() else { return };
+    common::run_child("driver_objects_child", &[]);
+}
+
+#[test]
+#[ignore = "run by driver_objects_keep_their_context_alive in its own process"]
+fn driver_objects_child() {
+    if !common::is_child("driver_objects_child") {
+        return;
+    }
+    let ctx = driver::PrimaryContext::retain(0).unwrap();
+    ctx.bind().unwrap();
+    let mut pinned = driver::PinnedMemory::new(1 << 20, cuda_hal::PinnedFlags::default()).unwrap();
+    let stream = driver::Stream::new_non_blocking().unwrap();
+    let event = driver::Event::new().unwrap();
+    let module =
+        cuda_hal::kernels_available().then(|| driver::Module::load(cuda_hal::FATBIN).unwrap());
+    let pool = driver::MemPool::new(0, 0).unwrap();
+    drop(ctx); // the only reference but the objects'
+    pinned.as_mut_slice().fill(7);
+    event.record(&stream).unwrap();
+    event.synchronize().unwrap();
+    if let Some(m) = &module {
+        m.function("fill_u32").unwrap();
+    }
+    assert_eq!(pool.reserved_bytes().unwrap(), 0);
+    assert!(pinned.as_slice().iter().all(|b| *b == 7));
+    drop((pinned, stream, event, module, pool));
+    // Without a current context, objects cannot be made.
+    // SAFETY: only makes no context current on this thread.
+    unsafe {
+        cuda_hal::cuda_sys::driver()
+            .unwrap()
+            .cuCtxSetCurrent(std::ptr::null_mut())
+    }
+    .unwrap();
+    assert!(matches!(
+        driver::Event::new(),
+        Err(Error::InvalidArgument(_))
+    ));
     println!("CHILD-OK");
 }

@@ -261,6 +261,32 @@ fn a_request_the_driver_refuses_leaves_the_peak_alone() {
     drop(a);
 }
 
+/// An upload into some slots leaves the batch's other slots as they were: the slots it
+/// skips between its views hold data of this batch (zeroed before 2026-11-25).
+#[test]
+fn an_arena_upload_leaves_the_batchs_other_slots_alone() {
+    let Some(hal) = gpu() else { return };
+    let slots = ["x", "y", "z"].map(|n| (n.to_string(), 256)).to_vec();
+    let mut arena = hal
+        .batch_arena("slots", 0, ArenaLayout::Slots(slots))
+        .unwrap();
+    let batch = arena.begin_batch();
+    let y = batch.alloc::<u32>("y", 64).unwrap();
+    y.copy_from_slice(&[7; 64]).unwrap();
+    let before = hal.ledger();
+    let views = batch
+        .upload(&[("x", &[1u32; 64][..]), ("z", &[2u32; 64][..])])
+        .unwrap();
+    assert_eq!(
+        hal.ledger().since(&before).h2d.calls,
+        2,
+        "one copy each side of y"
+    );
+    assert_eq!(y.to_vec().unwrap(), vec![7; 64]);
+    assert_eq!(views[0].to_vec().unwrap(), vec![1; 64]);
+    assert_eq!(views[1].to_vec().unwrap(), vec![2; 64]);
+}
+
 #[test]
 fn arena_refusals_leave_the_batch_as_it_was() {
     let Some(hal) = gpu() else { return };
@@ -654,4 +680,28 @@ fn managed_memory_handed_out_counts_against_what_is_free() {
     drop(first);
     let second = other.alloc_managed::<u8>("m-second", part).unwrap();
     assert_eq!(second.len(), part);
+}
+
+/// Elements aligned past what the driver promises managed memory (256 bytes) are refused:
+/// `host` would hand out a misaligned `&[T]` (small managed allocations share pages at
+/// 512-byte steps, measured on an H200).
+#[test]
+fn managed_elements_aligned_past_256_bytes_are_refused() {
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(1024))]
+    struct Big([u8; 1024]);
+    let Some(hal) = gpu() else { return };
+    let _small = hal.alloc_managed::<u8>("small", 3).unwrap();
+    let before = hal.memory_report().current_bytes;
+    assert!(matches!(
+        hal.alloc_managed::<Big>("big", 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(hal.memory_report().current_bytes, before, "nothing tracked");
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(256))]
+    struct Row([u8; 256]);
+    let mut rows = hal.alloc_managed::<Row>("rows", 2).unwrap();
+    rows.host_mut().unwrap()[1].0[255] = 9;
+    assert_eq!(rows.host().unwrap()[1].0[255], 9);
 }

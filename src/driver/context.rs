@@ -46,8 +46,10 @@ impl PrimaryContext {
         let d = api()?;
         let mut device: CUdevice = 0;
         let mut ctx: CUcontext = std::ptr::null_mut();
+        let ordinal = i32::try_from(ordinal)
+            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal}")))?;
         // SAFETY: out-pointers are valid locals.
-        unsafe { d.cuDeviceGet(&mut device, ordinal as i32)? };
+        unsafe { d.cuDeviceGet(&mut device, ordinal)? };
         // SAFETY: as above.
         match unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device) } {
             Ok(()) => {}
@@ -59,6 +61,45 @@ impl PrimaryContext {
             Err(e) => return Err(e.into()),
         }
         Ok(PrimaryContext { ctx, device })
+    }
+
+    /// Retains the primary context current on the calling thread, so that a driver object
+    /// made in it keeps it alive: the driver destroys a primary context, and every object
+    /// in it, when its last reference is released. An error if no context is current or
+    /// the current one is not its device's primary context.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// assert_eq!(PrimaryContext::retain_current().unwrap().raw(), ctx.raw());
+    /// ```
+    pub fn retain_current() -> Result<Self> {
+        let d = api()?;
+        let (mut current, mut device): (CUcontext, CUdevice) = (std::ptr::null_mut(), 0);
+        // SAFETY: out-pointers are valid locals.
+        unsafe { d.cuCtxGetCurrent(&mut current)? };
+        if current.is_null() {
+            return Err(Error::InvalidArgument(
+                "no CUDA context is current on this thread (bind a PrimaryContext first)".into(),
+            ));
+        }
+        // SAFETY: as above; a context is current.
+        unsafe { d.cuCtxGetDevice(&mut device)? };
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer is a valid local; the device handle came from the driver.
+        unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device)? };
+        let retained = PrimaryContext { ctx, device };
+        if ctx != current {
+            // (Dropping `retained` releases what was just retained.)
+            return Err(Error::InvalidArgument(
+                "the current CUDA context is not its device's primary context".into(),
+            ));
+        }
+        Ok(retained)
     }
 
     /// One more reference to this same context, released when the result drops. A context

@@ -1,6 +1,6 @@
 use cuda_sys::{CUevent, CUevent_flags, CUresult};
 
-use super::{api, Stream};
+use super::{api, PrimaryContext, Stream};
 use crate::Result;
 
 /// An event used for ordering (timing disabled, so recording is cheap), destroyed on drop.
@@ -20,6 +20,8 @@ use crate::Result;
 /// ```
 pub struct Event {
     raw: CUevent,
+    /// Keeps the context, and so the event, alive.
+    _ctx: PrimaryContext,
 }
 
 // SAFETY: event handles may be used from any thread with their context current.
@@ -28,7 +30,8 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// Creates an event without timing. The caller has made the owning context current.
+    /// Creates an event without timing, in the primary context current on the thread,
+    /// which it retains.
     ///
     /// ```
     /// use cuda_hal::driver::{Event, PrimaryContext};
@@ -41,10 +44,11 @@ impl Event {
     /// assert!(e.is_complete().unwrap(), "never recorded: nothing to wait for");
     /// ```
     pub fn new() -> Result<Self> {
+        let ctx = PrimaryContext::retain_current()?;
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)? };
-        Ok(Event { raw })
+        Ok(Event { raw, _ctx: ctx })
     }
 
     /// Creates an event that records timestamps, for [`Event::elapsed_ms`].
@@ -64,10 +68,11 @@ impl Event {
     /// assert!(b.elapsed_ms(&a).unwrap() >= 0.0);
     /// ```
     pub fn new_timing() -> Result<Self> {
+        let ctx = PrimaryContext::retain_current()?;
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DEFAULT.0)? };
-        Ok(Event { raw })
+        Ok(Event { raw, _ctx: ctx })
     }
 
     /// Milliseconds of device time between `start` and `self` (both timing events, both

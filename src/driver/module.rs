@@ -2,7 +2,7 @@ use std::ffi::CString;
 
 use cuda_sys::{CUfunction, CUmodule};
 
-use super::{api, Stream};
+use super::{api, PrimaryContext, Stream};
 use crate::{Error, Result};
 
 /// A loaded module (fatbin, cubin or PTX image), unloaded on drop.
@@ -22,6 +22,8 @@ use crate::{Error, Result};
 /// ```
 pub struct Module {
     raw: CUmodule,
+    /// Keeps the context, and so the module, alive.
+    _ctx: PrimaryContext,
 }
 
 // SAFETY: module handles may be used from any thread with their context current.
@@ -71,7 +73,8 @@ unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
 impl Module {
-    /// Loads an image with `cuModuleLoadData`. The caller has made the context current.
+    /// Loads an image with `cuModuleLoadData` into the primary context current on the
+    /// thread, which it retains.
     /// PTX text needs no terminating NUL: one is added.
     ///
     /// ```
@@ -85,12 +88,13 @@ impl Module {
     /// assert!(Module::load(b"definitely not a fatbin").is_err());
     /// ```
     pub fn load(image: &[u8]) -> Result<Self> {
+        let ctx = PrimaryContext::retain_current()?;
         let aligned = aligned_image(image);
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: `aligned` holds the whole image and a NUL after it (the driver reads PTX
         // up to its NUL), and outlives the call; the driver copies what it needs.
         unsafe { api()?.cuModuleLoadData(&mut raw, aligned.as_ptr().cast())? };
-        Ok(Module { raw })
+        Ok(Module { raw, _ctx: ctx })
     }
 
     /// Looks up a kernel by its (unmangled, `extern "C"`) name.

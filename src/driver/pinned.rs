@@ -1,6 +1,6 @@
 use std::ffi::c_void;
 
-use super::api;
+use super::{api, PrimaryContext};
 use crate::Result;
 
 /// Flags for [`PinnedMemory`]. The default is plain page-locked memory that the CPU reads
@@ -53,6 +53,8 @@ impl PinnedFlags {
 pub struct PinnedMemory {
     ptr: *mut u8,
     len: usize,
+    /// Keeps the context alive: the driver frees pinned memory with its context.
+    _ctx: PrimaryContext,
 }
 
 // SAFETY: the allocation is owned exclusively by this value; the driver allows freeing it
@@ -62,7 +64,8 @@ unsafe impl Send for PinnedMemory {}
 unsafe impl Sync for PinnedMemory {}
 
 impl PinnedMemory {
-    /// Allocates `len` bytes (at least 1). The caller has made a context current.
+    /// Allocates `len` bytes (at least 1) in the primary context current on the thread,
+    /// which it retains.
     ///
     /// ```
     /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
@@ -76,12 +79,14 @@ impl PinnedMemory {
     /// assert_eq!(m.len(), 1 << 20);
     /// ```
     pub fn new(len: usize, flags: PinnedFlags) -> Result<Self> {
+        let ctx = PrimaryContext::retain_current()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuMemHostAlloc(&mut ptr, len.max(1), flags.bits())? };
         Ok(PinnedMemory {
             ptr: ptr.cast(),
             len,
+            _ctx: ctx,
         })
     }
 

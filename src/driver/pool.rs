@@ -2,7 +2,7 @@ use cuda_sys::{
     CUmemAllocationType, CUmemLocationType, CUmemPoolProps, CUmemPool_attribute, CUmemoryPool,
 };
 
-use super::api;
+use super::{api, PrimaryContext};
 use crate::Result;
 
 /// A memory pool of one device, created with `cuMemPoolCreate` (never the device's default
@@ -34,6 +34,8 @@ use crate::Result;
 /// ```
 pub struct MemPool {
     raw: CUmemoryPool,
+    /// Keeps the device's primary context alive while the pool is.
+    _ctx: PrimaryContext,
 }
 
 // SAFETY: pool handles may be used from any thread.
@@ -80,17 +82,18 @@ impl MemPool {
     /// assert_eq!(keep_64_mib.reserved_bytes().unwrap(), 0);
     /// ```
     pub fn new(ordinal: usize, release_threshold: u64) -> Result<Self> {
+        let ctx = PrimaryContext::retain(ordinal)?;
         let d = api()?;
         let mut props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             ..Default::default()
         };
         props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        props.location.id = ordinal as i32;
+        props.location.id = ordinal as i32; // (in range: `retain` checked it)
         let mut raw: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: props is fully initialised (zeroed reserved bytes); out-pointer valid.
         unsafe { d.cuMemPoolCreate(&mut raw, &props)? };
-        let pool = MemPool { raw };
+        let pool = MemPool { raw, _ctx: ctx };
         pool.set_release_threshold(release_threshold)?;
         Ok(pool)
     }
@@ -198,10 +201,12 @@ impl MemPool {
     /// }
     /// ```
     pub fn grant_access(&self, ordinal: usize) -> Result<()> {
+        let ordinal = i32::try_from(ordinal)
+            .map_err(|_| crate::Error::InvalidArgument(format!("device ordinal {ordinal}")))?;
         let desc = cuda_sys::CUmemAccessDesc {
             location: cuda_sys::CUmemLocation {
                 type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: ordinal as i32,
+                id: ordinal,
             },
             flags: cuda_sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };

@@ -1,6 +1,6 @@
 use cuda_sys::{CUstream, CUstream_flags};
 
-use super::api;
+use super::{api, PrimaryContext};
 use crate::Result;
 
 /// A non-blocking stream, destroyed on drop. The owner keeps its context current.
@@ -18,6 +18,8 @@ use crate::Result;
 /// ```
 pub struct Stream {
     raw: CUstream,
+    /// Keeps the context, and so the stream, alive.
+    _ctx: PrimaryContext,
 }
 
 // SAFETY: stream handles may be used from any thread with their context current.
@@ -26,8 +28,8 @@ unsafe impl Send for Stream {}
 unsafe impl Sync for Stream {}
 
 impl Stream {
-    /// Creates a stream that does not synchronise with the legacy default stream.
-    /// The caller has made the owning context current.
+    /// Creates a stream that does not synchronise with the legacy default stream, in the
+    /// primary context current on the thread, which it retains.
     ///
     /// ```
     /// use cuda_hal::driver::{PrimaryContext, Stream};
@@ -40,10 +42,11 @@ impl Stream {
     /// assert_ne!(a.raw(), b.raw());
     /// ```
     pub fn new_non_blocking() -> Result<Self> {
+        let ctx = PrimaryContext::retain_current()?;
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0)? };
-        Ok(Stream { raw })
+        Ok(Stream { raw, _ctx: ctx })
     }
 
     /// The raw handle.
