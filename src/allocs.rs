@@ -11,7 +11,8 @@
 //! cache's cap gets no class ([`NO_CLASS`]): its blocks are allocated and tracked as any
 //! other, and go back to the pool when freed. A name first seen past the tracker's cap
 //! ([`OVERFLOW_NAME`]) is never remembered by its key: its requests take the slow path,
-//! which gives each allocation's text to the tracker for the report.
+//! which gives each allocation's text to the tracker for the report, and sends it to a new
+//! block (not a cached one), whose slot the tracker knows in advance.
 
 use std::borrow::Cow;
 
@@ -109,44 +110,11 @@ impl Allocs {
         let mut guard = self.state.lock();
         let s = &mut *guard;
         let found = match name {
-            Cow::Borrowed(text) if self.tracking => match s.keys.get(bytes, NameKey::of(text)) {
-                Some(found) => found,
-                None => return self.alloc_named_slow(s, name, bytes, pooled),
-            },
+            Cow::Borrowed(text) if self.tracking => s.find(bytes, NameKey::of(text), name),
             // A tracked name that is not static has no key: its id is found by its text.
-            Cow::Owned(_) if self.tracking => return self.alloc_named_slow(s, name, bytes, pooled),
+            Cow::Owned(_) if self.tracking => s.find_owned(bytes, name),
             _ => s.find(bytes, NameKey::NONE, name),
         };
-        self.grant(s, found, bytes, pooled)
-    }
-
-    /// [`Allocs::alloc`] of a tracked request whose name is not remembered with its size (a
-    /// name that is not static, a static one new with this size, or one past the name
-    /// cap): resolved the slow way, and an allocation under [`OVERFLOW_NAME`] gives the
-    /// tracker its text.
-    #[allow(clippy::ptr_arg)]
-    #[inline(never)]
-    fn alloc_named_slow(
-        &self,
-        s: &mut State,
-        name: &Cow<'static, str>,
-        bytes: usize,
-        pooled: bool,
-    ) -> Option<Granted> {
-        let found = match name {
-            Cow::Borrowed(text) => s.resolve(bytes, NameKey::of(text), name),
-            Cow::Owned(_) => s.find_owned(bytes, name),
-        };
-        let granted = self.grant(s, found, bytes, pooled)?;
-        s.tracker.name_slot(granted.ticket.slot, found.name, name);
-        Some(granted)
-    }
-
-    /// The rest of [`Allocs::alloc`] once the request is resolved to `found`, in its lock
-    /// section: refuses it past the limit, tracks it when tracking, and when `pooled` takes
-    /// a cached block of its class.
-    #[inline(always)]
-    fn grant(&self, s: &mut State, found: Resolved, bytes: usize, pooled: bool) -> Option<Granted> {
         let class = if pooled { found.class } else { NO_CLASS };
         let (ticket, parked) = if self.tracking {
             let name = found.name;
@@ -313,10 +281,27 @@ impl State {
     /// What a tracked request with a name that is not static resolves to: its size class
     /// by the key with no name, its name id by the text.
     #[allow(clippy::ptr_arg)]
+    #[inline(never)]
     fn find_owned(&mut self, bytes: usize, name: &Cow<'static, str>) -> Resolved {
         let class = self.find(bytes, NameKey::NONE, name).class;
-        let name = self.tracker.name_id(name);
-        Resolved { class, name }
+        let id = self.tracker.name_id(name);
+        self.past_the_name_cap(Resolved { class, name: id }, name)
+    }
+
+    /// A request resolved to [`OVERFLOW_NAME`] takes a new block (no size class), so its
+    /// slot is the tracker's next new one, which gets its text now, before the allocation
+    /// (the lock is held until then): the hot path never sees such a name. Its blocks go
+    /// back to the pool when freed. Other requests are left as they are.
+    #[allow(clippy::ptr_arg)]
+    fn past_the_name_cap(&mut self, found: Resolved, name: &Cow<'static, str>) -> Resolved {
+        if found.name != OVERFLOW_NAME {
+            return found;
+        }
+        self.tracker.name_next_new_slot(name);
+        Resolved {
+            class: NO_CLASS,
+            ..found
+        }
     }
 
     /// Resolves a request the slow way (the size class by its size, the name of a key
@@ -327,15 +312,17 @@ impl State {
     #[inline(never)]
     fn resolve(&mut self, bytes: usize, key: NameKey, name: &Cow<'static, str>) -> Resolved {
         let class = self.blocks.class_of(bytes);
-        let name = if key.is_none() {
+        let id = if key.is_none() {
             NO_NAME
         } else {
             self.tracker.name_id(name)
         };
-        let found = Resolved { class, name };
-        if name != OVERFLOW_NAME {
-            self.keys.insert(bytes, key, found);
+        let found = Resolved { class, name: id };
+        if id == OVERFLOW_NAME {
+            // Never remembered: each such request comes here, to give the tracker its text.
+            return self.past_the_name_cap(found, name);
         }
+        self.keys.insert(bytes, key, found);
         found
     }
 }
@@ -737,6 +724,8 @@ mod tests {
             }
         }
         let mut held: BTreeMap<u64, Held> = BTreeMap::new(); // by the model's id
+                                                             // Those under a name past the cap: their blocks are never cached.
+        let mut no_class = HashSet::new();
         let (mut next_ptr, mut next_id) = (1u64, 0u64);
         let (mut cached_allocs, mut frees) = (0u64, 0u64);
         for op in ops {
@@ -761,6 +750,7 @@ mod tests {
                         m.number(bytes);
                     }
                     let refused = (tracked || managed) && m.current() + bytes > limit;
+                    let mut past_cap = false;
                     let (ptr, ticket) = if managed {
                         let got = a.track(&cow, bytes);
                         if refused {
@@ -776,7 +766,9 @@ mod tests {
                             continue;
                         }
                         let g = got.expect("within the limit");
-                        let want = match pooled {
+                        // A name past the cap takes a new block: its slot gets its text.
+                        past_cap = tracked && m.totals_of[text] == OVERFLOW_TEXT;
+                        let want = match pooled && !past_cap {
                             true => m.cache.get_mut(&bytes).and_then(|v| v.pop()),
                             false => None,
                         };
@@ -804,6 +796,9 @@ mod tests {
                     };
                     prop_assert!(!held.contains_key(&id), "id {} is live", id);
                     held.insert(id, (ptr, bytes, ticket, managed));
+                    if past_cap {
+                        no_class.insert(id);
+                    }
                     if tracked || managed {
                         m.live.insert(id, (text.to_string(), bytes));
                         m.peak = m.peak.max(m.current());
@@ -823,8 +818,10 @@ mod tests {
                     if managed {
                         a.untrack(ticket, bytes);
                     } else {
+                        let past_cap = no_class.remove(&id);
                         let keep = offer
                             && pooled
+                            && !past_cap
                             && m.classes.contains(&bytes)
                             && m.cached_bytes + bytes <= cache_limit;
                         prop_assert_eq!(a.free(ptr, bytes, ticket, offer), keep);
@@ -900,7 +897,7 @@ mod tests {
     }
 
     #[test]
-    fn names_past_the_cap_keep_their_own_text_through_the_cache() {
+    fn names_past_the_cap_keep_their_own_text_and_skip_the_cache() {
         let a = Allocs::new(true, None, usize::MAX);
         for i in 0..MAX_NAMES {
             let g = a.alloc(&Cow::Owned(format!("n{i}")), 8, true).unwrap();
@@ -919,16 +916,23 @@ mod tests {
             late_a.clone(),
             n3.clone(),
             late_b.clone(),
-            n3.clone(), // now by its key, the block's slot named by the late name before
+            n3.clone(), // now by its key, from the cache
             late_a.clone(),
         ];
-        // One block of 100 bytes, parked with its slot between the allocations.
+        // Names past the cap take new blocks and give them back; a known name's block is
+        // parked with its slot, which a late name's allocation may have named before.
         for (i, name) in in_turn.iter().enumerate() {
+            let late = name != &n3;
             let g = a.alloc(name, 100, true).unwrap();
-            assert_eq!(g.cached, (i > 0).then_some(0x100));
+            let parked_before = in_turn[..i].iter().any(|n| n == &n3);
+            assert_eq!(
+                g.cached,
+                (!late && parked_before).then_some(0x100),
+                "step {i}"
+            );
             let r = a.report();
             assert_eq!(r.largest(2), vec![(name.to_string(), 100)], "step {i}");
-            assert!(a.free(0x100, 100, g.ticket, true));
+            assert_eq!(a.free(0x100, 100, g.ticket, true), !late, "step {i}");
         }
         let m = a
             .track(&Cow::Owned("managed-late".to_string()), 10)

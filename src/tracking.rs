@@ -38,6 +38,8 @@ pub struct LiveAllocation {
 /// would otherwise grow its tables without end) share one entry, named
 /// `(names past the first 4096)`, whose totals are those of all their allocations
 /// together. [`MemoryReport::live`] still names each live allocation by its own name.
+/// (Their allocations skip the block cache: each takes a block from the pool, and gives it
+/// back when freed.)
 ///
 /// ```
 /// use cuda_hal::CudaHal;
@@ -227,10 +229,11 @@ pub(crate) struct Names {
     /// At most [`MAX_NAMES`] entries.
     by_text: FxHashMap<String, u32>,
     /// The text of the allocation last tracked under [`OVERFLOW_NAME`] in each slot, by
-    /// slot: written by [`Tracker::name_slot`] for every such allocation (none of them is
-    /// tracked by the hot path alone), read by reports only for the live slots whose name
-    /// is [`OVERFLOW_NAME`], so the entry of a slot since freed or named otherwise is never
-    /// read. At most one entry per slot of the tracker.
+    /// slot: written for every such allocation ([`Tracker::name_next_new_slot`] before it
+    /// takes its new block, [`Tracker::name_slot`] for managed memory), read by reports
+    /// only for the live slots whose name is [`OVERFLOW_NAME`], so the entry of a slot
+    /// since freed or named otherwise is never read. At most one entry per slot of the
+    /// tracker, and one for the next slot it adds.
     overflow: FxHashMap<u32, Cow<'static, str>>,
 }
 
@@ -316,10 +319,10 @@ pub(crate) struct TrackerCounts {
 /// - Name ids come from the caller, who finds them once per size and static name (see
 ///   `crate::alloc_keys`).
 /// - Names are capped at [`MAX_NAMES`]: later ones share [`OVERFLOW_NAME`], one entry of
-///   `totals`, so the per-name tables stay bounded. The hot path does not know of it: an
-///   allocation under that name is tracked as any other, and its caller, which resolved
-///   the name the slow way (such names are never remembered per size), then gives its
-///   text to [`Tracker::name_slot`] for the report.
+///   `totals`, so the per-name tables stay bounded. The hot path does not know of it: such
+///   a name is resolved the slow way each time (never remembered per size), which sends
+///   its allocation to a new block, never a cached one, and first gives its text to
+///   [`Tracker::name_next_new_slot`] for the report.
 /// - An allocation adds its bytes to its name's and names its slot. Allocations are
 ///   counted when freed, which keeps a write off the allocation: a name's allocations are
 ///   its frees and its live ones, which a report counts.
@@ -417,12 +420,22 @@ impl Tracker {
         }
     }
 
-    /// [`Tracker::name_slot`] for a name past the cap.
+    /// [`Tracker::name_slot`] for the slot the next new block takes (the next allocation
+    /// of [`Tracker::track_new`]), which the caller's allocation under [`OVERFLOW_NAME`]
+    /// takes next, in the same lock section. (If the allocation is refused, the free slot
+    /// keeps a text no report reads.)
+    #[allow(clippy::ptr_arg)]
+    pub(crate) fn name_next_new_slot(&mut self, text: &Cow<'static, str>) {
+        self.name_overflow_slot(self.free_head, text);
+    }
+
+    /// [`Tracker::name_slot`] for a name past the cap. `slot` is a slot of the table or the
+    /// next one to be added: the texts kept stay within one per slot.
     #[allow(clippy::ptr_arg)]
     #[cold]
     #[inline(never)]
     fn name_overflow_slot(&mut self, slot: u32, text: &Cow<'static, str>) {
-        if (slot as usize) < self.slots.len() {
+        if (slot as usize) <= self.slots.len() {
             // (Reuses the slot's last owned text's buffer when it can.)
             let kept = self.names.overflow.entry(slot).or_insert(Cow::Borrowed(""));
             kept.clone_from(text);
