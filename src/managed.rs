@@ -335,6 +335,19 @@ impl<T: Pod> ManagedBuffer<T> {
         h.guard(unsafe { api()?.cuMemAdvise(self.ptr, self.bytes(), a, loc) }.map_err(Error::from))
     }
 
+    /// Waits until the host may touch the memory: the HAL's stream (which may be using
+    /// it) is idle. A device without concurrent managed access (`DeviceInfo::
+    /// concurrent_managed_access`: older GPUs, Windows) faults a host access while any
+    /// kernel of the context runs, so there the whole context is waited for.
+    fn host_ready(&self) -> Result<()> {
+        self.hal.enter()?;
+        if self.hal.info().concurrent_managed_access {
+            self.hal.guard(self.hal.stream.synchronize())
+        } else {
+            self.hal.guard(self.hal.ctx.synchronize())
+        }
+    }
+
     /// The elements on the host, once the HAL's stream (which may be using them) is idle.
     ///
     /// ```
@@ -348,8 +361,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// assert_eq!(m.host().unwrap(), &[1, 2, 3, 4]);
     /// ```
     pub fn host(&self) -> Result<&[T]> {
-        self.hal.enter()?;
-        self.hal.guard(self.hal.stream.synchronize())?;
+        self.host_ready()?;
         // SAFETY: managed memory is host-addressable and the stream is idle. Host writers
         // need `&mut self`; device writers are kernels given the address, whose `unsafe`
         // launch promises no host reference to what they write lives while they run.
@@ -371,8 +383,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// assert_eq!(m.host().unwrap()[2], 1.0);
     /// ```
     pub fn host_mut(&mut self) -> Result<&mut [T]> {
-        self.hal.enter()?;
-        self.hal.guard(self.hal.stream.synchronize())?;
+        self.host_ready()?;
         // SAFETY: as in `host`, with the unique borrow of `self`.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) })
     }

@@ -1,6 +1,6 @@
 //! Opens `libcuda` with `dlopen` and resolves the [`DriverApi`] table with `dlsym`.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{CStr, CString};
 use std::ops::Deref;
 
 use once_cell::sync::OnceCell;
@@ -16,14 +16,16 @@ pub const LIBRARY_ENV: &str = "CUDA_HAL_LIBCUDA";
 /// An opened driver library and its resolved entry points.
 ///
 /// Dereferences to [`DriverApi`], so `driver.cuInit(0)` calls the driver.
+///
+/// The library is never closed, even when the `Driver` is dropped: once initialised, the
+/// driver runs threads of its own in its code for the rest of the process.
 pub struct Driver {
-    handle: *mut c_void,
     path: String,
     api: DriverApi,
 }
 
-// SAFETY: the handle is only passed to dlsym/dlclose, which are thread-safe, and the table
-// holds plain function pointers that the driver documents as callable from any thread.
+// SAFETY: the table holds plain function pointers, into a library that stays loaded, that
+// the driver documents as callable from any thread.
 unsafe impl Send for Driver {}
 // SAFETY: see `Send`; nothing in `Driver` is mutated after construction.
 unsafe impl Sync for Driver {}
@@ -76,8 +78,8 @@ impl Driver {
                     _ => found,
                 }
             });
+            // (The handle is dropped, not closed: see `Driver`.)
             return Ok(Driver {
-                handle,
                 path: name.to_string(),
                 api,
             });
@@ -105,14 +107,6 @@ impl Deref for Driver {
     type Target = DriverApi;
     fn deref(&self) -> &DriverApi {
         &self.api
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // SAFETY: handle came from a successful dlopen and is closed once; no function
-        // pointer of this table outlives `self`.
-        unsafe { libc::dlclose(self.handle) };
     }
 }
 
