@@ -1,6 +1,5 @@
 //! Typed device buffers over a shared `RawBuffer` (allocation + phase-2 host cache).
 
-use std::alloc::Layout;
 use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -12,64 +11,12 @@ use parking_lot::Mutex;
 
 use crate::hal::{DeviceAlloc, HalInner};
 use crate::host_cache::{BorrowKind, CacheState};
+use crate::host_copies::{HostBytes, HOST_ALIGN};
 use crate::kernels::DevicePtr;
 use crate::streams::{HalStream, SideUses};
 use crate::{CudaHal, Error, Result, PHASES};
 
-/// Alignment of the phase-2 host copy: a page, so that views of any `Pod` type up to that
-/// alignment are aligned (a `#[repr(align(128))]` type is `Pod` too).
-const HOST_ALIGN: usize = 4096;
-
-/// Zeroed, page-aligned host memory the size of an allocation: the phase-2 host copy.
-struct HostBytes {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-// SAFETY: HostBytes owns its allocation; access is coordinated by `CacheState` borrows.
-unsafe impl Send for HostBytes {}
-// SAFETY: see `Send`.
-unsafe impl Sync for HostBytes {}
-
-impl HostBytes {
-    fn new(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), HOST_ALIGN)
-            .map_err(|e| Error::InvalidArgument(format!("host copy of {len} bytes: {e}")))?;
-        // SAFETY: layout has non-zero size. Zeroed memory is lazily committed by the OS.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::InvalidArgument(format!(
-                "host memory for a {len}-byte cache"
-            )));
-        }
-        Ok(HostBytes { ptr, layout })
-    }
-
-    /// Bytes of `r`.
-    ///
-    /// # Safety
-    /// No mutable reference to bytes of `r` may exist while the result lives.
-    unsafe fn range(&self, r: Range<usize>) -> &[u8] {
-        std::slice::from_raw_parts(self.ptr.add(r.start), r.len())
-    }
-
-    /// Mutable bytes of `r`.
-    ///
-    /// # Safety
-    /// No other reference to bytes of `r` may exist while the result lives.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn range_mut(&self, r: Range<usize>) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len())
-    }
-}
-
-impl Drop for HostBytes {
-    fn drop(&mut self) {
-        // SAFETY: ptr was allocated with exactly this layout and is freed once.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
-    }
-}
-
+/// An allocation's host copy: what it holds, and its bytes once a host access needed them.
 struct HostCopy {
     state: CacheState,
     bytes: Option<HostBytes>,
@@ -227,18 +174,23 @@ impl RawBuffer {
         let (base, id) = {
             let mut c = self.cache.lock();
             let mut missing = c.state.plan_read(&r).map_err(|_| self.borrowed())?;
-            // A new allocation's bytes are unspecified: a mutable view starts from the host
-            // copy's zeros, with no download.
+            if c.bytes.is_none() {
+                c.bytes = Some(self.hal.aside.host_copies.take(self.bytes)?);
+            }
+            // A new allocation's bytes are unspecified: a mutable view starts from zeros,
+            // with no download.
             if kind == BorrowKind::Exclusive && c.state.adopt_fresh(&r) {
+                if let Some(host) = &c.bytes {
+                    // SAFETY: a fresh allocation has no view, and the lock keeps new ones
+                    // out until this one is registered.
+                    unsafe { host.zero(r.clone()) };
+                }
                 missing.clear();
             }
             if !missing.is_empty() {
                 self.side.wait_on(&self.hal.stream, 0, true)?;
             }
             self.hal.ledger.cache(missing.is_empty());
-            if c.bytes.is_none() {
-                c.bytes = Some(HostBytes::new(self.bytes)?);
-            }
             for m in missing {
                 let host = c.bytes.as_ref().ok_or_else(|| self.borrowed())?;
                 // SAFETY: plan_read guarantees no view overlaps the missing bytes, and the
@@ -277,6 +229,10 @@ impl Drop for RawBuffer {
                 }
             }),
         };
+        // The host copy's pages, faulted in already, serve the next buffer of this size.
+        if let Some(host) = self.cache.get_mut().bytes.take() {
+            self.hal.aside.host_copies.give(host);
+        }
         if let Err(e) = ordered {
             // The side streams may still use the memory: the whole context is waited for
             // before the block is freed or handed out again. (If that fails too, the

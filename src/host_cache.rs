@@ -292,8 +292,8 @@ pub struct CacheState {
     next_borrow: u64,
     /// Nothing has touched the allocation since it was made: no device access, download
     /// or view. Its device bytes are unspecified then (or zeros, for a zeroed
-    /// allocation), and the host copy (zeroed when made, written only by downloads and
-    /// views) is all zeros.
+    /// allocation), and its host copy holds nothing of it (the buffer layer zeroes what
+    /// a view adopts: a reused host copy holds an earlier buffer's bytes).
     fresh: bool,
 }
 
@@ -304,7 +304,7 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
 
 impl CacheState {
     /// The state of a new allocation, whose device bytes are unspecified: a first mutable
-    /// view may start from the zeroed host copy instead of downloading
+    /// view may start from zeros in the host copy instead of downloading
     /// ([`CacheState::adopt_fresh`]). (`CacheState::default()` is a state that knows
     /// nothing of the device's bytes.)
     ///
@@ -323,10 +323,10 @@ impl CacheState {
     }
 
     /// For a mutable view of `r`: if nothing has touched the allocation since it was made
-    /// (its device bytes are unspecified), the host copy's zeros stand for them. Then `r`
-    /// is marked readable with no download and this returns true; the view's end makes
-    /// it host-newer as usual, so the device gets the view's bytes. Any device access,
-    /// download or view before ends this.
+    /// (its device bytes are unspecified), zeros in the host copy stand for them (the
+    /// caller writes them). Then `r` is marked readable with no download and this returns
+    /// true; the view's end makes it host-newer as usual, so the device gets the view's
+    /// bytes. Any device access, download or view before ends this.
     ///
     /// ```
     /// use cuda_hal::host_cache::CacheState;

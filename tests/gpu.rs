@@ -283,8 +283,12 @@ fn view_after_kernel_write_sees_new_data() {
 fn a_new_buffers_first_view_mut_downloads_nothing() {
     let Some(hal) = gpu() else { return };
     let n = MIB;
-    // A block of the same size that held data, which the block cache may hand out again.
-    drop(hal.copy_from("old", &vec![7u32; n]).unwrap());
+    // A block of the same size that held data, which the block cache may hand out again,
+    // and (phase 2) a host copy holding it, which the next buffer's host copy reuses.
+    let old = hal.copy_from("old", &vec![7u32; n]).unwrap();
+    assert_eq!(old.view(|s| s[3]).unwrap(), 7);
+    drop(old);
+    let reused = hal.stats().unwrap().host_copies.reused;
     let b = hal.alloc::<u32>("new", n).unwrap();
     let before = hal.ledger();
     b.view_mut(|s| {
@@ -297,6 +301,10 @@ fn a_new_buffers_first_view_mut_downloads_nothing() {
         0,
         "nothing downloaded"
     );
+    if PHASES.host_cache {
+        let now = hal.stats().unwrap().host_copies.reused;
+        assert_eq!(now, reused + 1, "the old buffer's host copy");
+    }
     // The device has the view's bytes, its zeros included (not the old block's sevens).
     let out = hal.alloc::<u32>("out", n).unwrap();
     ops::add(&out, &b, &b).unwrap();
