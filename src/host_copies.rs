@@ -15,6 +15,9 @@ use crate::{Error, Result};
 /// are aligned (a `#[repr(align(128))]` type is `Pod` too).
 pub(crate) const HOST_ALIGN: usize = 4096;
 
+/// From this many bytes on, [`HostBytes::zero`] runs on several threads.
+const PARALLEL_ZERO_BYTES: usize = 4 << 20;
+
 /// Page-aligned host memory the size of an allocation: its phase-2 host copy.
 pub(crate) struct HostBytes {
     pub(crate) ptr: *mut u8,
@@ -58,8 +61,17 @@ impl HostBytes {
     /// # Safety
     /// No reference to bytes of `r` may exist.
     pub(crate) unsafe fn zero(&self, r: Range<usize>) {
-        if !self.zeroed {
-            self.range_mut(r).fill(0);
+        if self.zeroed {
+            return;
+        }
+        let bytes = self.range_mut(r);
+        if bytes.len() < PARALLEL_ZERO_BYTES {
+            bytes.fill(0);
+        } else {
+            // On the thread pool: the download this replaces spreads its host copies over
+            // several threads too.
+            use rayon::prelude::*;
+            bytes.par_chunks_mut(1 << 20).for_each(|c| c.fill(0));
         }
     }
 
@@ -235,6 +247,24 @@ mod tests {
         let none = HostCopies::new(0);
         none.give(HostBytes::new(1).unwrap());
         assert_eq!(none.stats().kept_bytes, 0, "a limit of 0 keeps nothing");
+    }
+
+    #[test]
+    fn a_reused_copy_is_zeroed_on_several_threads_past_4_mib() {
+        let cache = HostCopies::new(usize::MAX);
+        let len = 9 << 20;
+        let b = cache.take(len).unwrap();
+        // SAFETY: no other reference to `b`'s bytes exists.
+        unsafe { b.range_mut(0..len).fill(0xAB) };
+        cache.give(b);
+        let b = cache.take(len).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            b.zero(1..len - 1);
+            let all = b.range(0..len);
+            assert_eq!((all[0], all[len - 1]), (0xAB, 0xAB), "only the range");
+            assert!(all[1..len - 1].iter().all(|x| *x == 0));
+        }
     }
 
     #[test]
