@@ -913,11 +913,7 @@ impl HalInner {
             };
             self.stream.synchronize()
         });
-        if r.is_ok() {
-            // (A failed copy is not counted.)
-            self.ledger.copy(Dir::H2D, src.len());
-        }
-        self.guard(r)
+        self.copied(Dir::H2D, src.len(), r)
     }
 
     /// Uploads through pinned staging whatever the phase: returns once `src` is free.
@@ -926,11 +922,7 @@ impl HalInner {
             self.staging
                 .upload(&self.ctx, &self.stream, dst, src, start)
         });
-        if r.is_ok() {
-            // (A failed copy is not counted.)
-            self.ledger.copy(Dir::H2D, src.len());
-        }
-        self.guard(r)
+        self.copied(Dir::H2D, src.len(), r)
     }
 
     /// Copies device bytes to the host; returns when `dst` holds them.
@@ -950,9 +942,14 @@ impl HalInner {
             };
             self.stream.synchronize()
         });
+        self.copied(Dir::D2H, len, r)
+    }
+
+    /// The end of a copy of `bytes` in direction `dir`: counted in the ledger if it
+    /// succeeded (a failed copy is not), and its error checked for poisoning.
+    fn copied(&self, dir: Dir, bytes: usize, r: Result<()>) -> Result<()> {
         if r.is_ok() {
-            // (A failed copy is not counted.)
-            self.ledger.copy(Dir::D2H, len);
+            self.ledger.copy(dir, bytes);
         }
         self.guard(r)
     }
@@ -969,11 +966,7 @@ impl HalInner {
                 self.stream.synchronize()
             }
         });
-        if r.is_ok() {
-            // (A failed copy is not counted.)
-            self.ledger.copy(Dir::D2D, bytes);
-        }
-        self.guard(r)
+        self.copied(Dir::D2D, bytes, r)
     }
 
     pub(crate) fn info(&self) -> &DeviceInfo {
