@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 use rayon::prelude::*;
 
-use crate::driver::{api, Event};
+use crate::driver::{api, is_page_locked, Event};
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
@@ -157,19 +157,6 @@ struct Set<I, O> {
     busy: Option<(usize, usize)>,
 }
 
-/// Whether `bytes` lie in page-locked (allocated or registered) host memory. Uses
-/// `cuPointerGetAttributes`, which answers "unknown" for pageable memory instead of failing.
-fn is_pinned(bytes: &[u8]) -> bool {
-    let Ok(d) = api() else { return false };
-    let mut kind: u32 = 0;
-    let mut attr = cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
-    let mut data = [(&mut kind as *mut u32).cast::<std::ffi::c_void>()];
-    // SAFETY: one attribute, whose value (an unsigned int) goes into `kind`.
-    let r =
-        unsafe { d.cuPointerGetAttributes(1, &mut attr, data.as_mut_ptr(), bytes.as_ptr() as u64) };
-    r.is_ok() && kind == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
-}
-
 /// Copies with the rayon pool in 1 MiB pieces (page faults of a fresh destination included).
 pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
     const PIECE: usize = 1 << 20;
@@ -235,8 +222,8 @@ impl CudaHal {
         h.enter()?;
         let chunk_len = chunk_len.min(input.len());
         let (si, so) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
-        let direct_in = is_pinned(bytemuck::cast_slice(input));
-        let direct_out = is_pinned(bytemuck::cast_slice(output));
+        let direct_in = is_page_locked(bytemuck::cast_slice(input));
+        let direct_out = is_page_locked(bytemuck::cast_slice(output));
         // With staging, the host copies are a third stage: a third set lets them overlap two
         // chunks' transfers and kernels rather than one.
         let nsets = match mode {

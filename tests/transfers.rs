@@ -329,21 +329,7 @@ fn pipeline_matches_the_cpu_in_both_modes() {
         let input = Rng::new(20 + n as u64).u32s(n);
         for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
             let mut output = vec![POISON; n];
-            let report = hal
-                .pipeline(&input, &mut output, chunk, mode, |s, i, o| unsafe {
-                    // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
-                    hal.launch(
-                        "lcg_rounds_u32",
-                        LaunchDims::for_elements(i.len(), hal.info().multiprocessors),
-                    )
-                    .on(s)
-                    .output(o)
-                    .input(i)
-                    .scalar(i.len() as u64)
-                    .scalar(9u32)
-                    .run()
-                })
-                .unwrap();
+            let report = lcg_pipeline(&hal, &input, &mut output, chunk, mode, 9).unwrap();
             assert_eq!(report.chunks, n.div_ceil(chunk));
             assert!(report.h2d_ms > 0.0 && report.compute_ms > 0.0 && report.d2h_ms > 0.0);
             assert!(report.staging_ms > 0.0, "pageable memory is staged");
@@ -360,31 +346,10 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
     pin_out.host_mut().unwrap().fill(POISON);
     let before = hal.stats().unwrap().pinned;
-    let report = hal
-        .pipeline(
-            pin_in.host().unwrap(),
-            pin_out.host_mut().unwrap(),
-            50_000,
-            PipelineMode::Overlapped,
-            // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
-            |s, i, o| unsafe {
-                hal.launch("lcg_rounds_u32", LaunchDims::for_elements(i.len(), 132))
-                    .on(s)
-                    .output(o)
-                    .input(i)
-                    .scalar(i.len() as u64)
-                    .scalar(3u32)
-                    .run()
-            },
-        )
-        .unwrap();
+    let (pin_in, pin_out) = (pin_in.host().unwrap(), pin_out.host_mut().unwrap());
+    let report = lcg_pipeline(&hal, pin_in, pin_out, 50_000, PipelineMode::Overlapped, 3).unwrap();
     assert_eq!(report.staging_ms, 0.0, "page-locked memory is not staged");
-    assert!(pin_out
-        .host()
-        .unwrap()
-        .iter()
-        .zip(&data)
-        .all(|(o, x)| *o == lcg(*x, 3)));
+    assert!(pin_out.iter().zip(&data).all(|(o, x)| *o == lcg(*x, 3)));
     let _ = before;
     let mut short = vec![0u32; 3];
     assert!(matches!(
@@ -397,6 +362,83 @@ fn pipeline_matches_the_cpu_in_both_modes() {
         ),
         Err(Error::LengthMismatch { .. })
     ));
+}
+
+/// Runs `lcg_rounds_u32` with `rounds` over `input` into `output` through the pipeline,
+/// `chunk` elements at a time.
+fn lcg_pipeline(
+    hal: &CudaHal,
+    input: &[u32],
+    output: &mut [u32],
+    chunk: usize,
+    mode: PipelineMode,
+    rounds: u32,
+) -> cuda_hal::Result<cuda_hal::PipelineReport> {
+    hal.pipeline(input, output, chunk, mode, |s, i, o| {
+        // SAFETY: lcg_rounds_u32(out, in, n, rounds) over the chunk's n elements.
+        unsafe {
+            let dims = LaunchDims::for_elements(i.len(), hal.info().multiprocessors);
+            hal.launch("lcg_rounds_u32", dims)
+                .on(s)
+                .output(o)
+                .input(i)
+                .scalar(i.len() as u64)
+                .scalar(rounds)
+                .run()
+        }
+    })
+}
+
+/// Memory page-locked only in part (the first half of each vector registered, as the caller
+/// or another library may do) is staged: the driver refuses an async copy that runs past a
+/// page-locked range. Before, the pipeline asked only about the first byte, copied
+/// directly, and failed with `CUDA_ERROR_INVALID_VALUE`. The halves alone are page-locked
+/// whole, and copied directly.
+#[test]
+fn a_pipeline_stages_memory_page_locked_only_in_part() {
+    let Some(hal) = gpu() else { return };
+    let n = MIB / 2;
+    let input = Rng::new(31).u32s(n);
+    let mut output = vec![POISON; n];
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    let half_bytes = n / 2 * 4;
+    let (pin_in, pin_out) = (input.as_ptr().cast_mut().cast(), output.as_mut_ptr().cast());
+    for p in [pin_in, pin_out] {
+        // SAFETY: the first halves of `input` and `output`, which stay where they are, live
+        // and unregistered elsewhere until they are unregistered below.
+        unsafe { d.cuMemHostRegister(p, half_bytes, 0) }.unwrap();
+    }
+    let whole = lcg_pipeline(
+        &hal,
+        &input,
+        &mut output,
+        n / 4,
+        PipelineMode::Overlapped,
+        5,
+    );
+    let (input_half, output_half) = (&input[..n / 2], &mut output[..n / 2]);
+    let halves = lcg_pipeline(
+        &hal,
+        input_half,
+        output_half,
+        n / 4,
+        PipelineMode::Overlapped,
+        7,
+    );
+    for p in [pin_in, pin_out] {
+        // SAFETY: registered above, and no copy of the pipeline is in flight any more.
+        unsafe { d.cuMemHostUnregister(p) }.unwrap();
+    }
+    let (whole, halves) = (whole.unwrap(), halves.unwrap());
+    assert!(
+        whole.staging_ms > 0.0,
+        "memory page-locked in part is staged"
+    );
+    assert_eq!(halves.staging_ms, 0.0, "page-locked memory is not staged");
+    for (i, (o, x)) in output.iter().zip(&input).enumerate() {
+        let rounds = if i < n / 2 { 7 } else { 5 };
+        assert_eq!(*o, lcg(*x, rounds), "element {i}");
+    }
 }
 
 /// `compute` may use its buffers from the host (a CPU step of a prover, or checking a

@@ -14,6 +14,7 @@ pub use context::PrimaryContext;
 pub use device::{device_count, DeviceInfo};
 pub use event::Event;
 pub use module::{Function, Module};
+pub(crate) use pinned::is_page_locked;
 pub use pinned::{PinnedFlags, PinnedMemory};
 pub use pool::{MemPool, PoolStats};
 pub use stream::Stream;

@@ -182,3 +182,38 @@ impl Drop for PinnedMemory {
         }
     }
 }
+
+/// Whether all of `bytes` lies in one page-locked host range: an allocation of
+/// `cuMemHostAlloc` or a registration of `cuMemHostRegister`. Only such memory can be
+/// copied asynchronously; the driver refuses an async copy of a slice that runs past its
+/// page-locked range (into memory registered in part, say) with `CUDA_ERROR_INVALID_VALUE`.
+///
+/// Asks `cuPointerGetAttributes` for the first byte's memory type and range (pageable
+/// memory answers "unknown", not an error); any failure answers false.
+pub(crate) fn is_page_locked(bytes: &[u8]) -> bool {
+    use cuda_sys::CUpointer_attribute as A;
+    let Ok(d) = api() else { return false };
+    let addr = bytes.as_ptr() as u64;
+    let (mut kind, mut start, mut size) = (0u32, 0u64, 0usize);
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut values: [*mut c_void; 3] = [
+        (&mut kind as *mut u32).cast(),
+        (&mut start as *mut u64).cast(),
+        (&mut size as *mut usize).cast(),
+    ];
+    // SAFETY: three attributes, each value pointer to a local of the attribute's type (an
+    // unsigned int, a CUdeviceptr and a size_t).
+    let asked =
+        unsafe { d.cuPointerGetAttributes(3, attrs.as_mut_ptr(), values.as_mut_ptr(), addr) };
+    // Where the slice ends within the range, if it starts in it.
+    let end = addr
+        .checked_sub(start)
+        .and_then(|offset| offset.checked_add(bytes.len() as u64));
+    asked.is_ok()
+        && kind == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
+        && end.is_some_and(|end| end <= size as u64)
+}
