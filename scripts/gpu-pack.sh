@@ -7,6 +7,7 @@
 #   scripts/gpu-pack.sh baseline all   # only these builds (the others are left as they are)
 #
 # Layout: .gpu-bundle/<build>/<test target>, .gpu-bundle/<build>/bench-phases,
+#         .gpu-bundle/nokernels/gpu (tests/gpu.rs built without kernels, with the all build),
 #         .gpu-bundle/prover_demo, .gpu-bundle/doctests.tar.xz (the doc examples, one
 #         executable each), .gpu-bundle/manifest.txt. The executables are gzipped (each
 #         embeds the kernel fatbin; packed they fit one 64 MiB carry), the doc examples
@@ -99,6 +100,20 @@ for b in "${builds[@]}"; do
   done
 done
 
+# The kernel lookup without embedded kernels (nvcc pointed nowhere; its own target folder,
+# so that the builds above keep theirs): one test of tests/gpu.rs, run by gpu-run.sh with the
+# all build.
+if [[ " ${builds[*]} " == *" all "* ]]; then
+  echo "== [nokernels] tests/gpu.rs built without kernels" >&2
+  rm -rf "${bundle:?}/nokernels"
+  mkdir -p "$bundle/nokernels"
+  exe="$(NVCC=/nonexistent CARGO_TARGET_DIR="$root/target/nokernels" \
+           cargo test --release --no-run -p cuda-hal --test gpu --message-format=json \
+           | pick_exe test gpu)"
+  cp "$exe" "$bundle/nokernels/gpu"
+  echo "   nokernels/gpu  <- $exe" >&2
+fi
+
 echo "== prover_demo example (default features)" >&2
 exe="$(cargo build --release -p cuda-hal --example prover_demo --message-format=json \
          | pick_exe example prover_demo)"
@@ -132,7 +147,8 @@ echo "   doctests.tar.xz: $n_doc doc examples" >&2
 
 # The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
 fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"
-if [ -n "$fatbin" ]; then cp "$fatbin" "$bundle/kernels.fatbin"; fi
+rm -f "$bundle/kernels.fatbin"
+if [ -n "$fatbin" ]; then gzip -9 -c "$fatbin" > "$bundle/kernels.fatbin.gz"; fi
 
 # What was packed, so that a run on the GPU machine can tell a stale bundle.
 {

@@ -149,6 +149,24 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     done
   done
 
+  # --- the kernel lookup in a build without kernels (packed with the all build) --------
+  if [[ " ${builds[*]} " == *" all "* ]]; then
+    nk_test=the_crates_operations_launch_only_embedded_kernels
+    if [ -x "$bundle/nokernels/gpu" ]; then
+      CUDA_HAL_EXPECT_NO_KERNELS=1 run_bin "$OUT/tests.log" "tests: build=nokernels binary=gpu" \
+        "$bundle/nokernels/gpu" --exact "$nk_test"
+      rc=$?
+      if [ "$rc" -eq 0 ] && grep -aq 'test result: ok. 1 passed' "$last"; then
+        NOKERNELS_STATUS="ok ($nk_test passed)"
+      else
+        NOKERNELS_STATUS="FAILED (exit $rc)"; failures+=("[nokernels] gpu $nk_test: exit $rc")
+      fi
+    else
+      NOKERNELS_STATUS="missing"; failures+=("[nokernels] $bundle/nokernels/gpu missing")
+    fi
+    echo "[nokernels] gpu: $NOKERNELS_STATUS"
+  fi
+
   # --- doc examples (default features) ---------------------------------------------
   # Each prints "no CUDA device here" where it finds no device and returns: here that is a
   # failure, like a skipped test.
@@ -285,6 +303,7 @@ fi
     [ -n "${BENCH_STATUS[$b]+set}" ] && line+="  | bench: ${BENCH_STATUS[$b]}"
     echo "$line"
   done
+  [ -n "${NOKERNELS_STATUS+set}" ] && echo "[nokernels] gpu (built without kernels): $NOKERNELS_STATUS"
   [ -n "${DOC_STATUS+set}" ] && echo "doc examples: $DOC_STATUS"
   [ -n "${DEMO_STATUS+set}" ] && echo "prover_demo: $DEMO_STATUS"
   [ -n "${LOOP_STATUS+set}" ] && echo "alloc_free_loop: $LOOP_STATUS"

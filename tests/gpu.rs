@@ -165,6 +165,78 @@ fn own_module_kernels_launch_like_embedded_ones() {
     assert_eq!(out.get_at(3).unwrap(), 2 * (3 + 6));
 }
 
+/// PTX of `extern "C" __global__ void fill_u32(unsigned *out)`: writes 0xBAD to `out[0]`. A
+/// user's kernel with the name of the one behind the crate's `fill`, and other parameters.
+const USER_FILL_U32_PTX: &str = r#"
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry fill_u32(.param .u64 out) {
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd2, %rd1;
+    mov.u32 %r1, 2989;
+    st.global.u32 [%rd2], %r1;
+    ret;
+}
+"#;
+
+/// The crate's own operations launch only the embedded kernels, never a loaded module's
+/// kernel of the same name (which takes other arguments). With kernels embedded, the
+/// embedded kernel is found first by every launch. Built without kernels (`NVCC` pointing
+/// nowhere; gpu-run.sh runs this test so with `CUDA_HAL_EXPECT_NO_KERNELS=1`), the
+/// operation fails with `KernelsUnavailable`, before and after the user's launch found the
+/// user's kernel.
+#[test]
+fn the_crates_operations_launch_only_embedded_kernels() {
+    let Some(hal) = gpu() else { return };
+    let expect_none = std::env::var_os("CUDA_HAL_EXPECT_NO_KERNELS").is_some();
+    assert_eq!(cuda_hal::kernels_available(), !expect_none);
+    let b = hal.copy_from("b", &[1u32; 1024]).unwrap();
+    hal.load_module(USER_FILL_U32_PTX.as_bytes()).unwrap();
+    // SAFETY: with kernels embedded, fill_u32(out, value, n) over b's elements; without,
+    // the user's fill_u32(out) writes b[0].
+    let users_launch = || unsafe {
+        hal.launch("fill_u32", LaunchDims::for_elements(b.len(), 1))
+            .output(&b)
+            .scalar(3u32)
+            .scalar(b.len() as u64)
+            .run()
+    };
+    if cuda_hal::kernels_available() {
+        b.fill(7).unwrap();
+        assert_eq!(b.to_vec().unwrap(), vec![7u32; 1024]);
+        users_launch().unwrap();
+        assert_eq!(
+            b.to_vec().unwrap(),
+            vec![3u32; 1024],
+            "the embedded kernel first"
+        );
+        return;
+    }
+    assert_eq!(b.fill(7), Err(Error::KernelsUnavailable));
+    assert_eq!(
+        b.to_vec().unwrap(),
+        vec![1u32; 1024],
+        "the user's kernel did not run"
+    );
+    users_launch().unwrap();
+    assert_eq!(
+        b.get_at(0).unwrap(),
+        0xBAD,
+        "a user's launch finds the user's kernel"
+    );
+    b.copy_from_slice(&[1u32; 1024]).unwrap();
+    // The lookup now remembers the user's kernel under the name; still refused.
+    assert_eq!(b.fill(7), Err(Error::KernelsUnavailable));
+    assert_eq!(
+        b.to_vec().unwrap(),
+        vec![1u32; 1024],
+        "the user's kernel did not run"
+    );
+}
+
 #[test]
 fn round_trips_keep_every_byte_at_odd_sizes() {
     let Some(hal) = gpu() else { return };
