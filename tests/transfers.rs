@@ -390,10 +390,10 @@ fn lcg_pipeline(
 }
 
 /// Memory page-locked only in part (the first half of each vector registered, as the caller
-/// or another library may do) is staged: the driver refuses an async copy that runs past a
-/// page-locked range. Before, the pipeline asked only about the first byte, copied
-/// directly, and failed with `CUDA_ERROR_INVALID_VALUE`. The halves alone are page-locked
-/// whole, and copied directly.
+/// or another library may do) is staged. Before, the pipeline asked only about the first
+/// byte and copied directly: a chunk that runs past the registered half failed in the
+/// driver (`CUDA_ERROR_INVALID_VALUE`), and chunks wholly in pageable memory were copied
+/// synchronously. The halves alone are page-locked whole, and copied directly.
 #[test]
 fn a_pipeline_stages_memory_page_locked_only_in_part() {
     let Some(hal) = gpu() else { return };
@@ -408,11 +408,12 @@ fn a_pipeline_stages_memory_page_locked_only_in_part() {
         // and unregistered elsewhere until they are unregistered below.
         unsafe { d.cuMemHostRegister(p, half_bytes, 0) }.unwrap();
     }
+    // Chunks of a third: the second runs past the registered half.
     let whole = lcg_pipeline(
         &hal,
         &input,
         &mut output,
-        n / 4,
+        n / 3,
         PipelineMode::Overlapped,
         5,
     );
