@@ -248,7 +248,9 @@ pub struct PinnedPoolStats {
     pub cached_bytes: u64,
 }
 
-/// Reusable pinned blocks in power-of-two sizes (64 KiB and up), bounded in bytes.
+/// Reusable pinned blocks in power-of-two sizes (64 KiB and up), bounded in bytes. A
+/// request larger than the pool keeps gets a block of its own size (in 64 KiB steps),
+/// freed when given back.
 pub(crate) struct PinnedPool {
     free: Mutex<(Vec<PinnedBlock>, usize)>,
     limit: usize,
@@ -266,13 +268,22 @@ impl PinnedPool {
         }
     }
 
-    pub(crate) fn class(bytes: usize) -> usize {
-        bytes.max(64 << 10).next_power_of_two()
+    /// The size of the block that serves `bytes`: its power-of-two class when the pool could
+    /// keep a block of that size, else `bytes` in 64 KiB steps (a block the pool cannot keep
+    /// is freed when given back: rounding it up to a power of two would only pin up to twice
+    /// the bytes, 8 GiB for a read of 4 GiB and 4 KiB).
+    fn block_size(&self, bytes: usize) -> usize {
+        const STEP: usize = 64 << 10;
+        match bytes.max(STEP).checked_next_power_of_two() {
+            Some(class) if class <= self.limit => class,
+            // (Past usize::MAX in steps: the allocation of `bytes` fails anyway.)
+            _ => bytes.checked_next_multiple_of(STEP).unwrap_or(bytes),
+        }
     }
 
     /// A block of at least `bytes`, ready for the host. The context is current.
     pub(crate) fn take(&self, bytes: usize) -> Result<PinnedBlock> {
-        let size = Self::class(bytes);
+        let size = self.block_size(bytes);
         let found = {
             let mut free = self.free.lock();
             let pos = free.0.iter().position(|b| b.mem.len() == size);
@@ -705,5 +716,35 @@ impl<T: Pod> Buffer<T> {
         if write {
             self.raw().invalidate_host(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PinnedPool;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn blocks_the_pool_can_keep_are_powers_of_two_and_larger_ones_fit_their_bytes() {
+        let pool = PinnedPool::new(256 * MIB);
+        assert_eq!(pool.block_size(1), 64 << 10);
+        assert_eq!(
+            pool.block_size(3 * MIB),
+            4 * MIB,
+            "a class the pool can keep"
+        );
+        assert_eq!(pool.block_size(256 * MIB), 256 * MIB);
+        assert_eq!(pool.block_size(256 * MIB + 1), 256 * MIB + (64 << 10));
+        for bytes in [(4usize << 30) + 4096, 33 << 30, 65 << 30] {
+            let size = pool.block_size(bytes);
+            assert!(
+                size >= bytes && size - bytes < 64 << 10,
+                "{bytes} B -> {size} B"
+            );
+        }
+        assert_eq!(pool.block_size(usize::MAX), usize::MAX, "no overflow");
+        // A pool that keeps nothing sizes every block by its bytes.
+        assert_eq!(PinnedPool::new(0).block_size(3 * MIB), 3 * MIB);
     }
 }
