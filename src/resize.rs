@@ -181,6 +181,8 @@ impl<T: Pod> GrowableBuffer<T> {
     }
 
     /// Makes room for `additional` more elements, growing by the factor (at least enough).
+    /// Where memory does not hold the grown capacity beside the old buffer, it grows to
+    /// exactly enough instead.
     ///
     /// ```
     /// use cuda_hal::{CudaHal, GrowableBuffer};
@@ -203,7 +205,10 @@ impl<T: Pod> GrowableBuffer<T> {
             return Ok(());
         }
         let grown = (self.capacity() as f64 * self.growth).ceil() as usize;
-        self.regrow(need.max(grown))
+        match self.regrow(need.max(grown)) {
+            Err(Error::OutOfMemory { .. }) if grown > need => self.regrow(need),
+            r => r,
+        }
     }
 
     /// Sets the length; new elements are unspecified until written.

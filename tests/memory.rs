@@ -589,6 +589,34 @@ fn resize_keeps_contents_and_grows_by_the_factor() {
     ));
 }
 
+/// Where the limit does not hold the grown capacity beside the old buffer, a growable
+/// buffer grows to exactly enough. Before, it asked only for the grown capacity and failed
+/// with `OutOfMemory`.
+#[test]
+fn a_growable_buffer_grows_to_exactly_enough_where_the_factor_does_not_fit() {
+    let Some(_device) = gpu() else { return };
+    const MIB: usize = 1 << 20;
+    let config = HalConfig {
+        memory_limit: Some(3 * MIB),
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    // 1 MiB now; growing by 4x would hold 1 + 4 MiB, exactly enough 1 + 1 MiB and 4 bytes.
+    let mut g = GrowableBuffer::<u32>::new(&hal, "grow", MIB / 4, 4.0).unwrap();
+    let data = Rng::new(33).u32s(MIB / 4 + 1);
+    g.extend_from_slice(&data[..MIB / 4]).unwrap();
+    g.extend_from_slice(&data[MIB / 4..]).unwrap();
+    assert_eq!((g.capacity(), g.reallocations()), (MIB / 4 + 1, 1));
+    assert_eq!(g.buffer().unwrap().to_vec().unwrap(), data);
+    // Past the limit even then: the typed error, and the buffer as it was.
+    let more = vec![7u32; MIB / 2];
+    assert!(matches!(
+        g.extend_from_slice(&more),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert_eq!(g.buffer().unwrap().to_vec().unwrap(), data);
+}
+
 #[test]
 fn managed_memory_is_shared_prefetched_and_advised() {
     let Some(hal) = gpu() else { return };
