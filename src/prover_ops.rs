@@ -92,6 +92,28 @@ pub(crate) struct NttPass {
     pub(crate) scale: bool,
 }
 
+/// An operation on columns of one point leaves `io` as it is, but checks what every call
+/// does: a usable HAL, and no host view open on the elements (as `CpuHal` does).
+fn left_as_it_is(io: &Buffer<Elem>) -> Result<()> {
+    io.device_ptr().map(drop)
+}
+
+impl NttPass {
+    fn uses_scratch(&self) -> bool {
+        self.src == Loc::Scratch || self.dst == Loc::Scratch
+    }
+}
+
+/// What an NTT needs, made before it runs ([`CudaHal::ntt_prepare`]).
+struct NttWork {
+    tw: Buffer<u32>,
+    log_n: u32,
+    inverse: bool,
+    /// For the fused passes: their scratch (if the plan has one) and how many columns it
+    /// serves at a time. `None`: the radix-2 path.
+    fused: Option<(Option<Buffer<Elem>>, usize)>,
+}
+
 /// The pass kernels by stage count, `REG_LOG..=TILE_LOG`.
 const NTT_PASS_KERNELS: [&str; 9] = [
     "ntt_pass_k4_bb",
@@ -230,41 +252,92 @@ impl CudaHal {
         })
     }
 
-    /// The fused NTT (arguments already checked, `log_n >= 1`); columns of fewer than 16
-    /// points take the radix-2 path.
-    fn ntt_fused(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
-        if log_n < REG_LOG {
-            return self.batch_ntt_radix2(io, log_n, inverse);
-        }
-        let cols = io.len() >> log_n;
+    /// Makes what an NTT of `len` elements in columns of `2^log_n` (`log_n >= 1`, checked)
+    /// needs, before anything touches the data: an allocation that fails leaves it as it
+    /// was. The fused passes' scratch serves the whole batch, or where memory does not hold
+    /// that, fewer columns at a time (columns are independent), halved until it fits.
+    fn ntt_prepare(&self, len: usize, log_n: u32, inverse: bool) -> Result<NttWork> {
         let tw = self.twiddles(log_n, inverse)?;
-        let scale = Elem::inv_pow2(log_n).to_montgomery();
-        let plan = plan_ntt(log_n, cols, inverse);
-        // A pass launches one block per tile: past the grid's limit (more than 2^31 columns
-        // of 16 points), the radix-2 path's grid-stride launches take it.
-        if plan
-            .iter()
-            .any(|p| io.len() >> (p.k + p.c) > i32::MAX as usize)
-        {
-            return self.batch_ntt_radix2(io, log_n, inverse);
-        }
-        let scratch = if plan
-            .iter()
-            .any(|p| p.src == Loc::Scratch || p.dst == Loc::Scratch)
-        {
-            Some(self.alloc::<Elem>("prover-ntt-scratch", io.len())?)
+        let cols = len >> log_n;
+        let plan = (log_n >= REG_LOG).then(|| plan_ntt(log_n, cols, inverse));
+        // Columns of fewer than 16 points, and more tiles than a grid holds (over 2^31
+        // columns of 16 points), take the radix-2 path and its grid-stride launches.
+        let Some(plan) =
+            plan.filter(|plan| plan.iter().all(|p| len >> (p.k + p.c) <= i32::MAX as usize))
+        else {
+            return Ok(NttWork {
+                tw,
+                log_n,
+                inverse,
+                fused: None,
+            });
+        };
+        let mut group = cols;
+        let scratch = if plan.iter().any(NttPass::uses_scratch) {
+            loop {
+                match self.alloc::<Elem>("prover-ntt-scratch", group << log_n) {
+                    Ok(s) => break Some(s),
+                    Err(Error::OutOfMemory { .. }) if group > 1 => group = group.div_ceil(2),
+                    Err(e) => return Err(e),
+                }
+            }
         } else {
             None
         };
+        Ok(NttWork {
+            tw,
+            log_n,
+            inverse,
+            fused: Some((scratch, group)),
+        })
+    }
+
+    /// Runs the NTT `work` was prepared for over `io`.
+    fn ntt_run(&self, io: &Buffer<Elem>, work: &NttWork) -> Result<()> {
+        let NttWork {
+            tw, log_n, inverse, ..
+        } = work;
+        let Some((scratch, group)) = &work.fused else {
+            return self.ntt_radix2_unchecked(io, *log_n, *inverse, tw);
+        };
+        let cols = io.len() >> log_n;
+        for first in (0..cols).step_by(*group) {
+            let n = (*group).min(cols - first);
+            let part = if n == cols {
+                io.clone()
+            } else {
+                io.slice(first << log_n, n << log_n)?
+            };
+            let scratch = match scratch {
+                Some(s) if n != *group => Some(s.slice(0, n << log_n)?),
+                s => s.clone(),
+            };
+            let plan = plan_ntt(*log_n, n, *inverse);
+            self.ntt_passes(&part, scratch.as_ref(), &plan, tw, *log_n)?;
+        }
+        Ok(())
+    }
+
+    /// The fused passes of `plan` over `io` (its columns of `2^log_n` points), with
+    /// `scratch` of `io`'s length where the plan uses one.
+    fn ntt_passes(
+        &self,
+        io: &Buffer<Elem>,
+        scratch: Option<&Buffer<Elem>>,
+        plan: &[NttPass],
+        tw: &Buffer<u32>,
+        log_n: u32,
+    ) -> Result<()> {
+        let scale = Elem::inv_pow2(log_n).to_montgomery();
         let pick = |loc: Loc| -> Result<&Buffer<Elem>> {
             match loc {
                 Loc::Io => Ok(io),
-                Loc::Scratch => scratch
-                    .as_ref()
-                    .ok_or_else(|| Error::InvalidArgument("NTT plan without scratch".into())),
+                Loc::Scratch => {
+                    scratch.ok_or_else(|| Error::InvalidArgument("NTT plan without scratch".into()))
+                }
             }
         };
-        for p in &plan {
+        for p in plan {
             let tile_log = p.k + p.c;
             let tiles = io.len() >> tile_log;
             let grid = u32::try_from(tiles)
@@ -289,7 +362,7 @@ impl CudaHal {
             // twiddles the passes read.
             unsafe {
                 launch
-                    .input(&tw)
+                    .input(tw)
                     .scalar(log_n)
                     .scalar(p.s0)
                     .scalar(p.c)
@@ -326,10 +399,22 @@ impl CudaHal {
     pub fn batch_ntt_radix2(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {
-            return Ok(());
+            return left_as_it_is(io);
         }
-        self.bit_reverse_unchecked(io, log_n)?;
         let tw = self.twiddles(log_n, inverse)?;
+        self.ntt_radix2_unchecked(io, log_n, inverse, &tw)
+    }
+
+    /// [`CudaHal::batch_ntt_radix2`] with its arguments checked (`log_n >= 1`) and its
+    /// twiddles `tw` made.
+    fn ntt_radix2_unchecked(
+        &self,
+        io: &Buffer<Elem>,
+        log_n: u32,
+        inverse: bool,
+        tw: &Buffer<u32>,
+    ) -> Result<()> {
+        self.bit_reverse_unchecked(io, log_n)?;
         let scale = Elem::inv_pow2(log_n).to_montgomery();
         let butterflies = io.len() / 2;
         for stage in 0..log_n {
@@ -339,7 +424,7 @@ impl CudaHal {
             unsafe {
                 self.launch_embedded("ntt_stage_bb", self.dims(butterflies))
                     .inout(io)
-                    .input(&tw)
+                    .input(tw)
                     .scalar(log_n)
                     .scalar(stage)
                     .scalar(butterflies as u64)
@@ -353,7 +438,7 @@ impl CudaHal {
 
     fn bit_reverse_unchecked(&self, io: &Buffer<Elem>, log_n: u32) -> Result<()> {
         if log_n == 0 {
-            return Ok(());
+            return left_as_it_is(io);
         }
         // SAFETY: batch_bit_reverse_bb(io, log_n, total) permutes io[0..total) within columns of
         // 2^log_n; total is `io`'s length, a multiple of 2^log_n (checked by the callers).
@@ -536,9 +621,10 @@ impl Hal for CudaHal {
     fn batch_ntt(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {
-            return Ok(());
+            return left_as_it_is(io);
         }
-        self.ntt_fused(io, log_n, inverse)
+        let work = self.ntt_prepare(io.len(), log_n, inverse)?;
+        self.ntt_run(io, &work)
     }
 
     fn coset_lde(
@@ -559,6 +645,11 @@ impl Hal for CudaHal {
         let shift = self.table(TableKey::ShiftPowers { log_n }, || {
             self.powers_table("prover-shift-powers", Elem::GENERATOR, 1 << log_n)
         })?;
+        let log_big = log_n + log_blowup;
+        // Made first: if it cannot be, `out` is left as it was.
+        let ntt = (log_big > 0)
+            .then(|| self.ntt_prepare(out.len(), log_big, false))
+            .transpose()?;
         // SAFETY: lde_expand_bb(out, coeffs, shift_pows, log_n, log_blowup, total_out) writes
         // out[0..total_out) and reads coeffs by column of 2^log_n and shift_pows[0..2^log_n);
         // `check::lde` matched the lengths.
@@ -572,11 +663,10 @@ impl Hal for CudaHal {
                 .scalar(out.len() as u64)
                 .run()
         }?;
-        let log_big = log_n + log_blowup;
-        if log_big == 0 {
-            return Ok(());
+        match &ntt {
+            Some(work) => self.ntt_run(out, work),
+            None => Ok(()),
         }
-        self.ntt_fused(out, log_big, false)
     }
 
     fn poseidon2_hash_rows(

@@ -88,6 +88,8 @@ fn suite<H: Hal>(hal: &H) {
     eltwise::<H, Elem>(hal, &mut rng, &[1, 2, 1000, 1_000_003]);
     eltwise::<H, ExtElem>(hal, &mut rng, &[1, 3, 4097, 100_003]);
     eltwise_on_slices_of_one_allocation(hal, &mut rng);
+    fill(hal, &mut rng);
+    a_panicking_view_leaves_its_edits(hal);
     bit_reverse(hal, &mut rng);
     ntt(hal, &mut rng);
     coset_lde(hal, &mut rng);
@@ -163,6 +165,61 @@ fn eltwise_on_slices_of_one_allocation<H: Hal>(hal: &H, rng: &mut Rng) {
     for i in [0, n + 1, n + 2, 2 * n + 3, 2 * n + 4, 3 * n + 5, 3 * n + 6] {
         assert_eq!(all[i], poison_elem(), "arena element {i}");
     }
+}
+
+/// `fill` of every element type of the crate, both backends. (Before, the CUDA HAL refused
+/// `ExtElem` and `Digest`, which `CpuHal` filled.)
+fn fill<H: Hal>(hal: &H, rng: &mut Rng) {
+    fn check<H: Hal, T: Pod + Send + Sync + PartialEq + std::fmt::Debug>(hal: &H, values: [T; 2]) {
+        for len in [1, 1000, 100_003] {
+            let b = hal.alloc::<T>("fill", len).unwrap();
+            for v in values {
+                b.fill(v).unwrap();
+                assert_same(
+                    &format!("fill of {len}"),
+                    &b.to_vec().unwrap(),
+                    &vec![v; len],
+                );
+            }
+            // A slice: only its elements change.
+            if len > 2 {
+                b.slice(1, len - 2).unwrap().fill(values[0]).unwrap();
+                let mut want = vec![values[1]; len];
+                want[1..len - 1].fill(values[0]);
+                assert_same(
+                    &format!("fill of a slice of {len}"),
+                    &b.to_vec().unwrap(),
+                    &want,
+                );
+            }
+        }
+    }
+    check(hal, [0x5au8, 0]);
+    check(hal, [0x1234u16, 7]);
+    check(hal, [Elem::random(rng), Elem::ZERO]);
+    check(hal, [u64::MAX - 5, 1]);
+    check(hal, [[1u32, 2, 3], [0; 3]]);
+    check(hal, [ExtElem::random(rng), ExtElem::ONE]);
+    check(hal, [[9u32, 8, 7, 6, 5, 4], [0; 6]]);
+    let d: [Digest; 2] = [random_digests(rng, 1)[0], Digest([Elem::ZERO; 8])];
+    check(hal, d);
+}
+
+/// A `view_mut` whose closure panics leaves its edits, and ends (as any `&mut [T]` would).
+/// Before, `CpuHal` dropped them (and so did the CUDA HAL without phase 2), while the CUDA
+/// HAL with phase 2 kept them.
+fn a_panicking_view_leaves_its_edits<H: Hal>(hal: &H) {
+    let b = hal.copy_from("edits", &[7u32; 3]).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        b.view_mut(|s| {
+            s[0] = 99;
+            panic!("a panicking view (expected by the test)");
+        })
+    }));
+    assert!(unwound.is_err());
+    assert_eq!(b.to_vec().unwrap(), vec![99, 7, 7]);
+    b.view_mut(|s| s[1] = 1).unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![99, 1, 7], "the view ended");
 }
 
 fn bit_reverse<H: Hal>(hal: &H, rng: &mut Rng) {
@@ -420,6 +477,18 @@ fn bad_input<H: Hal>(hal: &H) {
         |e| matches!(e, Error::Aliasing { .. }),
     );
 
+    // Fill: elements of 1, 2, or a multiple of 4 bytes up to 32.
+    for (r, size) in [
+        (hal.alloc::<[u8; 3]>("odd", 4).unwrap().fill([1; 3]), 3),
+        (hal.alloc::<[u32; 9]>("wide", 4).unwrap().fill([1; 9]), 36),
+    ] {
+        expect(
+            r,
+            "fill size",
+            |e| matches!(e, Error::UnsupportedElementSize { op: "fill", size: s } if *s == size),
+        );
+    }
+
     // Transforms: whole columns, at most 2^27 points.
     let io = hal.alloc::<Elem>("io", 12).unwrap();
     expect(hal.batch_ntt(&io, 3, false), "ntt columns", |e| {
@@ -445,6 +514,15 @@ fn bad_input<H: Hal>(hal: &H) {
     expect(hal.batch_ntt(&io, 28, true), "ntt size", |e| {
         matches!(e, Error::InvalidArgument(_))
     });
+    // Columns of one point change nothing, but are accesses all the same: refused under an
+    // open view of the elements. (Before, the CUDA HAL returned Ok without checking.)
+    let borrowed = |e: &Error| matches!(e, Error::BufferBorrowed { .. });
+    let (ntt, rev) = io
+        .view_mut(|_| (hal.batch_ntt(&io, 0, false), hal.batch_bit_reverse(&io, 0)))
+        .unwrap();
+    expect(ntt, "ntt of one point under a view", borrowed);
+    expect(rev, "bit reversal of one point under a view", borrowed);
+    hal.batch_ntt(&io, 0, true).unwrap();
     let coeffs = hal.alloc::<Elem>("coeffs", 8).unwrap();
     let lde = hal.alloc::<Elem>("lde", 16).unwrap();
     expect(
@@ -636,4 +714,69 @@ fn cuda_large_and_extra() {
     let mut next = vec![Digest::default(); rows / 2];
     cpu_ops::merkle_layer(&mut next, &want[..2 * (rows / 2)]);
     assert_same("large merkle layer", &layer.to_vec().unwrap(), &next);
+}
+
+/// Past the memory for a whole batch's NTT scratch (a HAL's byte limit, here), the fused
+/// NTT runs its columns in groups whose scratch fits; a coset LDE that cannot get even one
+/// column's scratch is refused and leaves its output as it was. Before, the NTT failed with
+/// `OutOfMemory`, and the LDE left its output expanded but not transformed.
+#[test]
+fn cuda_ntt_scratch_past_the_memory_limit() {
+    let Some(_device) = common::gpu() else { return };
+    let with_limit = |limit: usize| {
+        let config = cuda_hal::HalConfig {
+            memory_limit: Some(limit),
+            ..cuda_hal::HalConfig::default()
+        };
+        cuda_hal::CudaHal::with_config(0, config).unwrap()
+    };
+    const K: usize = 1 << 10;
+    let mut rng = Rng::new(0x5c4);
+    // Five columns of 2^14 points (64 KiB each), and two twiddle tables (forward and
+    // inverse, 32 KiB each): the scratch of two columns fits, of three does not.
+    let (log_n, cols) = (14, 5);
+    let hal = with_limit(5 * 64 * K + 2 * 32 * K + 2 * 64 * K + 16 * K);
+    let v = randoms::<Elem>(&mut rng, cols << log_n);
+    let io = hal.copy_from("io", &v).unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let mut want = v.clone();
+    cpu_ops::ntt(&mut want, log_n, false);
+    assert_same("ntt in column groups", &io.to_vec().unwrap(), &want);
+    hal.batch_ntt(&io, log_n, true).unwrap();
+    assert_same("inverse in column groups", &io.to_vec().unwrap(), &v);
+    let report = hal.memory_report();
+    let scratch = report
+        .by_name
+        .iter()
+        .find(|t| t.name == "prover-ntt-scratch");
+    assert_eq!(
+        scratch.map(|t| t.peak_bytes),
+        Some(2 * 64 * K),
+        "two columns at a time"
+    );
+    // An LDE of five columns of 2^12 to 2^14 points: coefficients 80 KiB, output 320 KiB,
+    // shift powers 16 KiB, twiddles 32 KiB. Room for one column's scratch (64 KiB) but not
+    // for two: in column groups too.
+    let (log_n, log_blowup) = (12, 2);
+    let c = randoms::<Elem>(&mut rng, cols << log_n);
+    let lde = |limit: usize| {
+        let hal = with_limit(limit);
+        let coeffs = hal.copy_from("coeffs", &c).unwrap();
+        let out = poisoned(&hal, "lde", cols << (log_n + log_blowup), poison_elem());
+        let r = hal.coset_lde(&out, &coeffs, log_n, log_blowup);
+        (r, out.to_vec().unwrap())
+    };
+    let fixed = (80 + 320 + 16 + 32) * K;
+    let (r, got) = lde(fixed + 64 * K + 32 * K);
+    r.unwrap();
+    let mut want = vec![Elem::ZERO; cols << (log_n + log_blowup)];
+    cpu_ops::coset_lde(&mut want, &c, log_n, log_blowup);
+    assert_same("coset_lde in column groups", &got, &want);
+    // No room for one column's scratch: refused before the output is touched.
+    let (r, got) = lde(fixed + 32 * K);
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    assert!(
+        got.iter().all(|e| *e == poison_elem()),
+        "the output is left as it was"
+    );
 }
