@@ -291,6 +291,16 @@ impl<T> std::fmt::Debug for Buffer<T> {
     }
 }
 
+/// Ends a view of a build without phase 2 (`CacheState::begin_detached_borrow`) when
+/// dropped, on every path out of it.
+struct EndDetachedView<'a>(&'a RawBuffer, u64);
+
+impl Drop for EndDetachedView<'_> {
+    fn drop(&mut self) {
+        self.0.cache.lock().state.end_detached_borrow(self.1);
+    }
+}
+
 impl<T: Pod> Buffer<T> {
     pub(crate) fn new(hal: &CudaHal, name: Cow<'static, str>, len: usize) -> Result<Self> {
         if len == 0 || std::mem::size_of::<T>() == 0 {
@@ -620,6 +630,22 @@ impl<T: Pod> Buffer<T> {
         Ok(v)
     }
 
+    /// `view` without phase 2: a downloaded `Vec`. The view is registered for its length,
+    /// so that a `view_mut` of the same elements meanwhile is refused, as with the host
+    /// cache (the device may still read and write them).
+    fn view_detached<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.raw.hal.enter()?;
+        let id = self
+            .raw
+            .cache
+            .lock()
+            .state
+            .begin_detached_borrow(self.byte_range(), BorrowKind::Shared)
+            .map_err(|_| self.raw.borrowed())?;
+        let _end = EndDetachedView(&self.raw, id);
+        Ok(f(&self.download_vec()?))
+    }
+
     /// `view_mut` without phase 2: the edits live in a downloaded `Vec` until they are
     /// uploaded. The view is registered before the download, so the device neither writes
     /// these bytes meanwhile (the upload would undo it) nor reads them (stale): device
@@ -633,7 +659,7 @@ impl<T: Pod> Buffer<T> {
             let mut c = self.raw.cache.lock();
             let id = c
                 .state
-                .begin_detached_borrow(r.clone())
+                .begin_detached_borrow(r.clone(), BorrowKind::Exclusive)
                 .map_err(|_| self.raw.borrowed())?;
             // A new allocation's bytes are unspecified: the view starts from zeros.
             let fresh = c.state.adopt_fresh(&r);
@@ -641,33 +667,46 @@ impl<T: Pod> Buffer<T> {
             c.state.mark_downloaded(r.clone());
             (id, fresh)
         };
-        struct EndView<'a>(&'a RawBuffer, u64);
-        impl Drop for EndView<'_> {
-            fn drop(&mut self) {
-                self.0.cache.lock().state.end_detached_borrow(self.1);
-            }
-        }
-        let _end = EndView(&self.raw, id);
+        let _end = EndDetachedView(&self.raw, id);
         let mut v = vec![T::zeroed(); self.len];
         if !fresh {
             self.raw.side.wait_on(&h.stream, 0, true)?;
             h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
         }
-        let out = f(&mut v);
-        // `f` may have left another context current.
+        // A panicking `f` leaves its edits too, as with the host cache (and any `&mut [T]`).
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut v)));
+        let uploaded = self.upload_detached_edits(&v, r);
+        match out {
+            Ok(out) => uploaded.map(|()| out),
+            Err(panic) => {
+                if let Err(e) = uploaded {
+                    log::warn!(
+                        "uploading the edits of a panicking view of {}: {e}",
+                        self.name()
+                    );
+                }
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// The end of [`Buffer::view_mut_detached`]: uploads its edits `v` of the bytes `r`.
+    fn upload_detached_edits(&self, v: &[T], r: Range<usize>) -> Result<()> {
+        let h = &self.raw.hal;
+        // The view's closure may have left another context current.
         h.enter()?;
         // After side-stream work queued since (such a write), and only the bytes no device
         // write has made stale.
         self.raw.side.wait_on(&h.stream, 0, true)?;
         let kept = self.raw.cache.lock().state.readable().within(&r);
-        let bytes: &[u8] = bytemuck::cast_slice(&v);
+        let bytes: &[u8] = bytemuck::cast_slice(v);
         for k in kept {
             h.upload(
                 self.raw.ptr + k.start as u64,
                 &bytes[k.start - r.start..k.end - r.start],
             )?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Runs `f` over the elements on the host. Phase 2 reads the cached host copy (no
@@ -687,7 +726,7 @@ impl<T: Pod> Buffer<T> {
     pub fn view<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         let _range = crate::nvtx::range(|| format!("view {} ({} elements)", self.name(), self.len));
         if !PHASES.host_cache {
-            return Ok(f(&self.download_vec()?));
+            return self.view_detached(f);
         }
         self.check_host_align()?;
         self.raw.hal.enter()?;

@@ -136,6 +136,23 @@ impl<T> Drop for ViewGuard<'_, T> {
     }
 }
 
+/// The copy a `view_mut` edits, written back when the view ends: when its closure returns
+/// or unwinds (a panicking closure leaves its edits, as with the CUDA HAL's host copy and
+/// any `&mut [T]`). Then the view ends.
+struct WriteBack<'a, T: Pod + Send + Sync> {
+    buffer: &'a CpuBuffer<T>,
+    copy: Vec<T>,
+    _view: ViewGuard<'a, T>,
+}
+
+impl<T: Pod + Send + Sync> Drop for WriteBack<'_, T> {
+    fn drop(&mut self) {
+        // The exclusive view, still open, keeps every other access to these elements out.
+        let range = self.buffer.range();
+        self.buffer.store.state.write().data[range].copy_from_slice(&self.copy);
+    }
+}
+
 impl<T: Pod + Send + Sync> CpuBuffer<T> {
     fn new(name: Cow<'static, str>, len: usize) -> Result<Self> {
         if len == 0 || std::mem::size_of::<T>() == 0 {
@@ -291,12 +308,13 @@ impl<T: Pod + Send + Sync> HalBuffer<T> for CpuBuffer<T> {
     }
 
     fn view_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-        let (guard, mut copy) = self.begin_view(true)?;
-        let out = f(&mut copy);
-        // Our exclusive view keeps every other access to these elements out.
-        self.store.state.write().data[self.range()].copy_from_slice(&copy);
-        drop(guard);
-        Ok(out)
+        let (view, copy) = self.begin_view(true)?;
+        let mut edits = WriteBack {
+            buffer: self,
+            copy,
+            _view: view,
+        };
+        Ok(f(&mut edits.copy))
     }
 
     fn to_vec(&self) -> Result<Vec<T>> {
@@ -326,6 +344,7 @@ impl<T: Pod + Send + Sync> HalBuffer<T> for CpuBuffer<T> {
     }
 
     fn fill(&self, value: T) -> Result<()> {
+        check::fill(std::mem::size_of::<T>())?;
         self.write_with(|d| d.fill(value))
     }
 }

@@ -80,7 +80,7 @@ pub trait HalBuffer<T>: Clone + Debug + Send + Sync {
     fn view<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R>;
 
     /// Runs `f` over the elements on the host with write access; the changes are the
-    /// buffer's contents afterwards.
+    /// buffer's contents afterwards (also when `f` panics: its edits so far stay).
     fn view_mut<R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R>;
 
     /// The elements, copied into a new `Vec`.
@@ -92,9 +92,9 @@ pub trait HalBuffer<T>: Clone + Debug + Send + Sync {
     /// Overwrites the elements with `src` (same length, else `LengthMismatch`).
     fn copy_from_slice(&self, src: &[T]) -> Result<()>;
 
-    /// Sets every element to `value`. A backend may support only some element sizes and
-    /// return `UnsupportedElementSize` for the others (the CUDA HAL fills 1-, 2-, 4- and
-    /// 8-byte elements).
+    /// Sets every element to `value`: elements of 1, 2, or a multiple of 4 bytes up to 32
+    /// (every element type of the crate); other sizes are `UnsupportedElementSize` in
+    /// both backends.
     fn fill(&self, value: T) -> Result<()>;
 }
 
@@ -234,6 +234,15 @@ pub trait Hal: Send + Sync {
 /// same errors. Aliasing is checked by each backend, which knows its storage.
 pub(crate) mod check {
     use super::*;
+
+    /// `fill` takes elements of 1, 2, or a multiple of 4 bytes up to 32.
+    pub(crate) fn fill(size: usize) -> Result<()> {
+        match size {
+            1 | 2 => Ok(()),
+            4..=32 if size % 4 == 0 => Ok(()),
+            _ => Err(Error::UnsupportedElementSize { op: "fill", size }),
+        }
+    }
 
     /// Every `(name, len)` argument has `expected` elements (element-wise operations).
     pub(crate) fn lengths(expected: usize, args: &[(&str, usize)]) -> Result<()> {

@@ -453,28 +453,38 @@ impl CacheState {
         Ok(self.next_borrow)
     }
 
-    /// Starts an exclusive view of `r` whose bytes live outside the host copy (builds
-    /// without phase 2 edit a downloaded `Vec` and upload it after): only its conflicts
-    /// count, so that the device neither reads nor writes `r` meanwhile. Ended with
-    /// [`CacheState::end_detached_borrow`]. It leaves a new allocation fresh, for the
-    /// view's [`CacheState::adopt_fresh`].
+    /// Starts a view of `r` whose bytes live outside the host copy (builds without phase 2
+    /// read a downloaded `Vec`, and edit one and upload it after): only its conflicts
+    /// count. An exclusive one keeps the device from reading or writing `r` meanwhile; as
+    /// with [`CacheState::begin_borrow`], an exclusive view and any other view of the same
+    /// bytes exclude each other. Ended with [`CacheState::end_detached_borrow`]. It leaves
+    /// a new allocation fresh, for the view's [`CacheState::adopt_fresh`].
     ///
     /// ```
-    /// use cuda_hal::host_cache::CacheState;
+    /// use cuda_hal::host_cache::{BorrowKind, CacheState};
     /// let mut c = CacheState::default();
-    /// let v = c.begin_detached_borrow(0..8).unwrap();
+    /// let v = c.begin_detached_borrow(0..8, BorrowKind::Exclusive).unwrap();
     /// assert!(c.plan_device_access(&(4..12)).is_err(), "the device waits for the view");
-    /// assert!(c.begin_detached_borrow(0..4).is_err(), "one editor at a time");
+    /// assert!(c.begin_detached_borrow(0..4, BorrowKind::Exclusive).is_err(), "one editor at a time");
+    /// assert!(c.begin_detached_borrow(4..12, BorrowKind::Shared).is_err(), "no reader meanwhile");
     /// c.end_detached_borrow(v);
     /// assert!(c.plan_device_access(&(4..12)).unwrap().is_empty(), "nothing host-newer");
+    /// let r = c.begin_detached_borrow(0..8, BorrowKind::Shared).unwrap();
+    /// assert!(c.begin_detached_borrow(0..8, BorrowKind::Shared).is_ok(), "readers share");
+    /// assert!(c.begin_detached_borrow(4..5, BorrowKind::Exclusive).is_err(), "no editor meanwhile");
+    /// assert!(c.plan_device_access(&(0..8)).is_ok(), "the device may use it");
+    /// c.end_detached_borrow(r);
     /// ```
-    pub fn begin_detached_borrow(&mut self, r: Range<usize>) -> Result<u64, Conflict> {
-        if self.conflicts(&r, true) {
+    pub fn begin_detached_borrow(
+        &mut self,
+        r: Range<usize>,
+        kind: BorrowKind,
+    ) -> Result<u64, Conflict> {
+        if self.conflicts(&r, kind == BorrowKind::Exclusive) {
             return Err(Conflict);
         }
         self.next_borrow += 1;
-        self.borrows
-            .push((self.next_borrow, BorrowKind::Exclusive, r));
+        self.borrows.push((self.next_borrow, kind, r));
         Ok(self.next_borrow)
     }
 
@@ -636,7 +646,9 @@ mod tests {
     fn a_new_allocation_is_adopted_once_and_only_before_any_use() {
         // A view without phase 2 registers first, then adopts.
         let mut c = CacheState::for_new_allocation();
-        let v = c.begin_detached_borrow(0..64).unwrap();
+        let v = c
+            .begin_detached_borrow(0..64, BorrowKind::Exclusive)
+            .unwrap();
         assert!(c.adopt_fresh(&(0..64)));
         c.end_detached_borrow(v);
         assert!(!c.adopt_fresh(&(0..64)));
@@ -749,7 +761,9 @@ mod tests {
     fn a_detached_view_leaves_bytes_written_meanwhile_to_the_device() {
         let mut c = CacheState::default();
         c.mark_device_access(0..40, true); // a kernel on 0..40 is being queued
-        let v = c.begin_detached_borrow(0..100).unwrap();
+        let v = c
+            .begin_detached_borrow(0..100, BorrowKind::Exclusive)
+            .unwrap();
         c.mark_downloaded(0..100);
         assert!(
             c.plan_device_access(&(0..10)).is_err(),

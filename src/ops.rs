@@ -2,6 +2,7 @@
 
 use bytemuck::Pod;
 
+use crate::hal_trait::check;
 use crate::{Buffer, Error, LaunchDims, Result};
 
 /// Element types with element-wise add and mul kernels: `u32` (wrapping) and `f32`.
@@ -32,8 +33,10 @@ impl EltwiseElement for f32 {
 }
 
 impl<T: Pod> Buffer<T> {
-    /// Sets every element to `value` on the device (4- and 8-byte elements by kernel,
-    /// 1- and 2-byte elements by memset).
+    /// Sets every element to `value` on the device: elements of 1 and 2 bytes by memset,
+    /// of any multiple of 4 bytes up to 32 by kernel (every element type of the crate:
+    /// `u8` to `u64`, `f32`, `Elem`, `ExtElem`, `Digest`). Other sizes are
+    /// `UnsupportedElementSize`, as with [`CpuHal`](crate::CpuHal).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -46,6 +49,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(b.view(|s| s.iter().sum::<u64>()).unwrap(), 1000);
     /// ```
     pub fn fill(&self, value: T) -> Result<()> {
+        check::fill(std::mem::size_of::<T>())?;
         let hal = self.hal_internal();
         let n = self.len() as u64;
         let dims = LaunchDims::for_elements(self.len(), hal.info().multiprocessors);
@@ -68,7 +72,27 @@ impl<T: Pod> Buffer<T> {
                     .run()
             },
             1 | 2 => self.memset(bytes),
-            size => Err(Error::UnsupportedElementSize { op: "fill", size }),
+            size => {
+                // The pattern's words, zero past the element's.
+                let mut words = [0u32; 8];
+                bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..size].copy_from_slice(bytes);
+                let (lo, hi) = (
+                    [words[0], words[1], words[2], words[3]],
+                    [words[4], words[5], words[6], words[7]],
+                );
+                // SAFETY: fill_words_u32(out: *u32, lo: uint4, hi: uint4, words: u32, n: u64)
+                // writes out[0..n * words), the buffer's words (`check::fill`: size is a
+                // multiple of 4 up to 32).
+                unsafe {
+                    hal.launch_embedded("fill_words_u32", dims)
+                        .output(self)
+                        .scalar(lo)
+                        .scalar(hi)
+                        .scalar((size / 4) as u32)
+                        .scalar(n)
+                        .run()
+                }
+            }
         }
     }
 

@@ -799,6 +799,47 @@ fn host_view_in_the_way_is_an_error_not_a_deadlock() {
     // Nested shared views are fine.
     let total = a.view(|s| a.view(|t| s[1] + t[2]).unwrap()).unwrap();
     assert_eq!(total, 2);
+    // An edit inside a view of the same elements is refused, in every build, as by
+    // `CpuHal` (without phase 2 it went ahead through 8fdff46, the outer view then showing
+    // stale elements); the device may still use them meanwhile.
+    let (edit, device) = a
+        .view(|_| {
+            (
+                a.slice(3, 2).unwrap().view_mut(|s| s[0] = 9),
+                ops::add(&out, &a, &a),
+            )
+        })
+        .unwrap();
+    assert!(
+        matches!(edit, Err(Error::BufferBorrowed { .. })),
+        "{edit:?}"
+    );
+    device.unwrap();
+    assert_eq!((a.get_at(3).unwrap(), out.get_at(3).unwrap()), (1, 2));
+}
+
+/// A `view_mut` whose closure panics leaves its edits and ends, in every build (before,
+/// builds without phase 2 dropped them, and `CpuHal` did; phase 2 kept them).
+#[test]
+fn a_panicking_view_leaves_its_edits() {
+    let Some(hal) = gpu() else { return };
+    let b = hal.copy_from("edits", &[7u32; 1000]).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        b.slice(10, 5).unwrap().view_mut(|s| {
+            s[0] = 99;
+            panic!("a panicking view (expected by the test)");
+        })
+    }));
+    assert!(unwound.is_err());
+    let out = hal.alloc::<u32>("out", 1000).unwrap();
+    ops::add(&out, &b, &b).unwrap();
+    assert_eq!(
+        (out.get_at(10).unwrap(), out.get_at(11).unwrap()),
+        (198, 14)
+    );
+    assert_eq!(b.get_at(10).unwrap(), 99);
+    b.view_mut(|s| s[11] = 1).unwrap();
+    assert_eq!(b.get_at(11).unwrap(), 1, "the view ended");
 }
 
 /// A view of one part of a buffer leaves the rest to the device, even with host edits of
