@@ -525,20 +525,45 @@ impl CudaHal {
         let d = api()?;
         let done = h.event()?;
         let scratch_alloc =
-            h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total)?;
+            match h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total) {
+                Ok(scratch) => scratch,
+                // Where memory does not hold the scratch (as large as the batch), each
+                // slice is copied from the staged block to its buffer.
+                Err(Error::OutOfMemory { .. }) => {
+                    let result = (|| -> Result<()> {
+                        for ((buf, _), off) in items.iter().zip(&offsets) {
+                            // SAFETY: the block holds the slice's staged bytes at `off` and is
+                            // reused only after `done`; the buffer's range is live.
+                            unsafe {
+                                d.cuMemcpyHtoDAsync(
+                                    buf.raw_ptr(),
+                                    block.mem.as_ptr().add(*off).cast(),
+                                    buf.size_bytes(),
+                                    h.stream.raw(),
+                                )?
+                            };
+                            h.ledger.copy(Dir::H2D, buf.size_bytes());
+                        }
+                        Ok(())
+                    })();
+                    return self.end_upload_batch(items, block, done, result);
+                }
+                Err(e) => return Err(e),
+            };
         let scratch = scratch_alloc.ptr;
+        let segments = u32::try_from(items.len())
+            .map_err(|_| Error::InvalidArgument(format!("{} slices in one batch", items.len())));
         let result = (|| -> Result<()> {
+            let segments = segments?;
             // SAFETY: the block holds `total` staged bytes and is reused only after `done`;
             // scratch has `total` bytes.
             unsafe {
                 d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), total, h.stream.raw())?
             };
             h.ledger.copy(Dir::H2D, total);
-            done.record(&h.stream)?;
             let f = h.kernels.get("scatter_segments", true)?;
-            let blocks = (items.len() as u32).min(h.info_sms() * 8).max(1);
-            let (mut t, mut dat, mut c) =
-                (scratch, scratch + data_start as u64, items.len() as u32);
+            let blocks = segments.min(h.info_sms() * 8).max(1);
+            let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
             let mut params = [
                 (&mut t as *mut u64).cast(),
                 (&mut dat as *mut u64).cast(),
@@ -552,9 +577,25 @@ impl CudaHal {
         })();
         // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
         h.free_raw("upload-batch-scratch", scratch_alloc);
+        self.end_upload_batch(items, block, done, result)
+    }
+
+    /// The end of [`CudaHal::upload_batch`], whose copies out of `block` were queued, all
+    /// or some (`result`): `done` is recorded after them, the block goes back to the pool
+    /// to be reused once it is done, and the buffers' host copies are stale.
+    fn end_upload_batch<T: Pod>(
+        &self,
+        items: &[(&Buffer<T>, &[T])],
+        mut block: PinnedBlock,
+        done: Arc<Event>,
+        result: Result<()>,
+    ) -> Result<()> {
+        let h = &self.inner;
+        // Whatever `result` says: some of the copies may be queued.
+        let recorded = h.record_use(&done, &h.stream);
         block.set_pending(done);
         h.pinned.give(block);
-        h.guard(result)?;
+        h.guard(result.and(recorded))?;
         for (buf, _) in items {
             buf.raw().invalidate_host(buf.byte_range());
         }

@@ -283,6 +283,34 @@ fn gather_reads_many_elements_with_one_copy() {
     assert!(matches!(a.get_many(&[]), Err(Error::ZeroLength { .. })));
 }
 
+/// Where memory does not hold `upload_batch`'s device scratch (as large as the batch), each
+/// slice is copied straight from the staged block. Before, the batch failed with
+/// `OutOfMemory`.
+#[test]
+fn an_upload_batch_past_the_memory_for_its_scratch_copies_each_slice() {
+    let Some(_device) = gpu() else { return };
+    let config = HalConfig {
+        memory_limit: Some(3 * MIB),
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    // 2 MiB in use: the scratch of both (2 MiB) does not fit beside them.
+    let (a, b) = (
+        hal.alloc::<u32>("a", MIB / 4).unwrap(),
+        hal.alloc::<u32>("b", MIB / 4 + 3).unwrap(),
+    );
+    let (x, y) = (Rng::new(40).u32s(MIB / 4), Rng::new(41).u32s(MIB / 4 + 3));
+    a.view_mut(|s| s.fill(1)).unwrap(); // a host copy, which the batch makes stale
+    hal.upload_batch(&[(&a, &x[..]), (&b, &y[..])]).unwrap();
+    assert_eq!(a.to_vec().unwrap(), x);
+    assert_eq!(b.to_vec().unwrap(), y);
+    assert_eq!(
+        hal.memory_report().current_bytes,
+        2 * MIB + 12,
+        "no scratch left"
+    );
+}
+
 #[test]
 fn upload_batch_scatters_many_slices_with_one_copy() {
     let Some(hal) = gpu() else { return };
