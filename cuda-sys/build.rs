@@ -291,7 +291,10 @@ fn driver_api_tokens(
         let body = if is_result {
             quote! {
                 match self.#field {
-                    Some(driver_fn__) => crate::error::check(driver_fn__(#(#arg_names),*), #symbol),
+                    Some(driver_fn__) => {
+                        crate::fault::before(#symbol)?;
+                        crate::error::check(driver_fn__(#(#arg_names),*), #symbol)
+                    }
                     None => Err(crate::error::Error::MissingSymbol { symbol: #symbol }),
                 }
             }

@@ -8,6 +8,8 @@
 #
 # Layout: .gpu-bundle/<build>/<test target>, .gpu-bundle/<build>/bench-phases,
 #         .gpu-bundle/nokernels/gpu (tests/gpu.rs built without kernels, with the all build),
+#         .gpu-faults/faults (tests/faults.rs with fault injection, with the all build; carried
+#         on its own, for `scripts/gpu-run.sh faults`),
 #         .gpu-bundle/prover_demo, .gpu-bundle/doctests.tar.xz (the doc examples, one
 #         executable each), .gpu-bundle/manifest.txt. The executables are gzipped (each
 #         embeds the kernel fatbin; packed they fit one 64 MiB carry), the doc examples
@@ -112,6 +114,20 @@ if [[ " ${builds[*]} " == *" all "* ]]; then
            | pick_exe test gpu)"
   cp "$exe" "$bundle/nokernels/gpu"
   echo "   nokernels/gpu  <- $exe" >&2
+fi
+
+# The fault-injection tests (tests/faults.rs, feature fault-injection) in a folder of their
+# own, .gpu-faults/, carried on their own (the bundle leaves no room): scripts/gpu-run.sh
+# faults runs them.
+if [[ " ${builds[*]} " == *" all "* ]]; then
+  echo "== [faults] tests/faults.rs with fault injection" >&2
+  rm -rf "$root/.gpu-faults"
+  mkdir -p "$root/.gpu-faults"
+  exe="$(cargo test --release --no-run -p cuda-hal --test faults --features fault-injection \
+           --message-format=json | pick_exe test faults)"
+  cp "$exe" "$root/.gpu-faults/faults"
+  gzip -9 "$root/.gpu-faults/faults"
+  echo "   .gpu-faults/faults  <- $exe" >&2
 fi
 
 echo "== prover_demo example (default features)" >&2

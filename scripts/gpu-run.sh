@@ -3,6 +3,8 @@
 # executables in .gpu-bundle/ made by scripts/gpu-pack.sh.
 #
 #   scripts/gpu-run.sh [tests|bench|all] [build names...]    (default: all, all five builds)
+#   scripts/gpu-run.sh faults     the fault-injection tests of .gpu-faults/ (carried instead
+#                                 of .gpu-bundle: the two do not fit one carry)
 #
 # Environment:
 #   OUT             where the results go (default ./gpu-out)
@@ -23,6 +25,24 @@ ALL_BUILDS=(baseline p1 p12 p123 all)
 mode=all
 case "${1:-}" in
   tests|bench|all) mode="$1"; shift ;;
+  faults)
+    # Every driver call of each scenario failing in turn (tests/faults.rs).
+    OUT="${OUT:-./gpu-out}"; mkdir -p "$OUT"
+    [ -f .gpu-faults/faults.gz ] && gzip -d -f .gpu-faults/faults.gz && chmod +x .gpu-faults/faults
+    [ -x .gpu-faults/faults ] || { echo "gpu-run: .gpu-faults/faults not found: run scripts/gpu-pack.sh all and carry .gpu-faults" >&2; exit 2; }
+    echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), fault injection"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4
+    CUDA_HAL_REQUIRE_GPU=1 RUST_BACKTRACE=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+      .gpu-faults/faults --test-threads=1 --nocapture > "$OUT/faults.log" 2>&1
+    rc=$?
+    grep -aE "driver calls|panicked|test result|^test " "$OUT/faults.log"
+    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log"; then
+      echo "RESULT: PASS (fault injection)"
+    else
+      echo "RESULT: FAIL (fault injection, exit $rc)"
+    fi
+    exit "$rc"
+    ;;
 esac
 builds=("$@")
 if [ "${#builds[@]}" -eq 0 ]; then builds=("${ALL_BUILDS[@]}"); fi

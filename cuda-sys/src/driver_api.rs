@@ -8283,6 +8283,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArray3DCreate_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuArray3DCreate_v2")?;
                 crate::error::check(
                     driver_fn__(pHandle, pAllocateArray),
                     "cuArray3DCreate_v2",
@@ -8307,6 +8308,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArray3DGetDescriptor_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuArray3DGetDescriptor_v2")?;
                 crate::error::check(
                     driver_fn__(pArrayDescriptor, hArray),
                     "cuArray3DGetDescriptor_v2",
@@ -8331,6 +8333,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayCreate_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayCreate_v2")?;
                 crate::error::check(
                     driver_fn__(pHandle, pAllocateArray),
                     "cuArrayCreate_v2",
@@ -8354,6 +8357,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayDestroy")?;
                 crate::error::check(driver_fn__(hArray), "cuArrayDestroy")
             }
             None => {
@@ -8375,6 +8379,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetDescriptor_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayGetDescriptor_v2")?;
                 crate::error::check(
                     driver_fn__(pArrayDescriptor, hArray),
                     "cuArrayGetDescriptor_v2",
@@ -8400,6 +8405,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetMemoryRequirements {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayGetMemoryRequirements")?;
                 crate::error::check(
                     driver_fn__(memoryRequirements, array, device),
                     "cuArrayGetMemoryRequirements",
@@ -8425,6 +8431,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetPlane {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayGetPlane")?;
                 crate::error::check(
                     driver_fn__(pPlaneArray, hArray, planeIdx),
                     "cuArrayGetPlane",
@@ -8449,6 +8456,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuArrayGetSparseProperties {
             Some(driver_fn__) => {
+                crate::fault::before("cuArrayGetSparseProperties")?;
                 crate::error::check(
                     driver_fn__(sparseProperties, array),
                     "cuArrayGetSparseProperties",
@@ -8473,6 +8481,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessCheckpoint {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessCheckpoint")?;
                 crate::error::check(
                     driver_fn__(pid, args),
                     "cuCheckpointProcessCheckpoint",
@@ -8497,6 +8506,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessGetRestoreThreadId {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessGetRestoreThreadId")?;
                 crate::error::check(
                     driver_fn__(pid, tid),
                     "cuCheckpointProcessGetRestoreThreadId",
@@ -8521,6 +8531,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessGetState {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessGetState")?;
                 crate::error::check(
                     driver_fn__(pid, state),
                     "cuCheckpointProcessGetState",
@@ -8545,6 +8556,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessLock {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessLock")?;
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessLock")
             }
             None => {
@@ -8566,6 +8578,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessRestore {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessRestore")?;
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessRestore")
             }
             None => {
@@ -8587,6 +8600,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCheckpointProcessUnlock {
             Some(driver_fn__) => {
+                crate::fault::before("cuCheckpointProcessUnlock")?;
                 crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessUnlock")
             }
             None => {
@@ -8609,6 +8623,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuCoredumpGetAttribute")?;
                 crate::error::check(
                     driver_fn__(attrib, value, size),
                     "cuCoredumpGetAttribute",
@@ -8634,6 +8649,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpGetAttributeGlobal {
             Some(driver_fn__) => {
+                crate::fault::before("cuCoredumpGetAttributeGlobal")?;
                 crate::error::check(
                     driver_fn__(attrib, value, size),
                     "cuCoredumpGetAttributeGlobal",
@@ -8659,6 +8675,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuCoredumpSetAttribute")?;
                 crate::error::check(
                     driver_fn__(attrib, value, size),
                     "cuCoredumpSetAttribute",
@@ -8684,6 +8701,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCoredumpSetAttributeGlobal {
             Some(driver_fn__) => {
+                crate::fault::before("cuCoredumpSetAttributeGlobal")?;
                 crate::error::check(
                     driver_fn__(attrib, value, size),
                     "cuCoredumpSetAttributeGlobal",
@@ -8708,6 +8726,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxAttach {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxAttach")?;
                 crate::error::check(driver_fn__(pctx, flags), "cuCtxAttach")
             }
             None => {
@@ -8731,6 +8750,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxCreate_v4 {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxCreate_v4")?;
                 crate::error::check(
                     driver_fn__(pctx, ctxCreateParams, flags, dev),
                     "cuCtxCreate_v4",
@@ -8753,7 +8773,10 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxDestroy_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxDestroy_v2"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxDestroy_v2")?;
+                crate::error::check(driver_fn__(ctx), "cuCtxDestroy_v2")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxDestroy_v2",
@@ -8768,7 +8791,10 @@ impl DriverApi {
     #[inline]
     pub unsafe fn cuCtxDetach(&self, ctx: CUcontext) -> Result<(), crate::error::Error> {
         match self.cuCtxDetach {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxDetach"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxDetach")?;
+                crate::error::check(driver_fn__(ctx), "cuCtxDetach")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxDetach",
@@ -8787,6 +8813,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxDisablePeerAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxDisablePeerAccess")?;
                 crate::error::check(driver_fn__(peerContext), "cuCtxDisablePeerAccess")
             }
             None => {
@@ -8808,6 +8835,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxEnablePeerAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxEnablePeerAccess")?;
                 crate::error::check(
                     driver_fn__(peerContext, Flags),
                     "cuCtxEnablePeerAccess",
@@ -8832,6 +8860,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxFromGreenCtx {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxFromGreenCtx")?;
                 crate::error::check(driver_fn__(pContext, hCtx), "cuCtxFromGreenCtx")
             }
             None => {
@@ -8853,6 +8882,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetApiVersion {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetApiVersion")?;
                 crate::error::check(driver_fn__(ctx, version), "cuCtxGetApiVersion")
             }
             None => {
@@ -8873,6 +8903,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetCacheConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetCacheConfig")?;
                 crate::error::check(driver_fn__(pconfig), "cuCtxGetCacheConfig")
             }
             None => {
@@ -8893,6 +8924,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetCurrent {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetCurrent")?;
                 crate::error::check(driver_fn__(pctx), "cuCtxGetCurrent")
             }
             None => {
@@ -8915,6 +8947,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevResource {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetDevResource")?;
                 crate::error::check(
                     driver_fn__(hCtx, resource, type_),
                     "cuCtxGetDevResource",
@@ -8938,6 +8971,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevice {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetDevice")?;
                 crate::error::check(driver_fn__(device), "cuCtxGetDevice")
             }
             None => {
@@ -8959,6 +8993,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetDevice_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetDevice_v2")?;
                 crate::error::check(driver_fn__(device, ctx), "cuCtxGetDevice_v2")
             }
             None => {
@@ -8980,6 +9015,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetExecAffinity {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetExecAffinity")?;
                 crate::error::check(
                     driver_fn__(pExecAffinity, type_),
                     "cuCtxGetExecAffinity",
@@ -9002,7 +9038,10 @@ impl DriverApi {
         flags: *mut ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetFlags {
-            Some(driver_fn__) => crate::error::check(driver_fn__(flags), "cuCtxGetFlags"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetFlags")?;
+                crate::error::check(driver_fn__(flags), "cuCtxGetFlags")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxGetFlags",
@@ -9022,6 +9061,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetId {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetId")?;
                 crate::error::check(driver_fn__(ctx, ctxId), "cuCtxGetId")
             }
             None => {
@@ -9043,6 +9083,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetLimit {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetLimit")?;
                 crate::error::check(driver_fn__(pvalue, limit), "cuCtxGetLimit")
             }
             None => {
@@ -9063,6 +9104,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetSharedMemConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetSharedMemConfig")?;
                 crate::error::check(driver_fn__(pConfig), "cuCtxGetSharedMemConfig")
             }
             None => {
@@ -9084,6 +9126,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxGetStreamPriorityRange {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxGetStreamPriorityRange")?;
                 crate::error::check(
                     driver_fn__(leastPriority, greatestPriority),
                     "cuCtxGetStreamPriorityRange",
@@ -9107,6 +9150,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxPopCurrent_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxPopCurrent_v2")?;
                 crate::error::check(driver_fn__(pctx), "cuCtxPopCurrent_v2")
             }
             None => {
@@ -9127,6 +9171,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxPushCurrent_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxPushCurrent_v2")?;
                 crate::error::check(driver_fn__(ctx), "cuCtxPushCurrent_v2")
             }
             None => {
@@ -9148,6 +9193,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxRecordEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxRecordEvent")?;
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxRecordEvent")
             }
             None => {
@@ -9165,6 +9211,7 @@ impl DriverApi {
     pub unsafe fn cuCtxResetPersistingL2Cache(&self) -> Result<(), crate::error::Error> {
         match self.cuCtxResetPersistingL2Cache {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxResetPersistingL2Cache")?;
                 crate::error::check(driver_fn__(), "cuCtxResetPersistingL2Cache")
             }
             None => {
@@ -9185,6 +9232,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetCacheConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxSetCacheConfig")?;
                 crate::error::check(driver_fn__(config), "cuCtxSetCacheConfig")
             }
             None => {
@@ -9204,7 +9252,10 @@ impl DriverApi {
         ctx: CUcontext,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetCurrent {
-            Some(driver_fn__) => crate::error::check(driver_fn__(ctx), "cuCtxSetCurrent"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxSetCurrent")?;
+                crate::error::check(driver_fn__(ctx), "cuCtxSetCurrent")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxSetCurrent",
@@ -9222,7 +9273,10 @@ impl DriverApi {
         flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetFlags {
-            Some(driver_fn__) => crate::error::check(driver_fn__(flags), "cuCtxSetFlags"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxSetFlags")?;
+                crate::error::check(driver_fn__(flags), "cuCtxSetFlags")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxSetFlags",
@@ -9242,6 +9296,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetLimit {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxSetLimit")?;
                 crate::error::check(driver_fn__(limit, value), "cuCtxSetLimit")
             }
             None => {
@@ -9262,6 +9317,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSetSharedMemConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxSetSharedMemConfig")?;
                 crate::error::check(driver_fn__(config), "cuCtxSetSharedMemConfig")
             }
             None => {
@@ -9278,7 +9334,10 @@ impl DriverApi {
     #[inline]
     pub unsafe fn cuCtxSynchronize(&self) -> Result<(), crate::error::Error> {
         match self.cuCtxSynchronize {
-            Some(driver_fn__) => crate::error::check(driver_fn__(), "cuCtxSynchronize"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuCtxSynchronize")?;
+                crate::error::check(driver_fn__(), "cuCtxSynchronize")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuCtxSynchronize",
@@ -9297,6 +9356,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxSynchronize_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxSynchronize_v2")?;
                 crate::error::check(driver_fn__(ctx), "cuCtxSynchronize_v2")
             }
             None => {
@@ -9318,6 +9378,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuCtxWaitEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuCtxWaitEvent")?;
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxWaitEvent")
             }
             None => {
@@ -9338,6 +9399,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDestroyExternalMemory {
             Some(driver_fn__) => {
+                crate::fault::before("cuDestroyExternalMemory")?;
                 crate::error::check(driver_fn__(extMem), "cuDestroyExternalMemory")
             }
             None => {
@@ -9358,6 +9420,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDestroyExternalSemaphore {
             Some(driver_fn__) => {
+                crate::fault::before("cuDestroyExternalSemaphore")?;
                 crate::error::check(driver_fn__(extSem), "cuDestroyExternalSemaphore")
             }
             None => {
@@ -9380,6 +9443,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevResourceGenerateDesc {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevResourceGenerateDesc")?;
                 crate::error::check(
                     driver_fn__(phDesc, resources, nbResources),
                     "cuDevResourceGenerateDesc",
@@ -9408,6 +9472,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevSmResourceSplitByCount {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevSmResourceSplitByCount")?;
                 crate::error::check(
                     driver_fn__(result, nbGroups, input, remaining, useFlags, minCount),
                     "cuDevSmResourceSplitByCount",
@@ -9433,6 +9498,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceCanAccessPeer {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceCanAccessPeer")?;
                 crate::error::check(
                     driver_fn__(canAccessPeer, dev, peerDev),
                     "cuDeviceCanAccessPeer",
@@ -9458,6 +9524,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceComputeCapability {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceComputeCapability")?;
                 crate::error::check(
                     driver_fn__(major, minor, dev),
                     "cuDeviceComputeCapability",
@@ -9482,6 +9549,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGet {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGet")?;
                 crate::error::check(driver_fn__(device, ordinal), "cuDeviceGet")
             }
             None => {
@@ -9504,6 +9572,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetAttribute")?;
                 crate::error::check(driver_fn__(pi, attrib, dev), "cuDeviceGetAttribute")
             }
             None => {
@@ -9525,6 +9594,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetByPCIBusId {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetByPCIBusId")?;
                 crate::error::check(driver_fn__(dev, pciBusId), "cuDeviceGetByPCIBusId")
             }
             None => {
@@ -9545,6 +9615,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetCount {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetCount")?;
                 crate::error::check(driver_fn__(count), "cuDeviceGetCount")
             }
             None => {
@@ -9566,6 +9637,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetDefaultMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetDefaultMemPool")?;
                 crate::error::check(
                     driver_fn__(pool_out, dev),
                     "cuDeviceGetDefaultMemPool",
@@ -9591,6 +9663,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetDevResource {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetDevResource")?;
                 crate::error::check(
                     driver_fn__(device, resource, type_),
                     "cuDeviceGetDevResource",
@@ -9616,6 +9689,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetExecAffinitySupport {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetExecAffinitySupport")?;
                 crate::error::check(
                     driver_fn__(pi, type_, dev),
                     "cuDeviceGetExecAffinitySupport",
@@ -9641,6 +9715,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetGraphMemAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetGraphMemAttribute")?;
                 crate::error::check(
                     driver_fn__(device, attr, value),
                     "cuDeviceGetGraphMemAttribute",
@@ -9667,6 +9742,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetHostAtomicCapabilities {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetHostAtomicCapabilities")?;
                 crate::error::check(
                     driver_fn__(capabilities, operations, count, dev),
                     "cuDeviceGetHostAtomicCapabilities",
@@ -9692,6 +9768,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetLuid {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetLuid")?;
                 crate::error::check(
                     driver_fn__(luid, deviceNodeMask, dev),
                     "cuDeviceGetLuid",
@@ -9716,6 +9793,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetMemPool")?;
                 crate::error::check(driver_fn__(pool, dev), "cuDeviceGetMemPool")
             }
             None => {
@@ -9738,6 +9816,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetName {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetName")?;
                 crate::error::check(driver_fn__(name, len, dev), "cuDeviceGetName")
             }
             None => {
@@ -9760,6 +9839,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetNvSciSyncAttributes {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetNvSciSyncAttributes")?;
                 crate::error::check(
                     driver_fn__(nvSciSyncAttrList, dev, flags),
                     "cuDeviceGetNvSciSyncAttributes",
@@ -9787,6 +9867,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetP2PAtomicCapabilities {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetP2PAtomicCapabilities")?;
                 crate::error::check(
                     driver_fn__(capabilities, operations, count, srcDevice, dstDevice),
                     "cuDeviceGetP2PAtomicCapabilities",
@@ -9813,6 +9894,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetP2PAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetP2PAttribute")?;
                 crate::error::check(
                     driver_fn__(value, attrib, srcDevice, dstDevice),
                     "cuDeviceGetP2PAttribute",
@@ -9838,6 +9920,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetPCIBusId {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetPCIBusId")?;
                 crate::error::check(
                     driver_fn__(pciBusId, len, dev),
                     "cuDeviceGetPCIBusId",
@@ -9862,6 +9945,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetProperties {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetProperties")?;
                 crate::error::check(driver_fn__(prop, dev), "cuDeviceGetProperties")
             }
             None => {
@@ -9885,6 +9969,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetTexture1DLinearMaxWidth {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetTexture1DLinearMaxWidth")?;
                 crate::error::check(
                     driver_fn__(maxWidthInElements, format, numChannels, dev),
                     "cuDeviceGetTexture1DLinearMaxWidth",
@@ -9909,6 +9994,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGetUuid_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGetUuid_v2")?;
                 crate::error::check(driver_fn__(uuid, dev), "cuDeviceGetUuid_v2")
             }
             None => {
@@ -9929,6 +10015,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceGraphMemTrim {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceGraphMemTrim")?;
                 crate::error::check(driver_fn__(device), "cuDeviceGraphMemTrim")
             }
             None => {
@@ -9951,6 +10038,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxGetState {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevicePrimaryCtxGetState")?;
                 crate::error::check(
                     driver_fn__(dev, flags, active),
                     "cuDevicePrimaryCtxGetState",
@@ -9974,6 +10062,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxRelease_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevicePrimaryCtxRelease_v2")?;
                 crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxRelease_v2")
             }
             None => {
@@ -9994,6 +10083,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxReset_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevicePrimaryCtxReset_v2")?;
                 crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxReset_v2")
             }
             None => {
@@ -10015,6 +10105,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxRetain {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevicePrimaryCtxRetain")?;
                 crate::error::check(driver_fn__(pctx, dev), "cuDevicePrimaryCtxRetain")
             }
             None => {
@@ -10036,6 +10127,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDevicePrimaryCtxSetFlags_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuDevicePrimaryCtxSetFlags_v2")?;
                 crate::error::check(
                     driver_fn__(dev, flags),
                     "cuDevicePrimaryCtxSetFlags_v2",
@@ -10062,6 +10154,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceRegisterAsyncNotification {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceRegisterAsyncNotification")?;
                 crate::error::check(
                     driver_fn__(device, callbackFunc, userData, callback),
                     "cuDeviceRegisterAsyncNotification",
@@ -10087,6 +10180,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceSetGraphMemAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceSetGraphMemAttribute")?;
                 crate::error::check(
                     driver_fn__(device, attr, value),
                     "cuDeviceSetGraphMemAttribute",
@@ -10111,6 +10205,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceSetMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceSetMemPool")?;
                 crate::error::check(driver_fn__(dev, pool), "cuDeviceSetMemPool")
             }
             None => {
@@ -10132,6 +10227,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceTotalMem_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceTotalMem_v2")?;
                 crate::error::check(driver_fn__(bytes, dev), "cuDeviceTotalMem_v2")
             }
             None => {
@@ -10153,6 +10249,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDeviceUnregisterAsyncNotification {
             Some(driver_fn__) => {
+                crate::fault::before("cuDeviceUnregisterAsyncNotification")?;
                 crate::error::check(
                     driver_fn__(device, callback),
                     "cuDeviceUnregisterAsyncNotification",
@@ -10176,6 +10273,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuDriverGetVersion {
             Some(driver_fn__) => {
+                crate::fault::before("cuDriverGetVersion")?;
                 crate::error::check(driver_fn__(driverVersion), "cuDriverGetVersion")
             }
             None => {
@@ -10197,6 +10295,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventCreate")?;
                 crate::error::check(driver_fn__(phEvent, Flags), "cuEventCreate")
             }
             None => {
@@ -10217,6 +10316,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventDestroy_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventDestroy_v2")?;
                 crate::error::check(driver_fn__(hEvent), "cuEventDestroy_v2")
             }
             None => {
@@ -10239,6 +10339,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventElapsedTime_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventElapsedTime_v2")?;
                 crate::error::check(
                     driver_fn__(pMilliseconds, hStart, hEnd),
                     "cuEventElapsedTime_v2",
@@ -10261,7 +10362,10 @@ impl DriverApi {
         hEvent: CUevent,
     ) -> Result<(), crate::error::Error> {
         match self.cuEventQuery {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hEvent), "cuEventQuery"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuEventQuery")?;
+                crate::error::check(driver_fn__(hEvent), "cuEventQuery")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuEventQuery",
@@ -10281,6 +10385,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventRecord {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventRecord")?;
                 crate::error::check(driver_fn__(hEvent, hStream), "cuEventRecord")
             }
             None => {
@@ -10303,6 +10408,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventRecordWithFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventRecordWithFlags")?;
                 crate::error::check(
                     driver_fn__(hEvent, hStream, flags),
                     "cuEventRecordWithFlags",
@@ -10326,6 +10432,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuEventSynchronize {
             Some(driver_fn__) => {
+                crate::fault::before("cuEventSynchronize")?;
                 crate::error::check(driver_fn__(hEvent), "cuEventSynchronize")
             }
             None => {
@@ -10348,6 +10455,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuExternalMemoryGetMappedBuffer {
             Some(driver_fn__) => {
+                crate::fault::before("cuExternalMemoryGetMappedBuffer")?;
                 crate::error::check(
                     driver_fn__(devPtr, extMem, bufferDesc),
                     "cuExternalMemoryGetMappedBuffer",
@@ -10373,6 +10481,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuExternalMemoryGetMappedMipmappedArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuExternalMemoryGetMappedMipmappedArray")?;
                 crate::error::check(
                     driver_fn__(mipmap, extMem, mipmapDesc),
                     "cuExternalMemoryGetMappedMipmappedArray",
@@ -10397,6 +10506,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFlushGPUDirectRDMAWrites {
             Some(driver_fn__) => {
+                crate::fault::before("cuFlushGPUDirectRDMAWrites")?;
                 crate::error::check(
                     driver_fn__(target, scope),
                     "cuFlushGPUDirectRDMAWrites",
@@ -10422,6 +10532,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncGetAttribute")?;
                 crate::error::check(driver_fn__(pi, attrib, hfunc), "cuFuncGetAttribute")
             }
             None => {
@@ -10443,6 +10554,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetModule {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncGetModule")?;
                 crate::error::check(driver_fn__(hmod, hfunc), "cuFuncGetModule")
             }
             None => {
@@ -10464,6 +10576,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetName {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncGetName")?;
                 crate::error::check(driver_fn__(name, hfunc), "cuFuncGetName")
             }
             None => {
@@ -10487,6 +10600,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncGetParamInfo {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncGetParamInfo")?;
                 crate::error::check(
                     driver_fn__(func, paramIndex, paramOffset, paramSize),
                     "cuFuncGetParamInfo",
@@ -10511,6 +10625,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncIsLoaded {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncIsLoaded")?;
                 crate::error::check(driver_fn__(state, function), "cuFuncIsLoaded")
             }
             None => {
@@ -10530,7 +10645,10 @@ impl DriverApi {
         function: CUfunction,
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncLoad {
-            Some(driver_fn__) => crate::error::check(driver_fn__(function), "cuFuncLoad"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuFuncLoad")?;
+                crate::error::check(driver_fn__(function), "cuFuncLoad")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuFuncLoad",
@@ -10551,6 +10669,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncSetAttribute")?;
                 crate::error::check(
                     driver_fn__(hfunc, attrib, value),
                     "cuFuncSetAttribute",
@@ -10577,6 +10696,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetBlockShape {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncSetBlockShape")?;
                 crate::error::check(driver_fn__(hfunc, x, y, z), "cuFuncSetBlockShape")
             }
             None => {
@@ -10598,6 +10718,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetCacheConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncSetCacheConfig")?;
                 crate::error::check(driver_fn__(hfunc, config), "cuFuncSetCacheConfig")
             }
             None => {
@@ -10619,6 +10740,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetSharedMemConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncSetSharedMemConfig")?;
                 crate::error::check(
                     driver_fn__(hfunc, config),
                     "cuFuncSetSharedMemConfig",
@@ -10643,6 +10765,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuFuncSetSharedSize {
             Some(driver_fn__) => {
+                crate::fault::before("cuFuncSetSharedSize")?;
                 crate::error::check(driver_fn__(hfunc, bytes), "cuFuncSetSharedSize")
             }
             None => {
@@ -10664,6 +10787,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGetErrorName {
             Some(driver_fn__) => {
+                crate::fault::before("cuGetErrorName")?;
                 crate::error::check(driver_fn__(error, pStr), "cuGetErrorName")
             }
             None => {
@@ -10685,6 +10809,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGetErrorString {
             Some(driver_fn__) => {
+                crate::fault::before("cuGetErrorString")?;
                 crate::error::check(driver_fn__(error, pStr), "cuGetErrorString")
             }
             None => {
@@ -10706,6 +10831,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGetExportTable {
             Some(driver_fn__) => {
+                crate::fault::before("cuGetExportTable")?;
                 crate::error::check(
                     driver_fn__(ppExportTable, pExportTableId),
                     "cuGetExportTable",
@@ -10733,6 +10859,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGetProcAddress_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGetProcAddress_v2")?;
                 crate::error::check(
                     driver_fn__(symbol, pfn, cudaVersion, flags, symbolStatus),
                     "cuGetProcAddress_v2",
@@ -10760,6 +10887,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddBatchMemOpNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddBatchMemOpNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -10793,6 +10921,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddChildGraphNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddChildGraphNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -10826,6 +10955,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddDependencies_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddDependencies_v2")?;
                 crate::error::check(
                     driver_fn__(hGraph, from, to, edgeData, numDependencies),
                     "cuGraphAddDependencies_v2",
@@ -10852,6 +10982,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEmptyNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddEmptyNode")?;
                 crate::error::check(
                     driver_fn__(phGraphNode, hGraph, dependencies, numDependencies),
                     "cuGraphAddEmptyNode",
@@ -10879,6 +11010,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEventRecordNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddEventRecordNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -10912,6 +11044,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddEventWaitNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddEventWaitNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -10945,6 +11078,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddExternalSemaphoresSignalNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddExternalSemaphoresSignalNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -10978,6 +11112,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddExternalSemaphoresWaitNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddExternalSemaphoresWaitNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11011,6 +11146,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddHostNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddHostNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11044,6 +11180,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddKernelNode_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddKernelNode_v2")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11077,6 +11214,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemAllocNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddMemAllocNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11110,6 +11248,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemFreeNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddMemFreeNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11144,6 +11283,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemcpyNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddMemcpyNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11179,6 +11319,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddMemsetNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddMemsetNode")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11214,6 +11355,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphAddNode_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphAddNode_v2")?;
                 crate::error::check(
                     driver_fn__(
                         phGraphNode,
@@ -11245,6 +11387,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphBatchMemOpNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphBatchMemOpNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams_out),
                     "cuGraphBatchMemOpNodeGetParams",
@@ -11269,6 +11412,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphBatchMemOpNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphBatchMemOpNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphBatchMemOpNodeSetParams",
@@ -11293,6 +11437,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphChildGraphNodeGetGraph {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphChildGraphNodeGetGraph")?;
                 crate::error::check(
                     driver_fn__(hNode, phGraph),
                     "cuGraphChildGraphNodeGetGraph",
@@ -11317,6 +11462,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphClone {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphClone")?;
                 crate::error::check(
                     driver_fn__(phGraphClone, originalGraph),
                     "cuGraphClone",
@@ -11344,6 +11490,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphConditionalHandleCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphConditionalHandleCreate")?;
                 crate::error::check(
                     driver_fn__(pHandle_out, hGraph, ctx, defaultLaunchValue, flags),
                     "cuGraphConditionalHandleCreate",
@@ -11368,6 +11515,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphCreate")?;
                 crate::error::check(driver_fn__(phGraph, flags), "cuGraphCreate")
             }
             None => {
@@ -11390,6 +11538,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphDebugDotPrint {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphDebugDotPrint")?;
                 crate::error::check(
                     driver_fn__(hGraph, path, flags),
                     "cuGraphDebugDotPrint",
@@ -11413,6 +11562,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphDestroy")?;
                 crate::error::check(driver_fn__(hGraph), "cuGraphDestroy")
             }
             None => {
@@ -11433,6 +11583,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphDestroyNode {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphDestroyNode")?;
                 crate::error::check(driver_fn__(hNode), "cuGraphDestroyNode")
             }
             None => {
@@ -11454,6 +11605,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventRecordNodeGetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphEventRecordNodeGetEvent")?;
                 crate::error::check(
                     driver_fn__(hNode, event_out),
                     "cuGraphEventRecordNodeGetEvent",
@@ -11478,6 +11630,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventRecordNodeSetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphEventRecordNodeSetEvent")?;
                 crate::error::check(
                     driver_fn__(hNode, event),
                     "cuGraphEventRecordNodeSetEvent",
@@ -11502,6 +11655,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventWaitNodeGetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphEventWaitNodeGetEvent")?;
                 crate::error::check(
                     driver_fn__(hNode, event_out),
                     "cuGraphEventWaitNodeGetEvent",
@@ -11526,6 +11680,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphEventWaitNodeSetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphEventWaitNodeSetEvent")?;
                 crate::error::check(
                     driver_fn__(hNode, event),
                     "cuGraphEventWaitNodeSetEvent",
@@ -11551,6 +11706,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecBatchMemOpNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecBatchMemOpNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecBatchMemOpNodeSetParams",
@@ -11576,6 +11732,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecChildGraphNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecChildGraphNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, childGraph),
                     "cuGraphExecChildGraphNodeSetParams",
@@ -11599,6 +11756,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecDestroy")?;
                 crate::error::check(driver_fn__(hGraphExec), "cuGraphExecDestroy")
             }
             None => {
@@ -11621,6 +11779,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecEventRecordNodeSetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecEventRecordNodeSetEvent")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, event),
                     "cuGraphExecEventRecordNodeSetEvent",
@@ -11646,6 +11805,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecEventWaitNodeSetEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecEventWaitNodeSetEvent")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, event),
                     "cuGraphExecEventWaitNodeSetEvent",
@@ -11671,6 +11831,9 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecExternalSemaphoresSignalNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before(
+                    "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                )?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecExternalSemaphoresSignalNodeSetParams",
@@ -11696,6 +11859,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecExternalSemaphoresWaitNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecExternalSemaphoresWaitNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecExternalSemaphoresWaitNodeSetParams",
@@ -11720,6 +11884,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecGetFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecGetFlags")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, flags),
                     "cuGraphExecGetFlags",
@@ -11745,6 +11910,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecHostNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecHostNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecHostNodeSetParams",
@@ -11770,6 +11936,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecKernelNodeSetParams_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecKernelNodeSetParams_v2")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecKernelNodeSetParams_v2",
@@ -11796,6 +11963,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecMemcpyNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecMemcpyNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, copyParams, ctx),
                     "cuGraphExecMemcpyNodeSetParams",
@@ -11822,6 +11990,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecMemsetNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecMemsetNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, memsetParams, ctx),
                     "cuGraphExecMemsetNodeSetParams",
@@ -11847,6 +12016,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, nodeParams),
                     "cuGraphExecNodeSetParams",
@@ -11872,6 +12042,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExecUpdate_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExecUpdate_v2")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hGraph, resultInfo),
                     "cuGraphExecUpdate_v2",
@@ -11896,6 +12067,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresSignalNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExternalSemaphoresSignalNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, params_out),
                     "cuGraphExternalSemaphoresSignalNodeGetParams",
@@ -11920,6 +12092,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresSignalNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExternalSemaphoresSignalNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphExternalSemaphoresSignalNodeSetParams",
@@ -11944,6 +12117,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresWaitNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExternalSemaphoresWaitNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, params_out),
                     "cuGraphExternalSemaphoresWaitNodeGetParams",
@@ -11968,6 +12142,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphExternalSemaphoresWaitNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphExternalSemaphoresWaitNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphExternalSemaphoresWaitNodeSetParams",
@@ -11995,6 +12170,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetEdges_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphGetEdges_v2")?;
                 crate::error::check(
                     driver_fn__(hGraph, from, to, edgeData, numEdges),
                     "cuGraphGetEdges_v2",
@@ -12020,6 +12196,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetNodes {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphGetNodes")?;
                 crate::error::check(
                     driver_fn__(hGraph, nodes, numNodes),
                     "cuGraphGetNodes",
@@ -12045,6 +12222,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphGetRootNodes {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphGetRootNodes")?;
                 crate::error::check(
                     driver_fn__(hGraph, rootNodes, numRootNodes),
                     "cuGraphGetRootNodes",
@@ -12069,6 +12247,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphHostNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphHostNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphHostNodeGetParams",
@@ -12093,6 +12272,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphHostNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphHostNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphHostNodeSetParams",
@@ -12118,6 +12298,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphInstantiateWithFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphInstantiateWithFlags")?;
                 crate::error::check(
                     driver_fn__(phGraphExec, hGraph, flags),
                     "cuGraphInstantiateWithFlags",
@@ -12143,6 +12324,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphInstantiateWithParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphInstantiateWithParams")?;
                 crate::error::check(
                     driver_fn__(phGraphExec, hGraph, instantiateParams),
                     "cuGraphInstantiateWithParams",
@@ -12167,6 +12349,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeCopyAttributes {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphKernelNodeCopyAttributes")?;
                 crate::error::check(
                     driver_fn__(dst, src),
                     "cuGraphKernelNodeCopyAttributes",
@@ -12192,6 +12375,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphKernelNodeGetAttribute")?;
                 crate::error::check(
                     driver_fn__(hNode, attr, value_out),
                     "cuGraphKernelNodeGetAttribute",
@@ -12216,6 +12400,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeGetParams_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphKernelNodeGetParams_v2")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphKernelNodeGetParams_v2",
@@ -12241,6 +12426,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphKernelNodeSetAttribute")?;
                 crate::error::check(
                     driver_fn__(hNode, attr, value),
                     "cuGraphKernelNodeSetAttribute",
@@ -12265,6 +12451,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphKernelNodeSetParams_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphKernelNodeSetParams_v2")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphKernelNodeSetParams_v2",
@@ -12289,6 +12476,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphLaunch {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphLaunch")?;
                 crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphLaunch")
             }
             None => {
@@ -12310,6 +12498,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemAllocNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemAllocNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, params_out),
                     "cuGraphMemAllocNodeGetParams",
@@ -12334,6 +12523,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemFreeNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemFreeNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, dptr_out),
                     "cuGraphMemFreeNodeGetParams",
@@ -12358,6 +12548,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemcpyNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemcpyNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphMemcpyNodeGetParams",
@@ -12382,6 +12573,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemcpyNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemcpyNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphMemcpyNodeSetParams",
@@ -12406,6 +12598,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemsetNodeGetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemsetNodeGetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphMemsetNodeGetParams",
@@ -12430,6 +12623,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphMemsetNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphMemsetNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphMemsetNodeSetParams",
@@ -12455,6 +12649,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeFindInClone {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeFindInClone")?;
                 crate::error::check(
                     driver_fn__(phNode, hOriginalNode, hClonedGraph),
                     "cuGraphNodeFindInClone",
@@ -12481,6 +12676,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetDependencies_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeGetDependencies_v2")?;
                 crate::error::check(
                     driver_fn__(hNode, dependencies, edgeData, numDependencies),
                     "cuGraphNodeGetDependencies_v2",
@@ -12507,6 +12703,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetDependentNodes_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeGetDependentNodes_v2")?;
                 crate::error::check(
                     driver_fn__(hNode, dependentNodes, edgeData, numDependentNodes),
                     "cuGraphNodeGetDependentNodes_v2",
@@ -12532,6 +12729,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetEnabled {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeGetEnabled")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, isEnabled),
                     "cuGraphNodeGetEnabled",
@@ -12556,6 +12754,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeGetType {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeGetType")?;
                 crate::error::check(driver_fn__(hNode, type_), "cuGraphNodeGetType")
             }
             None => {
@@ -12578,6 +12777,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeSetEnabled {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeSetEnabled")?;
                 crate::error::check(
                     driver_fn__(hGraphExec, hNode, isEnabled),
                     "cuGraphNodeSetEnabled",
@@ -12602,6 +12802,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphNodeSetParams {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphNodeSetParams")?;
                 crate::error::check(
                     driver_fn__(hNode, nodeParams),
                     "cuGraphNodeSetParams",
@@ -12627,6 +12828,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphReleaseUserObject {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphReleaseUserObject")?;
                 crate::error::check(
                     driver_fn__(graph, object, count),
                     "cuGraphReleaseUserObject",
@@ -12654,6 +12856,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphRemoveDependencies_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphRemoveDependencies_v2")?;
                 crate::error::check(
                     driver_fn__(hGraph, from, to, edgeData, numDependencies),
                     "cuGraphRemoveDependencies_v2",
@@ -12680,6 +12883,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphRetainUserObject {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphRetainUserObject")?;
                 crate::error::check(
                     driver_fn__(graph, object, count, flags),
                     "cuGraphRetainUserObject",
@@ -12704,6 +12908,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphUpload {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphUpload")?;
                 crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphUpload")
             }
             None => {
@@ -12726,6 +12931,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsMapResources {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsMapResources")?;
                 crate::error::check(
                     driver_fn__(count, resources, hStream),
                     "cuGraphicsMapResources",
@@ -12750,6 +12956,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceGetMappedMipmappedArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsResourceGetMappedMipmappedArray")?;
                 crate::error::check(
                     driver_fn__(pMipmappedArray, resource),
                     "cuGraphicsResourceGetMappedMipmappedArray",
@@ -12775,6 +12982,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceGetMappedPointer_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsResourceGetMappedPointer_v2")?;
                 crate::error::check(
                     driver_fn__(pDevPtr, pSize, resource),
                     "cuGraphicsResourceGetMappedPointer_v2",
@@ -12799,6 +13007,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsResourceSetMapFlags_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsResourceSetMapFlags_v2")?;
                 crate::error::check(
                     driver_fn__(resource, flags),
                     "cuGraphicsResourceSetMapFlags_v2",
@@ -12825,6 +13034,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsSubResourceGetMappedArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsSubResourceGetMappedArray")?;
                 crate::error::check(
                     driver_fn__(pArray, resource, arrayIndex, mipLevel),
                     "cuGraphicsSubResourceGetMappedArray",
@@ -12850,6 +13060,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsUnmapResources {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsUnmapResources")?;
                 crate::error::check(
                     driver_fn__(count, resources, hStream),
                     "cuGraphicsUnmapResources",
@@ -12873,6 +13084,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGraphicsUnregisterResource {
             Some(driver_fn__) => {
+                crate::fault::before("cuGraphicsUnregisterResource")?;
                 crate::error::check(
                     driver_fn__(resource),
                     "cuGraphicsUnregisterResource",
@@ -12899,6 +13111,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxCreate")?;
                 crate::error::check(
                     driver_fn__(phCtx, desc, dev, flags),
                     "cuGreenCtxCreate",
@@ -12922,6 +13135,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxDestroy")?;
                 crate::error::check(driver_fn__(hCtx), "cuGreenCtxDestroy")
             }
             None => {
@@ -12944,6 +13158,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxGetDevResource {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxGetDevResource")?;
                 crate::error::check(
                     driver_fn__(hCtx, resource, type_),
                     "cuGreenCtxGetDevResource",
@@ -12968,6 +13183,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxGetId {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxGetId")?;
                 crate::error::check(driver_fn__(greenCtx, greenCtxId), "cuGreenCtxGetId")
             }
             None => {
@@ -12989,6 +13205,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxRecordEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxRecordEvent")?;
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxRecordEvent")
             }
             None => {
@@ -13012,6 +13229,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxStreamCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxStreamCreate")?;
                 crate::error::check(
                     driver_fn__(phStream, greenCtx, flags, priority),
                     "cuGreenCtxStreamCreate",
@@ -13036,6 +13254,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuGreenCtxWaitEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuGreenCtxWaitEvent")?;
                 crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxWaitEvent")
             }
             None => {
@@ -13057,6 +13276,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuImportExternalMemory {
             Some(driver_fn__) => {
+                crate::fault::before("cuImportExternalMemory")?;
                 crate::error::check(
                     driver_fn__(extMem_out, memHandleDesc),
                     "cuImportExternalMemory",
@@ -13081,6 +13301,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuImportExternalSemaphore {
             Some(driver_fn__) => {
+                crate::fault::before("cuImportExternalSemaphore")?;
                 crate::error::check(
                     driver_fn__(extSem_out, semHandleDesc),
                     "cuImportExternalSemaphore",
@@ -13103,7 +13324,10 @@ impl DriverApi {
         Flags: ::std::os::raw::c_uint,
     ) -> Result<(), crate::error::Error> {
         match self.cuInit {
-            Some(driver_fn__) => crate::error::check(driver_fn__(Flags), "cuInit"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuInit")?;
+                crate::error::check(driver_fn__(Flags), "cuInit")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuInit",
@@ -13122,6 +13346,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcCloseMemHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuIpcCloseMemHandle")?;
                 crate::error::check(driver_fn__(dptr), "cuIpcCloseMemHandle")
             }
             None => {
@@ -13143,6 +13368,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcGetEventHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuIpcGetEventHandle")?;
                 crate::error::check(driver_fn__(pHandle, event), "cuIpcGetEventHandle")
             }
             None => {
@@ -13164,6 +13390,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcGetMemHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuIpcGetMemHandle")?;
                 crate::error::check(driver_fn__(pHandle, dptr), "cuIpcGetMemHandle")
             }
             None => {
@@ -13185,6 +13412,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcOpenEventHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuIpcOpenEventHandle")?;
                 crate::error::check(driver_fn__(phEvent, handle), "cuIpcOpenEventHandle")
             }
             None => {
@@ -13207,6 +13435,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuIpcOpenMemHandle_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuIpcOpenMemHandle_v2")?;
                 crate::error::check(
                     driver_fn__(pdptr, handle, Flags),
                     "cuIpcOpenMemHandle_v2",
@@ -13233,6 +13462,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelGetAttribute")?;
                 crate::error::check(
                     driver_fn__(pi, attrib, kernel, dev),
                     "cuKernelGetAttribute",
@@ -13257,6 +13487,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetFunction {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelGetFunction")?;
                 crate::error::check(driver_fn__(pFunc, kernel), "cuKernelGetFunction")
             }
             None => {
@@ -13278,6 +13509,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetLibrary {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelGetLibrary")?;
                 crate::error::check(driver_fn__(pLib, kernel), "cuKernelGetLibrary")
             }
             None => {
@@ -13299,6 +13531,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetName {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelGetName")?;
                 crate::error::check(driver_fn__(name, hfunc), "cuKernelGetName")
             }
             None => {
@@ -13322,6 +13555,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelGetParamInfo {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelGetParamInfo")?;
                 crate::error::check(
                     driver_fn__(kernel, paramIndex, paramOffset, paramSize),
                     "cuKernelGetParamInfo",
@@ -13348,6 +13582,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelSetAttribute")?;
                 crate::error::check(
                     driver_fn__(attrib, val, kernel, dev),
                     "cuKernelSetAttribute",
@@ -13373,6 +13608,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuKernelSetCacheConfig {
             Some(driver_fn__) => {
+                crate::fault::before("cuKernelSetCacheConfig")?;
                 crate::error::check(
                     driver_fn__(kernel, config, dev),
                     "cuKernelSetCacheConfig",
@@ -13392,7 +13628,10 @@ impl DriverApi {
     #[inline]
     pub unsafe fn cuLaunch(&self, f: CUfunction) -> Result<(), crate::error::Error> {
         match self.cuLaunch {
-            Some(driver_fn__) => crate::error::check(driver_fn__(f), "cuLaunch"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuLaunch")?;
+                crate::error::check(driver_fn__(f), "cuLaunch")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuLaunch",
@@ -13420,6 +13659,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchCooperativeKernel {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchCooperativeKernel")?;
                 crate::error::check(
                     driver_fn__(
                         f,
@@ -13456,6 +13696,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchCooperativeKernelMultiDevice {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchCooperativeKernelMultiDevice")?;
                 crate::error::check(
                     driver_fn__(launchParamsList, numDevices, flags),
                     "cuLaunchCooperativeKernelMultiDevice",
@@ -13481,6 +13722,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchGrid {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchGrid")?;
                 crate::error::check(
                     driver_fn__(f, grid_width, grid_height),
                     "cuLaunchGrid",
@@ -13507,6 +13749,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchGridAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchGridAsync")?;
                 crate::error::check(
                     driver_fn__(f, grid_width, grid_height, hStream),
                     "cuLaunchGridAsync",
@@ -13532,6 +13775,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchHostFunc {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchHostFunc")?;
                 crate::error::check(
                     driver_fn__(hStream, fn_, userData),
                     "cuLaunchHostFunc",
@@ -13565,6 +13809,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchKernel {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchKernel")?;
                 crate::error::check(
                     driver_fn__(
                         f,
@@ -13603,6 +13848,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLaunchKernelEx {
             Some(driver_fn__) => {
+                crate::fault::before("cuLaunchKernelEx")?;
                 crate::error::check(
                     driver_fn__(config, f, kernelParams, extra),
                     "cuLaunchKernelEx",
@@ -13628,6 +13874,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryEnumerateKernels {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryEnumerateKernels")?;
                 crate::error::check(
                     driver_fn__(kernels, numKernels, lib),
                     "cuLibraryEnumerateKernels",
@@ -13654,6 +13901,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetGlobal {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetGlobal")?;
                 crate::error::check(
                     driver_fn__(dptr, bytes, library, name),
                     "cuLibraryGetGlobal",
@@ -13679,6 +13927,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetKernel {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetKernel")?;
                 crate::error::check(
                     driver_fn__(pKernel, library, name),
                     "cuLibraryGetKernel",
@@ -13703,6 +13952,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetKernelCount {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetKernelCount")?;
                 crate::error::check(driver_fn__(count, lib), "cuLibraryGetKernelCount")
             }
             None => {
@@ -13726,6 +13976,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetManaged {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetManaged")?;
                 crate::error::check(
                     driver_fn__(dptr, bytes, library, name),
                     "cuLibraryGetManaged",
@@ -13750,6 +14001,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetModule {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetModule")?;
                 crate::error::check(driver_fn__(pMod, library), "cuLibraryGetModule")
             }
             None => {
@@ -13772,6 +14024,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryGetUnifiedFunction {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryGetUnifiedFunction")?;
                 crate::error::check(
                     driver_fn__(fptr, library, symbol),
                     "cuLibraryGetUnifiedFunction",
@@ -13802,6 +14055,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryLoadData {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryLoadData")?;
                 crate::error::check(
                     driver_fn__(
                         library,
@@ -13841,6 +14095,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryLoadFromFile {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryLoadFromFile")?;
                 crate::error::check(
                     driver_fn__(
                         library,
@@ -13873,6 +14128,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLibraryUnload {
             Some(driver_fn__) => {
+                crate::fault::before("cuLibraryUnload")?;
                 crate::error::check(driver_fn__(library), "cuLibraryUnload")
             }
             None => {
@@ -13900,6 +14156,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkAddData_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuLinkAddData_v2")?;
                 crate::error::check(
                     driver_fn__(
                         state,
@@ -13937,6 +14194,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkAddFile_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuLinkAddFile_v2")?;
                 crate::error::check(
                     driver_fn__(state, type_, path, numOptions, options, optionValues),
                     "cuLinkAddFile_v2",
@@ -13962,6 +14220,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkComplete {
             Some(driver_fn__) => {
+                crate::fault::before("cuLinkComplete")?;
                 crate::error::check(
                     driver_fn__(state, cubinOut, sizeOut),
                     "cuLinkComplete",
@@ -13988,6 +14247,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkCreate_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuLinkCreate_v2")?;
                 crate::error::check(
                     driver_fn__(numOptions, options, optionValues, stateOut),
                     "cuLinkCreate_v2",
@@ -14010,7 +14270,10 @@ impl DriverApi {
         state: CUlinkState,
     ) -> Result<(), crate::error::Error> {
         match self.cuLinkDestroy {
-            Some(driver_fn__) => crate::error::check(driver_fn__(state), "cuLinkDestroy"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuLinkDestroy")?;
+                crate::error::check(driver_fn__(state), "cuLinkDestroy")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuLinkDestroy",
@@ -14030,6 +14293,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsCurrent {
             Some(driver_fn__) => {
+                crate::fault::before("cuLogsCurrent")?;
                 crate::error::check(driver_fn__(iterator_out, flags), "cuLogsCurrent")
             }
             None => {
@@ -14052,6 +14316,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsDumpToFile {
             Some(driver_fn__) => {
+                crate::fault::before("cuLogsDumpToFile")?;
                 crate::error::check(
                     driver_fn__(iterator, pathToFile, flags),
                     "cuLogsDumpToFile",
@@ -14078,6 +14343,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsDumpToMemory {
             Some(driver_fn__) => {
+                crate::fault::before("cuLogsDumpToMemory")?;
                 crate::error::check(
                     driver_fn__(iterator, buffer, size, flags),
                     "cuLogsDumpToMemory",
@@ -14103,6 +14369,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsRegisterCallback {
             Some(driver_fn__) => {
+                crate::fault::before("cuLogsRegisterCallback")?;
                 crate::error::check(
                     driver_fn__(callbackFunc, userData, callback_out),
                     "cuLogsRegisterCallback",
@@ -14126,6 +14393,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuLogsUnregisterCallback {
             Some(driver_fn__) => {
+                crate::fault::before("cuLogsUnregisterCallback")?;
                 crate::error::check(driver_fn__(callback), "cuLogsUnregisterCallback")
             }
             None => {
@@ -14147,6 +14415,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAddressFree {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAddressFree")?;
                 crate::error::check(driver_fn__(ptr, size), "cuMemAddressFree")
             }
             None => {
@@ -14171,6 +14440,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAddressReserve {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAddressReserve")?;
                 crate::error::check(
                     driver_fn__(ptr, size, alignment, addr, flags),
                     "cuMemAddressReserve",
@@ -14197,6 +14467,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAdvise_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAdvise_v2")?;
                 crate::error::check(
                     driver_fn__(devPtr, count, advice, location),
                     "cuMemAdvise_v2",
@@ -14222,6 +14493,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAllocAsync")?;
                 crate::error::check(
                     driver_fn__(dptr, bytesize, hStream),
                     "cuMemAllocAsync",
@@ -14248,6 +14520,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocFromPoolAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAllocFromPoolAsync")?;
                 crate::error::check(
                     driver_fn__(dptr, bytesize, pool, hStream),
                     "cuMemAllocFromPoolAsync",
@@ -14272,6 +14545,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocHost_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAllocHost_v2")?;
                 crate::error::check(driver_fn__(pp, bytesize), "cuMemAllocHost_v2")
             }
             None => {
@@ -14294,6 +14568,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocManaged {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAllocManaged")?;
                 crate::error::check(
                     driver_fn__(dptr, bytesize, flags),
                     "cuMemAllocManaged",
@@ -14321,6 +14596,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAllocPitch_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAllocPitch_v2")?;
                 crate::error::check(
                     driver_fn__(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
                     "cuMemAllocPitch_v2",
@@ -14345,6 +14621,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemAlloc_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemAlloc_v2")?;
                 crate::error::check(driver_fn__(dptr, bytesize), "cuMemAlloc_v2")
             }
             None => {
@@ -14369,6 +14646,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemBatchDecompressAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemBatchDecompressAsync")?;
                 crate::error::check(
                     driver_fn__(paramsArray, count, flags, errorIndex, stream),
                     "cuMemBatchDecompressAsync",
@@ -14395,6 +14673,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemCreate")?;
                 crate::error::check(
                     driver_fn__(handle, size, prop, flags),
                     "cuMemCreate",
@@ -14425,6 +14704,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemDiscardAndPrefetchBatchAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemDiscardAndPrefetchBatchAsync")?;
                 crate::error::check(
                     driver_fn__(
                         dptrs,
@@ -14461,6 +14741,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemDiscardBatchAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemDiscardBatchAsync")?;
                 crate::error::check(
                     driver_fn__(dptrs, sizes, count, flags, hStream),
                     "cuMemDiscardBatchAsync",
@@ -14487,6 +14768,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemExportToShareableHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemExportToShareableHandle")?;
                 crate::error::check(
                     driver_fn__(shareableHandle, handle, handleType, flags),
                     "cuMemExportToShareableHandle",
@@ -14511,6 +14793,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemFreeAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemFreeAsync")?;
                 crate::error::check(driver_fn__(dptr, hStream), "cuMemFreeAsync")
             }
             None => {
@@ -14530,7 +14813,10 @@ impl DriverApi {
         p: *mut ::std::os::raw::c_void,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemFreeHost {
-            Some(driver_fn__) => crate::error::check(driver_fn__(p), "cuMemFreeHost"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuMemFreeHost")?;
+                crate::error::check(driver_fn__(p), "cuMemFreeHost")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuMemFreeHost",
@@ -14548,7 +14834,10 @@ impl DriverApi {
         dptr: CUdeviceptr,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemFree_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(dptr), "cuMemFree_v2"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuMemFree_v2")?;
+                crate::error::check(driver_fn__(dptr), "cuMemFree_v2")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuMemFree_v2",
@@ -14569,6 +14858,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetAccess")?;
                 crate::error::check(driver_fn__(flags, location, ptr), "cuMemGetAccess")
             }
             None => {
@@ -14591,6 +14881,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAddressRange_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetAddressRange_v2")?;
                 crate::error::check(
                     driver_fn__(pbase, psize, dptr),
                     "cuMemGetAddressRange_v2",
@@ -14616,6 +14907,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAllocationGranularity {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetAllocationGranularity")?;
                 crate::error::check(
                     driver_fn__(granularity, prop, option),
                     "cuMemGetAllocationGranularity",
@@ -14640,6 +14932,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetAllocationPropertiesFromHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetAllocationPropertiesFromHandle")?;
                 crate::error::check(
                     driver_fn__(prop, handle),
                     "cuMemGetAllocationPropertiesFromHandle",
@@ -14665,6 +14958,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetDefaultMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetDefaultMemPool")?;
                 crate::error::check(
                     driver_fn__(pool_out, location, type_),
                     "cuMemGetDefaultMemPool",
@@ -14692,6 +14986,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetHandleForAddressRange {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetHandleForAddressRange")?;
                 crate::error::check(
                     driver_fn__(handle, dptr, size, handleType, flags),
                     "cuMemGetHandleForAddressRange",
@@ -14716,6 +15011,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetInfo_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetInfo_v2")?;
                 crate::error::check(driver_fn__(free, total), "cuMemGetInfo_v2")
             }
             None => {
@@ -14738,6 +15034,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemGetMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemGetMemPool")?;
                 crate::error::check(
                     driver_fn__(pool, location, type_),
                     "cuMemGetMemPool",
@@ -14763,6 +15060,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostAlloc {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemHostAlloc")?;
                 crate::error::check(driver_fn__(pp, bytesize, Flags), "cuMemHostAlloc")
             }
             None => {
@@ -14785,6 +15083,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostGetDevicePointer_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemHostGetDevicePointer_v2")?;
                 crate::error::check(
                     driver_fn__(pdptr, p, Flags),
                     "cuMemHostGetDevicePointer_v2",
@@ -14809,6 +15108,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostGetFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemHostGetFlags")?;
                 crate::error::check(driver_fn__(pFlags, p), "cuMemHostGetFlags")
             }
             None => {
@@ -14831,6 +15131,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostRegister_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemHostRegister_v2")?;
                 crate::error::check(
                     driver_fn__(p, bytesize, Flags),
                     "cuMemHostRegister_v2",
@@ -14854,6 +15155,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemHostUnregister {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemHostUnregister")?;
                 crate::error::check(driver_fn__(p), "cuMemHostUnregister")
             }
             None => {
@@ -14876,6 +15178,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemImportFromShareableHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemImportFromShareableHandle")?;
                 crate::error::check(
                     driver_fn__(handle, osHandle, shHandleType),
                     "cuMemImportFromShareableHandle",
@@ -14903,6 +15206,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemMap {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemMap")?;
                 crate::error::check(
                     driver_fn__(ptr, size, offset, handle, flags),
                     "cuMemMap",
@@ -14928,6 +15232,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemMapArrayAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemMapArrayAsync")?;
                 crate::error::check(
                     driver_fn__(mapInfoList, count, hStream),
                     "cuMemMapArrayAsync",
@@ -14952,6 +15257,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolCreate")?;
                 crate::error::check(driver_fn__(pool, poolProps), "cuMemPoolCreate")
             }
             None => {
@@ -14972,6 +15278,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolDestroy")?;
                 crate::error::check(driver_fn__(pool), "cuMemPoolDestroy")
             }
             None => {
@@ -14993,6 +15300,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolExportPointer {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolExportPointer")?;
                 crate::error::check(
                     driver_fn__(shareData_out, ptr),
                     "cuMemPoolExportPointer",
@@ -15019,6 +15327,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolExportToShareableHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolExportToShareableHandle")?;
                 crate::error::check(
                     driver_fn__(handle_out, pool, handleType, flags),
                     "cuMemPoolExportToShareableHandle",
@@ -15044,6 +15353,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolGetAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolGetAccess")?;
                 crate::error::check(
                     driver_fn__(flags, memPool, location),
                     "cuMemPoolGetAccess",
@@ -15069,6 +15379,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolGetAttribute")?;
                 crate::error::check(
                     driver_fn__(pool, attr, value),
                     "cuMemPoolGetAttribute",
@@ -15095,6 +15406,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolImportFromShareableHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolImportFromShareableHandle")?;
                 crate::error::check(
                     driver_fn__(pool_out, handle, handleType, flags),
                     "cuMemPoolImportFromShareableHandle",
@@ -15120,6 +15432,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolImportPointer {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolImportPointer")?;
                 crate::error::check(
                     driver_fn__(ptr_out, pool, shareData),
                     "cuMemPoolImportPointer",
@@ -15145,6 +15458,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolSetAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolSetAccess")?;
                 crate::error::check(driver_fn__(pool, map, count), "cuMemPoolSetAccess")
             }
             None => {
@@ -15167,6 +15481,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolSetAttribute")?;
                 crate::error::check(
                     driver_fn__(pool, attr, value),
                     "cuMemPoolSetAttribute",
@@ -15191,6 +15506,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPoolTrimTo {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPoolTrimTo")?;
                 crate::error::check(driver_fn__(pool, minBytesToKeep), "cuMemPoolTrimTo")
             }
             None => {
@@ -15215,6 +15531,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPrefetchAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPrefetchAsync_v2")?;
                 crate::error::check(
                     driver_fn__(devPtr, count, location, flags, hStream),
                     "cuMemPrefetchAsync_v2",
@@ -15245,6 +15562,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemPrefetchBatchAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemPrefetchBatchAsync")?;
                 crate::error::check(
                     driver_fn__(
                         dptrs,
@@ -15281,6 +15599,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRangeGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemRangeGetAttribute")?;
                 crate::error::check(
                     driver_fn__(data, dataSize, attribute, devPtr, count),
                     "cuMemRangeGetAttribute",
@@ -15309,6 +15628,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRangeGetAttributes {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemRangeGetAttributes")?;
                 crate::error::check(
                     driver_fn__(
                         data,
@@ -15338,7 +15658,10 @@ impl DriverApi {
         handle: CUmemGenericAllocationHandle,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRelease {
-            Some(driver_fn__) => crate::error::check(driver_fn__(handle), "cuMemRelease"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuMemRelease")?;
+                crate::error::check(driver_fn__(handle), "cuMemRelease")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuMemRelease",
@@ -15358,6 +15681,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemRetainAllocationHandle {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemRetainAllocationHandle")?;
                 crate::error::check(
                     driver_fn__(handle, addr),
                     "cuMemRetainAllocationHandle",
@@ -15384,6 +15708,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemSetAccess {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemSetAccess")?;
                 crate::error::check(
                     driver_fn__(ptr, size, desc, count),
                     "cuMemSetAccess",
@@ -15409,6 +15734,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemSetMemPool {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemSetMemPool")?;
                 crate::error::check(
                     driver_fn__(location, type_, pool),
                     "cuMemSetMemPool",
@@ -15433,6 +15759,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemUnmap {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemUnmap")?;
                 crate::error::check(driver_fn__(ptr, size), "cuMemUnmap")
             }
             None => {
@@ -15455,6 +15782,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy")?;
                 crate::error::check(driver_fn__(dst, src, ByteCount), "cuMemcpy")
             }
             None => {
@@ -15476,6 +15804,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy2DAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy2DAsync_v2")?;
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy2DAsync_v2")
             }
             None => {
@@ -15496,6 +15825,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy2DUnaligned_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy2DUnaligned_v2")?;
                 crate::error::check(driver_fn__(pCopy), "cuMemcpy2DUnaligned_v2")
             }
             None => {
@@ -15515,7 +15845,10 @@ impl DriverApi {
         pCopy: *const CUDA_MEMCPY2D,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy2D_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy2D_v2"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy2D_v2")?;
+                crate::error::check(driver_fn__(pCopy), "cuMemcpy2D_v2")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuMemcpy2D_v2",
@@ -15535,6 +15868,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy3DAsync_v2")?;
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DAsync_v2")
             }
             None => {
@@ -15558,6 +15892,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DBatchAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy3DBatchAsync_v2")?;
                 crate::error::check(
                     driver_fn__(numOps, opList, flags, hStream),
                     "cuMemcpy3DBatchAsync_v2",
@@ -15581,6 +15916,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DPeer {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy3DPeer")?;
                 crate::error::check(driver_fn__(pCopy), "cuMemcpy3DPeer")
             }
             None => {
@@ -15602,6 +15938,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3DPeerAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy3DPeerAsync")?;
                 crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DPeerAsync")
             }
             None => {
@@ -15621,7 +15958,10 @@ impl DriverApi {
         pCopy: *const CUDA_MEMCPY3D,
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpy3D_v2 {
-            Some(driver_fn__) => crate::error::check(driver_fn__(pCopy), "cuMemcpy3D_v2"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuMemcpy3D_v2")?;
+                crate::error::check(driver_fn__(pCopy), "cuMemcpy3D_v2")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuMemcpy3D_v2",
@@ -15643,6 +15983,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyAsync")?;
                 crate::error::check(
                     driver_fn__(dst, src, ByteCount, hStream),
                     "cuMemcpyAsync",
@@ -15670,6 +16011,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoA_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyAtoA_v2")?;
                 crate::error::check(
                     driver_fn__(dstArray, dstOffset, srcArray, srcOffset, ByteCount),
                     "cuMemcpyAtoA_v2",
@@ -15696,6 +16038,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoD_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyAtoD_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, srcArray, srcOffset, ByteCount),
                     "cuMemcpyAtoD_v2",
@@ -15723,6 +16066,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoHAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyAtoHAsync_v2")?;
                 crate::error::check(
                     driver_fn__(dstHost, srcArray, srcOffset, ByteCount, hStream),
                     "cuMemcpyAtoHAsync_v2",
@@ -15749,6 +16093,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyAtoH_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyAtoH_v2")?;
                 crate::error::check(
                     driver_fn__(dstHost, srcArray, srcOffset, ByteCount),
                     "cuMemcpyAtoH_v2",
@@ -15779,6 +16124,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyBatchAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyBatchAsync_v2")?;
                 crate::error::check(
                     driver_fn__(
                         dsts,
@@ -15814,6 +16160,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoA_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyDtoA_v2")?;
                 crate::error::check(
                     driver_fn__(dstArray, dstOffset, srcDevice, ByteCount),
                     "cuMemcpyDtoA_v2",
@@ -15840,6 +16187,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoDAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyDtoDAsync_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, srcDevice, ByteCount, hStream),
                     "cuMemcpyDtoDAsync_v2",
@@ -15865,6 +16213,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoD_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyDtoD_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, srcDevice, ByteCount),
                     "cuMemcpyDtoD_v2",
@@ -15891,6 +16240,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoHAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyDtoHAsync_v2")?;
                 crate::error::check(
                     driver_fn__(dstHost, srcDevice, ByteCount, hStream),
                     "cuMemcpyDtoHAsync_v2",
@@ -15916,6 +16266,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyDtoH_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyDtoH_v2")?;
                 crate::error::check(
                     driver_fn__(dstHost, srcDevice, ByteCount),
                     "cuMemcpyDtoH_v2",
@@ -15943,6 +16294,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoAAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyHtoAAsync_v2")?;
                 crate::error::check(
                     driver_fn__(dstArray, dstOffset, srcHost, ByteCount, hStream),
                     "cuMemcpyHtoAAsync_v2",
@@ -15969,6 +16321,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoA_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyHtoA_v2")?;
                 crate::error::check(
                     driver_fn__(dstArray, dstOffset, srcHost, ByteCount),
                     "cuMemcpyHtoA_v2",
@@ -15995,6 +16348,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoDAsync_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyHtoDAsync_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, srcHost, ByteCount, hStream),
                     "cuMemcpyHtoDAsync_v2",
@@ -16020,6 +16374,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyHtoD_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyHtoD_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, srcHost, ByteCount),
                     "cuMemcpyHtoD_v2",
@@ -16047,6 +16402,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyPeer {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyPeer")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstContext, srcDevice, srcContext, ByteCount),
                     "cuMemcpyPeer",
@@ -16075,6 +16431,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemcpyPeerAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemcpyPeerAsync")?;
                 crate::error::check(
                     driver_fn__(
                         dstDevice,
@@ -16108,6 +16465,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD16Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD16Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, us, N, hStream),
                     "cuMemsetD16Async",
@@ -16133,6 +16491,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD16_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD16_v2")?;
                 crate::error::check(driver_fn__(dstDevice, us, N), "cuMemsetD16_v2")
             }
             None => {
@@ -16158,6 +16517,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D16Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D16Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, us, Width, Height, hStream),
                     "cuMemsetD2D16Async",
@@ -16185,6 +16545,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D16_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D16_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, us, Width, Height),
                     "cuMemsetD2D16_v2",
@@ -16213,6 +16574,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D32Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D32Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, ui, Width, Height, hStream),
                     "cuMemsetD2D32Async",
@@ -16240,6 +16602,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D32_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D32_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, ui, Width, Height),
                     "cuMemsetD2D32_v2",
@@ -16268,6 +16631,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D8Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D8Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, uc, Width, Height, hStream),
                     "cuMemsetD2D8Async",
@@ -16295,6 +16659,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD2D8_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD2D8_v2")?;
                 crate::error::check(
                     driver_fn__(dstDevice, dstPitch, uc, Width, Height),
                     "cuMemsetD2D8_v2",
@@ -16321,6 +16686,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD32Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD32Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, ui, N, hStream),
                     "cuMemsetD32Async",
@@ -16346,6 +16712,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD32_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD32_v2")?;
                 crate::error::check(driver_fn__(dstDevice, ui, N), "cuMemsetD32_v2")
             }
             None => {
@@ -16369,6 +16736,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD8Async {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD8Async")?;
                 crate::error::check(
                     driver_fn__(dstDevice, uc, N, hStream),
                     "cuMemsetD8Async",
@@ -16394,6 +16762,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMemsetD8_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuMemsetD8_v2")?;
                 crate::error::check(driver_fn__(dstDevice, uc, N), "cuMemsetD8_v2")
             }
             None => {
@@ -16416,6 +16785,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuMipmappedArrayCreate")?;
                 crate::error::check(
                     driver_fn__(pHandle, pMipmappedArrayDesc, numMipmapLevels),
                     "cuMipmappedArrayCreate",
@@ -16439,6 +16809,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuMipmappedArrayDestroy")?;
                 crate::error::check(
                     driver_fn__(hMipmappedArray),
                     "cuMipmappedArrayDestroy",
@@ -16464,6 +16835,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetLevel {
             Some(driver_fn__) => {
+                crate::fault::before("cuMipmappedArrayGetLevel")?;
                 crate::error::check(
                     driver_fn__(pLevelArray, hMipmappedArray, level),
                     "cuMipmappedArrayGetLevel",
@@ -16489,6 +16861,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetMemoryRequirements {
             Some(driver_fn__) => {
+                crate::fault::before("cuMipmappedArrayGetMemoryRequirements")?;
                 crate::error::check(
                     driver_fn__(memoryRequirements, mipmap, device),
                     "cuMipmappedArrayGetMemoryRequirements",
@@ -16513,6 +16886,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMipmappedArrayGetSparseProperties {
             Some(driver_fn__) => {
+                crate::fault::before("cuMipmappedArrayGetSparseProperties")?;
                 crate::error::check(
                     driver_fn__(sparseProperties, mipmap),
                     "cuMipmappedArrayGetSparseProperties",
@@ -16538,6 +16912,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleEnumerateFunctions {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleEnumerateFunctions")?;
                 crate::error::check(
                     driver_fn__(functions, numFunctions, mod_),
                     "cuModuleEnumerateFunctions",
@@ -16563,6 +16938,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetFunction {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetFunction")?;
                 crate::error::check(
                     driver_fn__(hfunc, hmod, name),
                     "cuModuleGetFunction",
@@ -16587,6 +16963,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetFunctionCount {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetFunctionCount")?;
                 crate::error::check(driver_fn__(count, mod_), "cuModuleGetFunctionCount")
             }
             None => {
@@ -16610,6 +16987,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetGlobal_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetGlobal_v2")?;
                 crate::error::check(
                     driver_fn__(dptr, bytes, hmod, name),
                     "cuModuleGetGlobal_v2",
@@ -16633,6 +17011,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetLoadingMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetLoadingMode")?;
                 crate::error::check(driver_fn__(mode), "cuModuleGetLoadingMode")
             }
             None => {
@@ -16655,6 +17034,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetSurfRef {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetSurfRef")?;
                 crate::error::check(
                     driver_fn__(pSurfRef, hmod, name),
                     "cuModuleGetSurfRef",
@@ -16680,6 +17060,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleGetTexRef {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleGetTexRef")?;
                 crate::error::check(
                     driver_fn__(pTexRef, hmod, name),
                     "cuModuleGetTexRef",
@@ -16704,6 +17085,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoad {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleLoad")?;
                 crate::error::check(driver_fn__(module, fname), "cuModuleLoad")
             }
             None => {
@@ -16725,6 +17107,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoadData {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleLoadData")?;
                 crate::error::check(driver_fn__(module, image), "cuModuleLoadData")
             }
             None => {
@@ -16749,6 +17132,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoadDataEx {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleLoadDataEx")?;
                 crate::error::check(
                     driver_fn__(module, image, numOptions, options, optionValues),
                     "cuModuleLoadDataEx",
@@ -16773,6 +17157,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleLoadFatBinary {
             Some(driver_fn__) => {
+                crate::fault::before("cuModuleLoadFatBinary")?;
                 crate::error::check(
                     driver_fn__(module, fatCubin),
                     "cuModuleLoadFatBinary",
@@ -16795,7 +17180,10 @@ impl DriverApi {
         hmod: CUmodule,
     ) -> Result<(), crate::error::Error> {
         match self.cuModuleUnload {
-            Some(driver_fn__) => crate::error::check(driver_fn__(hmod), "cuModuleUnload"),
+            Some(driver_fn__) => {
+                crate::fault::before("cuModuleUnload")?;
+                crate::error::check(driver_fn__(hmod), "cuModuleUnload")
+            }
             None => {
                 Err(crate::error::Error::MissingSymbol {
                     symbol: "cuModuleUnload",
@@ -16815,6 +17203,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastAddDevice {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastAddDevice")?;
                 crate::error::check(driver_fn__(mcHandle, dev), "cuMulticastAddDevice")
             }
             None => {
@@ -16839,6 +17228,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastBindAddr {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastBindAddr")?;
                 crate::error::check(
                     driver_fn__(mcHandle, mcOffset, memptr, size, flags),
                     "cuMulticastBindAddr",
@@ -16867,6 +17257,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastBindMem {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastBindMem")?;
                 crate::error::check(
                     driver_fn__(mcHandle, mcOffset, memHandle, memOffset, size, flags),
                     "cuMulticastBindMem",
@@ -16891,6 +17282,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastCreate")?;
                 crate::error::check(driver_fn__(mcHandle, prop), "cuMulticastCreate")
             }
             None => {
@@ -16913,6 +17305,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastGetGranularity {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastGetGranularity")?;
                 crate::error::check(
                     driver_fn__(granularity, prop, option),
                     "cuMulticastGetGranularity",
@@ -16939,6 +17332,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuMulticastUnbind {
             Some(driver_fn__) => {
+                crate::fault::before("cuMulticastUnbind")?;
                 crate::error::check(
                     driver_fn__(mcHandle, dev, mcOffset, size),
                     "cuMulticastUnbind",
@@ -16965,6 +17359,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyAvailableDynamicSMemPerBlock {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyAvailableDynamicSMemPerBlock")?;
                 crate::error::check(
                     driver_fn__(dynamicSmemSize, func, numBlocks, blockSize),
                     "cuOccupancyAvailableDynamicSMemPerBlock",
@@ -16991,6 +17386,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveBlocksPerMultiprocessor {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
                 crate::error::check(
                     driver_fn__(numBlocks, func, blockSize, dynamicSMemSize),
                     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
@@ -17018,6 +17414,9 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags {
             Some(driver_fn__) => {
+                crate::fault::before(
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                )?;
                 crate::error::check(
                     driver_fn__(numBlocks, func, blockSize, dynamicSMemSize, flags),
                     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
@@ -17043,6 +17442,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxActiveClusters {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyMaxActiveClusters")?;
                 crate::error::check(
                     driver_fn__(numClusters, func, config),
                     "cuOccupancyMaxActiveClusters",
@@ -17071,6 +17471,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialBlockSize {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyMaxPotentialBlockSize")?;
                 crate::error::check(
                     driver_fn__(
                         minGridSize,
@@ -17107,6 +17508,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialBlockSizeWithFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyMaxPotentialBlockSizeWithFlags")?;
                 crate::error::check(
                     driver_fn__(
                         minGridSize,
@@ -17140,6 +17542,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuOccupancyMaxPotentialClusterSize {
             Some(driver_fn__) => {
+                crate::fault::before("cuOccupancyMaxPotentialClusterSize")?;
                 crate::error::check(
                     driver_fn__(clusterSize, func, config),
                     "cuOccupancyMaxPotentialClusterSize",
@@ -17164,6 +17567,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetSize {
             Some(driver_fn__) => {
+                crate::fault::before("cuParamSetSize")?;
                 crate::error::check(driver_fn__(hfunc, numbytes), "cuParamSetSize")
             }
             None => {
@@ -17186,6 +17590,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetTexRef {
             Some(driver_fn__) => {
+                crate::fault::before("cuParamSetTexRef")?;
                 crate::error::check(
                     driver_fn__(hfunc, texunit, hTexRef),
                     "cuParamSetTexRef",
@@ -17211,6 +17616,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetf {
             Some(driver_fn__) => {
+                crate::fault::before("cuParamSetf")?;
                 crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSetf")
             }
             None => {
@@ -17233,6 +17639,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSeti {
             Some(driver_fn__) => {
+                crate::fault::before("cuParamSeti")?;
                 crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSeti")
             }
             None => {
@@ -17256,6 +17663,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuParamSetv {
             Some(driver_fn__) => {
+                crate::fault::before("cuParamSetv")?;
                 crate::error::check(
                     driver_fn__(hfunc, offset, ptr, numbytes),
                     "cuParamSetv",
@@ -17281,6 +17689,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuPointerGetAttribute")?;
                 crate::error::check(
                     driver_fn__(data, attribute, ptr),
                     "cuPointerGetAttribute",
@@ -17307,6 +17716,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerGetAttributes {
             Some(driver_fn__) => {
+                crate::fault::before("cuPointerGetAttributes")?;
                 crate::error::check(
                     driver_fn__(numAttributes, attributes, data, ptr),
                     "cuPointerGetAttributes",
@@ -17332,6 +17742,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuPointerSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuPointerSetAttribute")?;
                 crate::error::check(
                     driver_fn__(value, attribute, ptr),
                     "cuPointerSetAttribute",
@@ -17358,6 +17769,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSignalExternalSemaphoresAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuSignalExternalSemaphoresAsync")?;
                 crate::error::check(
                     driver_fn__(extSemArray, paramsArray, numExtSems, stream),
                     "cuSignalExternalSemaphoresAsync",
@@ -17384,6 +17796,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamAddCallback {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamAddCallback")?;
                 crate::error::check(
                     driver_fn__(hStream, callback, userData, flags),
                     "cuStreamAddCallback",
@@ -17410,6 +17823,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamAttachMemAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamAttachMemAsync")?;
                 crate::error::check(
                     driver_fn__(hStream, dptr, length, flags),
                     "cuStreamAttachMemAsync",
@@ -17436,6 +17850,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBatchMemOp_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamBatchMemOp_v2")?;
                 crate::error::check(
                     driver_fn__(stream, count, paramArray, flags),
                     "cuStreamBatchMemOp_v2",
@@ -17464,6 +17879,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBeginCaptureToGraph {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamBeginCaptureToGraph")?;
                 crate::error::check(
                     driver_fn__(
                         hStream,
@@ -17495,6 +17911,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamBeginCapture_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamBeginCapture_v2")?;
                 crate::error::check(
                     driver_fn__(hStream, mode),
                     "cuStreamBeginCapture_v2",
@@ -17519,6 +17936,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamCopyAttributes {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamCopyAttributes")?;
                 crate::error::check(driver_fn__(dst, src), "cuStreamCopyAttributes")
             }
             None => {
@@ -17540,6 +17958,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamCreate")?;
                 crate::error::check(driver_fn__(phStream, Flags), "cuStreamCreate")
             }
             None => {
@@ -17562,6 +17981,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamCreateWithPriority {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamCreateWithPriority")?;
                 crate::error::check(
                     driver_fn__(phStream, flags, priority),
                     "cuStreamCreateWithPriority",
@@ -17585,6 +18005,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamDestroy_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamDestroy_v2")?;
                 crate::error::check(driver_fn__(hStream), "cuStreamDestroy_v2")
             }
             None => {
@@ -17606,6 +18027,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamEndCapture {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamEndCapture")?;
                 crate::error::check(driver_fn__(hStream, phGraph), "cuStreamEndCapture")
             }
             None => {
@@ -17628,6 +18050,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetAttribute")?;
                 crate::error::check(
                     driver_fn__(hStream, attr, value_out),
                     "cuStreamGetAttribute",
@@ -17657,6 +18080,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCaptureInfo_v3 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetCaptureInfo_v3")?;
                 crate::error::check(
                     driver_fn__(
                         hStream,
@@ -17689,6 +18113,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCtx {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetCtx")?;
                 crate::error::check(driver_fn__(hStream, pctx), "cuStreamGetCtx")
             }
             None => {
@@ -17711,6 +18136,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetCtx_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetCtx_v2")?;
                 crate::error::check(
                     driver_fn__(hStream, pCtx, pGreenCtx),
                     "cuStreamGetCtx_v2",
@@ -17735,6 +18161,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetDevice {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetDevice")?;
                 crate::error::check(driver_fn__(hStream, device), "cuStreamGetDevice")
             }
             None => {
@@ -17756,6 +18183,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetFlags")?;
                 crate::error::check(driver_fn__(hStream, flags), "cuStreamGetFlags")
             }
             None => {
@@ -17777,6 +18205,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetGreenCtx {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetGreenCtx")?;
                 crate::error::check(driver_fn__(hStream, phCtx), "cuStreamGetGreenCtx")
             }
             None => {
@@ -17798,6 +18227,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetId {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetId")?;
                 crate::error::check(driver_fn__(hStream, streamId), "cuStreamGetId")
             }
             None => {
@@ -17819,6 +18249,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamGetPriority {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamGetPriority")?;
                 crate::error::check(
                     driver_fn__(hStream, priority),
                     "cuStreamGetPriority",
@@ -17843,6 +18274,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamIsCapturing {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamIsCapturing")?;
                 crate::error::check(
                     driver_fn__(hStream, captureStatus),
                     "cuStreamIsCapturing",
@@ -17866,6 +18298,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamQuery {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamQuery")?;
                 crate::error::check(driver_fn__(hStream), "cuStreamQuery")
             }
             None => {
@@ -17888,6 +18321,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamSetAttribute {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamSetAttribute")?;
                 crate::error::check(
                     driver_fn__(hStream, attr, value),
                     "cuStreamSetAttribute",
@@ -17911,6 +18345,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamSynchronize {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamSynchronize")?;
                 crate::error::check(driver_fn__(hStream), "cuStreamSynchronize")
             }
             None => {
@@ -17935,6 +18370,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamUpdateCaptureDependencies_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamUpdateCaptureDependencies_v2")?;
                 crate::error::check(
                     driver_fn__(
                         hStream,
@@ -17966,6 +18402,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitEvent {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamWaitEvent")?;
                 crate::error::check(
                     driver_fn__(hStream, hEvent, Flags),
                     "cuStreamWaitEvent",
@@ -17992,6 +18429,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitValue32_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamWaitValue32_v2")?;
                 crate::error::check(
                     driver_fn__(stream, addr, value, flags),
                     "cuStreamWaitValue32_v2",
@@ -18018,6 +18456,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWaitValue64_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamWaitValue64_v2")?;
                 crate::error::check(
                     driver_fn__(stream, addr, value, flags),
                     "cuStreamWaitValue64_v2",
@@ -18044,6 +18483,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWriteValue32_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamWriteValue32_v2")?;
                 crate::error::check(
                     driver_fn__(stream, addr, value, flags),
                     "cuStreamWriteValue32_v2",
@@ -18070,6 +18510,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuStreamWriteValue64_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuStreamWriteValue64_v2")?;
                 crate::error::check(
                     driver_fn__(stream, addr, value, flags),
                     "cuStreamWriteValue64_v2",
@@ -18094,6 +18535,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfObjectCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuSurfObjectCreate")?;
                 crate::error::check(
                     driver_fn__(pSurfObject, pResDesc),
                     "cuSurfObjectCreate",
@@ -18117,6 +18559,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfObjectDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuSurfObjectDestroy")?;
                 crate::error::check(driver_fn__(surfObject), "cuSurfObjectDestroy")
             }
             None => {
@@ -18138,6 +18581,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfObjectGetResourceDesc {
             Some(driver_fn__) => {
+                crate::fault::before("cuSurfObjectGetResourceDesc")?;
                 crate::error::check(
                     driver_fn__(pResDesc, surfObject),
                     "cuSurfObjectGetResourceDesc",
@@ -18162,6 +18606,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfRefGetArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuSurfRefGetArray")?;
                 crate::error::check(driver_fn__(phArray, hSurfRef), "cuSurfRefGetArray")
             }
             None => {
@@ -18184,6 +18629,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuSurfRefSetArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuSurfRefSetArray")?;
                 crate::error::check(
                     driver_fn__(hSurfRef, hArray, Flags),
                     "cuSurfRefSetArray",
@@ -18221,6 +18667,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeIm2col {
             Some(driver_fn__) => {
+                crate::fault::before("cuTensorMapEncodeIm2col")?;
                 crate::error::check(
                     driver_fn__(
                         tensorMap,
@@ -18275,6 +18722,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeIm2colWide {
             Some(driver_fn__) => {
+                crate::fault::before("cuTensorMapEncodeIm2colWide")?;
                 crate::error::check(
                     driver_fn__(
                         tensorMap,
@@ -18326,6 +18774,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapEncodeTiled {
             Some(driver_fn__) => {
+                crate::fault::before("cuTensorMapEncodeTiled")?;
                 crate::error::check(
                     driver_fn__(
                         tensorMap,
@@ -18363,6 +18812,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTensorMapReplaceAddress {
             Some(driver_fn__) => {
+                crate::fault::before("cuTensorMapReplaceAddress")?;
                 crate::error::check(
                     driver_fn__(tensorMap, globalAddress),
                     "cuTensorMapReplaceAddress",
@@ -18389,6 +18839,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexObjectCreate")?;
                 crate::error::check(
                     driver_fn__(pTexObject, pResDesc, pTexDesc, pResViewDesc),
                     "cuTexObjectCreate",
@@ -18412,6 +18863,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexObjectDestroy")?;
                 crate::error::check(driver_fn__(texObject), "cuTexObjectDestroy")
             }
             None => {
@@ -18433,6 +18885,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetResourceDesc {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexObjectGetResourceDesc")?;
                 crate::error::check(
                     driver_fn__(pResDesc, texObject),
                     "cuTexObjectGetResourceDesc",
@@ -18457,6 +18910,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetResourceViewDesc {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexObjectGetResourceViewDesc")?;
                 crate::error::check(
                     driver_fn__(pResViewDesc, texObject),
                     "cuTexObjectGetResourceViewDesc",
@@ -18481,6 +18935,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexObjectGetTextureDesc {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexObjectGetTextureDesc")?;
                 crate::error::check(
                     driver_fn__(pTexDesc, texObject),
                     "cuTexObjectGetTextureDesc",
@@ -18504,6 +18959,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefCreate")?;
                 crate::error::check(driver_fn__(pTexRef), "cuTexRefCreate")
             }
             None => {
@@ -18524,6 +18980,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefDestroy {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefDestroy")?;
                 crate::error::check(driver_fn__(hTexRef), "cuTexRefDestroy")
             }
             None => {
@@ -18546,6 +19003,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetAddressMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetAddressMode")?;
                 crate::error::check(
                     driver_fn__(pam, hTexRef, dim),
                     "cuTexRefGetAddressMode",
@@ -18570,6 +19028,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetAddress_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetAddress_v2")?;
                 crate::error::check(driver_fn__(pdptr, hTexRef), "cuTexRefGetAddress_v2")
             }
             None => {
@@ -18591,6 +19050,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetArray")?;
                 crate::error::check(driver_fn__(phArray, hTexRef), "cuTexRefGetArray")
             }
             None => {
@@ -18612,6 +19072,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetBorderColor {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetBorderColor")?;
                 crate::error::check(
                     driver_fn__(pBorderColor, hTexRef),
                     "cuTexRefGetBorderColor",
@@ -18636,6 +19097,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetFilterMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetFilterMode")?;
                 crate::error::check(driver_fn__(pfm, hTexRef), "cuTexRefGetFilterMode")
             }
             None => {
@@ -18657,6 +19119,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetFlags")?;
                 crate::error::check(driver_fn__(pFlags, hTexRef), "cuTexRefGetFlags")
             }
             None => {
@@ -18679,6 +19142,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetFormat {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetFormat")?;
                 crate::error::check(
                     driver_fn__(pFormat, pNumChannels, hTexRef),
                     "cuTexRefGetFormat",
@@ -18703,6 +19167,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMaxAnisotropy {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetMaxAnisotropy")?;
                 crate::error::check(
                     driver_fn__(pmaxAniso, hTexRef),
                     "cuTexRefGetMaxAnisotropy",
@@ -18727,6 +19192,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapFilterMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetMipmapFilterMode")?;
                 crate::error::check(
                     driver_fn__(pfm, hTexRef),
                     "cuTexRefGetMipmapFilterMode",
@@ -18751,6 +19217,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapLevelBias {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetMipmapLevelBias")?;
                 crate::error::check(
                     driver_fn__(pbias, hTexRef),
                     "cuTexRefGetMipmapLevelBias",
@@ -18776,6 +19243,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmapLevelClamp {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetMipmapLevelClamp")?;
                 crate::error::check(
                     driver_fn__(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef),
                     "cuTexRefGetMipmapLevelClamp",
@@ -18800,6 +19268,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefGetMipmappedArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefGetMipmappedArray")?;
                 crate::error::check(
                     driver_fn__(phMipmappedArray, hTexRef),
                     "cuTexRefGetMipmappedArray",
@@ -18826,6 +19295,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddress2D_v3 {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetAddress2D_v3")?;
                 crate::error::check(
                     driver_fn__(hTexRef, desc, dptr, Pitch),
                     "cuTexRefSetAddress2D_v3",
@@ -18851,6 +19321,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddressMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetAddressMode")?;
                 crate::error::check(
                     driver_fn__(hTexRef, dim, am),
                     "cuTexRefSetAddressMode",
@@ -18877,6 +19348,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetAddress_v2 {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetAddress_v2")?;
                 crate::error::check(
                     driver_fn__(ByteOffset, hTexRef, dptr, bytes),
                     "cuTexRefSetAddress_v2",
@@ -18902,6 +19374,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetArray")?;
                 crate::error::check(
                     driver_fn__(hTexRef, hArray, Flags),
                     "cuTexRefSetArray",
@@ -18926,6 +19399,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetBorderColor {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetBorderColor")?;
                 crate::error::check(
                     driver_fn__(hTexRef, pBorderColor),
                     "cuTexRefSetBorderColor",
@@ -18950,6 +19424,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetFilterMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetFilterMode")?;
                 crate::error::check(driver_fn__(hTexRef, fm), "cuTexRefSetFilterMode")
             }
             None => {
@@ -18971,6 +19446,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetFlags {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetFlags")?;
                 crate::error::check(driver_fn__(hTexRef, Flags), "cuTexRefSetFlags")
             }
             None => {
@@ -18993,6 +19469,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetFormat {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetFormat")?;
                 crate::error::check(
                     driver_fn__(hTexRef, fmt, NumPackedComponents),
                     "cuTexRefSetFormat",
@@ -19017,6 +19494,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMaxAnisotropy {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetMaxAnisotropy")?;
                 crate::error::check(
                     driver_fn__(hTexRef, maxAniso),
                     "cuTexRefSetMaxAnisotropy",
@@ -19041,6 +19519,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapFilterMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetMipmapFilterMode")?;
                 crate::error::check(
                     driver_fn__(hTexRef, fm),
                     "cuTexRefSetMipmapFilterMode",
@@ -19065,6 +19544,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapLevelBias {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetMipmapLevelBias")?;
                 crate::error::check(
                     driver_fn__(hTexRef, bias),
                     "cuTexRefSetMipmapLevelBias",
@@ -19090,6 +19570,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmapLevelClamp {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetMipmapLevelClamp")?;
                 crate::error::check(
                     driver_fn__(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp),
                     "cuTexRefSetMipmapLevelClamp",
@@ -19115,6 +19596,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuTexRefSetMipmappedArray {
             Some(driver_fn__) => {
+                crate::fault::before("cuTexRefSetMipmappedArray")?;
                 crate::error::check(
                     driver_fn__(hTexRef, hMipmappedArray, Flags),
                     "cuTexRefSetMipmappedArray",
@@ -19138,6 +19620,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuThreadExchangeStreamCaptureMode {
             Some(driver_fn__) => {
+                crate::fault::before("cuThreadExchangeStreamCaptureMode")?;
                 crate::error::check(
                     driver_fn__(mode),
                     "cuThreadExchangeStreamCaptureMode",
@@ -19165,6 +19648,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuUserObjectCreate {
             Some(driver_fn__) => {
+                crate::fault::before("cuUserObjectCreate")?;
                 crate::error::check(
                     driver_fn__(object_out, ptr, destroy, initialRefcount, flags),
                     "cuUserObjectCreate",
@@ -19189,6 +19673,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuUserObjectRelease {
             Some(driver_fn__) => {
+                crate::fault::before("cuUserObjectRelease")?;
                 crate::error::check(driver_fn__(object, count), "cuUserObjectRelease")
             }
             None => {
@@ -19210,6 +19695,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuUserObjectRetain {
             Some(driver_fn__) => {
+                crate::fault::before("cuUserObjectRetain")?;
                 crate::error::check(driver_fn__(object, count), "cuUserObjectRetain")
             }
             None => {
@@ -19233,6 +19719,7 @@ impl DriverApi {
     ) -> Result<(), crate::error::Error> {
         match self.cuWaitExternalSemaphoresAsync {
             Some(driver_fn__) => {
+                crate::fault::before("cuWaitExternalSemaphoresAsync")?;
                 crate::error::check(
                     driver_fn__(extSemArray, paramsArray, numExtSems, stream),
                     "cuWaitExternalSemaphoresAsync",

@@ -35,6 +35,7 @@ pub mod bindings;
 #[rustfmt::skip]
 mod driver_api;
 mod error;
+pub mod fault;
 mod layout;
 mod loader;
 
