@@ -36,10 +36,25 @@ case "${1:-}" in
       .gpu-faults/faults --test-threads=1 --nocapture > "$OUT/faults.log" 2>&1
     rc=$?
     grep -aE "driver calls|panicked|test result|^test " "$OUT/faults.log"
-    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log"; then
-      echo "RESULT: PASS (fault injection)"
+    # Again under memcheck with its leak check: device memory (managed memory included,
+    # which the free memory the tests compare does not show) and driver errors the tests
+    # do not see, such as a registration left behind.
+    san=skipped
+    if command -v compute-sanitizer > /dev/null; then
+      CUDA_HAL_REQUIRE_GPU=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+        compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
+        .gpu-faults/faults --test-threads=1 > "$OUT/faults-memcheck.log" 2>&1
+      src=$?
+      summary="$(grep -aE "ERROR SUMMARY" "$OUT/faults-memcheck.log" | tail -n 1)"
+      echo "memcheck: exit $src, $summary"
+      san=bad
+      if [ "$src" -eq 0 ] && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then san=clean; fi
+    fi
+    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log" && [ "$san" != bad ]; then
+      echo "RESULT: PASS (fault injection; memcheck $san)"
     else
-      echo "RESULT: FAIL (fault injection, exit $rc)"
+      echo "RESULT: FAIL (fault injection, exit $rc; memcheck $san)"
+      [ "$rc" -eq 0 ] && rc=1
     fi
     exit "$rc"
     ;;

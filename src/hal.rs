@@ -874,20 +874,26 @@ impl HalInner {
         let kept = pooled && self.allocs.free(ptr, bytes, ticket, true);
         let result = match kept {
             true => Ok(()),
-            false => self.ctx.bind().and_then(|()| {
-                let d = api()?;
-                // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in
-                // stream order with) every use queued on the stream.
-                unsafe {
-                    if pooled {
-                        d.cuMemFreeAsync(ptr, self.stream.raw())?;
-                    } else {
-                        self.stream.synchronize()?;
-                        d.cuMemFree(ptr)?;
+            // Freed even if the bind fails: the stream and the pointer name their context
+            // (skipping the free would leak the memory until the HAL's pool goes, or for
+            // the process's life).
+            false => {
+                let bound = self.ctx.bind();
+                let freed = api().and_then(|d| {
+                    // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in
+                    // stream order with) every use queued on the stream.
+                    unsafe {
+                        if pooled {
+                            d.cuMemFreeAsync(ptr, self.stream.raw())?;
+                        } else {
+                            self.stream.synchronize()?;
+                            d.cuMemFree(ptr)?;
+                        }
                     }
-                }
-                Ok(())
-            }),
+                    Ok(())
+                });
+                bound.and(freed)
+            }
         };
         if !pooled {
             self.allocs.free(ptr, bytes, ticket, false);
@@ -1092,7 +1098,9 @@ impl Drop for HalInner {
     fn drop(&mut self) {
         // Free cached blocks and let pending frees and copies finish before the stream,
         // pool and context go.
-        if let Err(e) = self.ctx.bind().and_then(|()| self.trim(0)) {
+        // Trimmed even if the bind fails: the stream and the pool name their context.
+        let bound = self.ctx.bind();
+        if let Err(e) = bound.and(self.trim(0)) {
             log::warn!("dropping the HAL of device {}: {e}", self.info.ordinal);
             // The trim stops at its first failure, maybe before it waited for the stream:
             // its copies may still read staging slots that are freed next.

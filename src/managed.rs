@@ -391,12 +391,15 @@ impl<T: Pod> ManagedBuffer<T> {
 
 impl<T> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
-        let r = self.hal.ctx.bind().and_then(|()| {
-            self.hal.stream.synchronize()?;
+        // A failed bind does not stop the release: the stream and the pointer name their
+        // context (skipping the free would leak the memory for the process's life).
+        let bound = self.hal.ctx.bind();
+        let r = self.hal.stream.synchronize().and_then(|()| {
             // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream.
             unsafe { api()?.cuMemFree(self.ptr)? };
             Ok(())
         });
+        let r = bound.and(r);
         // After the free (not holding the lock through the stream's wait): until then a
         // request meanwhile still counts these bytes, erring on the side of refusing.
         if let Some(b) = MANAGED_LIVE.lock().get_mut(self.hal.info().ordinal) {

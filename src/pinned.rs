@@ -195,9 +195,11 @@ impl<T: Pod> PinnedBuffer<T> {
 
 impl<T> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
-        // The memory is freed after the copy that last used it.
+        // The memory is freed after the copy that last used it (waited for even if the bind
+        // fails: the event names its context).
         for ev in self.pending.get_mut().drain(..) {
-            if let Err(e) = self.hal.ctx.bind().and_then(|()| ev.synchronize()) {
+            let bound = self.hal.ctx.bind();
+            if let Err(e) = bound.and(ev.synchronize()) {
                 log::warn!("waiting for a pinned buffer's last copy: {e}");
             }
         }
@@ -458,12 +460,16 @@ impl<T: Pod> RegisteredHost<'_, T> {
 
 impl<T> Drop for RegisteredHost<'_, T> {
     fn drop(&mut self) {
-        let r = self.hal.ctx.bind().and_then(|()| {
+        // Unregistered even if the bind fails: a registration left behind outlives the
+        // memory, and a later one of the same addresses is refused.
+        let bound = self.hal.ctx.bind();
+        let r = api().and_then(|d| {
             // SAFETY: the pointer was registered by `register_host`; every copy that used
             // it completed before the copy call returned.
-            unsafe { api()?.cuMemHostUnregister(self.data.as_mut_ptr().cast())? };
+            unsafe { d.cuMemHostUnregister(self.data.as_mut_ptr().cast())? };
             Ok(())
         });
+        let r = bound.and(r);
         if let Err(e) = r {
             log::warn!("cuMemHostUnregister failed: {e}");
         }
