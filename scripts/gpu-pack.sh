@@ -161,10 +161,9 @@ fi
 tar -cf - -C "$doc_target" doctests | xz -9e -T1 > "$bundle/doctests.tar.xz"
 echo "   doctests.tar.xz: $n_doc doc examples" >&2
 
-# The embedded kernel image, so the GPU machine can list its SASS/PTX with cuobjdump.
-fatbin="$(ls -t target/release/build/cuda-hal-*/out/kernels.fatbin 2>/dev/null | head -n 1)"
-rm -f "$bundle/kernels.fatbin"
-if [ -n "$fatbin" ]; then gzip -9 -c "$fatbin" > "$bundle/kernels.fatbin.gz"; fi
+# (The embedded kernel image is not packed on its own: gpu-run.sh cuts it out of a test
+# executable to list its SASS and PTX with cuobjdump.)
+rm -f "$bundle/kernels.fatbin" "$bundle/kernels.fatbin.gz"
 
 # What was packed, so that a run on the GPU machine can tell a stale bundle.
 {

@@ -122,7 +122,18 @@ scripts/gpu-unpack.sh "$bundle" || exit 2
   echo "== nvidia-smi";         nvidia-smi 2>&1
   echo "== $bundle/manifest.txt"
   cat "$bundle/manifest.txt" 2>&1
-  echo "== cuobjdump --list-elf --list-ptx $bundle/kernels.fatbin"
+  # The fatbin embedded in a test executable: its header (magic 0xba55ed50, version,
+  # header size, then the size of what follows) gives its length.
+  python3 - "$bundle/all/gpu" "$bundle/kernels.fatbin" <<'PY' 2>&1
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+at = data.find(struct.pack("<I", 0xBA55ED50))
+if at < 0:
+    sys.exit("no fatbin in " + sys.argv[1])
+_, _, header, size = struct.unpack_from("<IHHQ", data, at)
+open(sys.argv[2], "wb").write(data[at:at + header + size])
+PY
+  echo "== cuobjdump --list-elf --list-ptx (the fatbin embedded in $bundle/all/gpu)"
   cuobjdump --list-elf --list-ptx "$bundle/kernels.fatbin" 2>&1
   echo "== ldd of a test binary (must not mention libcuda)"
   ldd "$bundle/all/gpu" 2>&1
