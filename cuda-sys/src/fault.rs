@@ -1,9 +1,9 @@
 //! Fault injection, for tests of error paths (feature `fault-injection`, off by default).
 //!
-//! Once [`arm`]ed, every call of a driver entry point that returns a `CUresult` is counted,
-//! and the `n`-th fails with the code the caller chooses *before* the driver is called, as
-//! if the driver had refused it: nothing it would have made exists. Without the feature,
-//! the check every entry point makes is empty and compiles away.
+//! Once armed (`fault::arm`), every call of a driver entry point that returns a `CUresult`
+//! is counted, and the `n`-th fails with the code the caller chooses *before* the driver is
+//! called, as if the driver had refused it: nothing it would have made exists. Without the
+//! feature, the check every entry point makes is empty and compiles away.
 //!
 //! ```
 //! # #[cfg(feature = "fault-injection")]
