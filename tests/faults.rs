@@ -311,3 +311,20 @@ fn prover_operations() {
         Ok(())
     });
 }
+
+#[test]
+fn copies_between_hals() {
+    every_call_fails_in_turn("copies between HALs", |hal| {
+        // Another HAL of the same device: the copies between HALs, without a second GPU.
+        let other = CudaHal::new(0)?;
+        let data = Rng::new(3).u32s(3 * MIB);
+        let a = hal.copy_from("a", &data)?;
+        let b = other.alloc::<u32>("b", data.len())?;
+        b.copy_from_device(&a)?;
+        assert_eq!(b.get_at(12_345)?, data[12_345]);
+        let c = hal.alloc::<u32>("c", data.len())?;
+        c.copy_from_device_via_host(&b)?;
+        assert_eq!(c.get_at(3 * MIB - 1)?, data[3 * MIB - 1]);
+        Ok(())
+    });
+}
