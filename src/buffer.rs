@@ -113,10 +113,23 @@ impl RawBuffer {
         write: bool,
         stream: &HalStream,
     ) -> Result<()> {
+        self.flush_for_side(r, write)?;
+        stream.after_main()?;
+        self.wait_side_uses(stream)
+    }
+
+    /// The first step of [`RawBuffer::prepare_side_access`]: host-newer bytes of `r` are
+    /// uploaded on the main stream. A launch with several buffers takes this step for each,
+    /// then orders its stream after the main stream once, then takes the last step for each.
+    pub(crate) fn flush_for_side(&self, r: Range<usize>, write: bool) -> Result<()> {
         // The caller may have another HAL's context current (user code between steps).
         self.hal.ctx.bind()?;
-        self.flush_host(r, write, true)?;
-        stream.after_main()?;
+        self.flush_host(r, write, true)
+    }
+
+    /// The last step of [`RawBuffer::prepare_side_access`]: `stream` waits for other
+    /// streams' pending uses.
+    pub(crate) fn wait_side_uses(&self, stream: &HalStream) -> Result<()> {
         self.side.wait_on(&stream.stream, stream.id, false)
     }
 
@@ -570,23 +583,31 @@ impl<T: Pod> Buffer<T> {
                 return Err(self.raw.borrowed());
             }
             drop(c);
-            if !PHASES.offset_get_at {
-                // Fill the host copy of the whole buffer, then read from it.
-                return self.view(|s| s[i]);
+            if PHASES.offset_get_at {
+                h.ledger.cache(false);
             }
-            h.ledger.cache(false);
         }
-        if PHASES.offset_get_at {
-            self.raw.prepare_device_access(r.clone(), false)?;
-            let mut v = T::zeroed();
-            h.download(
-                bytemuck::bytes_of_mut(&mut v),
-                self.raw.ptr + r.start as u64,
-            )?;
-            Ok(v)
-        } else {
-            Ok(self.download_vec()?[i])
+        if !PHASES.offset_get_at {
+            // As the original: the whole buffer is read (with phase 2 into the host copy,
+            // then read from it). Where another part of it is under a `view_mut`, only the
+            // element is read, as with phase 1: its bytes alone decide whether it is
+            // borrowed.
+            let whole = if PHASES.host_cache && self.check_host_align().is_ok() {
+                self.view(|s| s[i])
+            } else {
+                self.download_vec().map(|v| v[i])
+            };
+            if !matches!(whole, Err(Error::BufferBorrowed { .. })) {
+                return whole;
+            }
         }
+        self.raw.prepare_device_access(r.clone(), false)?;
+        let mut v = T::zeroed();
+        h.download(
+            bytemuck::bytes_of_mut(&mut v),
+            self.raw.ptr + r.start as u64,
+        )?;
+        Ok(v)
     }
 
     /// The elements from a valid host copy (phase 2), or `None`.
@@ -731,7 +752,9 @@ impl<T: Pod> Buffer<T> {
         self.check_host_align()?;
         self.raw.hal.enter()?;
         let len = self.len;
-        self.raw
+        let mut f = Some(f);
+        let r = self
+            .raw
             .with_host(self.byte_range(), BorrowKind::Shared, |base| {
                 let start = self.byte_range().start;
                 // SAFETY: the host copy holds the newest data for these bytes, a page-aligned
@@ -741,8 +764,18 @@ impl<T: Pod> Buffer<T> {
                 let bytes = unsafe {
                     std::slice::from_raw_parts(base.add(start), len * std::mem::size_of::<T>())
                 };
-                f(bytemuck::cast_slice(bytes))
-            })
+                f.take().map(|f| f(bytemuck::cast_slice(bytes)))
+            });
+        match (r, f) {
+            (Ok(Some(v)), _) => Ok(v),
+            // The host copy could not be brought up to date: bytes to download lie under
+            // another shared view (a device write since it began), which reads them. The
+            // view reads a download of its own instead, as without phase 2; an exclusive
+            // view in the way still refuses it.
+            (Err(Error::BufferBorrowed { .. }), Some(f)) => self.view_detached(f),
+            (Err(e), _) => Err(e),
+            (Ok(None), _) => Err(self.raw.borrowed()),
+        }
     }
 
     /// Runs `f` over the elements on the host with write access. Phase 2 edits the host
@@ -801,7 +834,9 @@ impl<T: Pod> Buffer<T> {
     /// ```
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let _range = crate::nvtx::range(|| format!("to_vec {}", self.name()));
-        if PHASES.host_cache {
+        // Elements aligned past a page cannot be viewed in the host copy: downloaded as
+        // without phase 2.
+        if PHASES.host_cache && self.check_host_align().is_ok() {
             self.view(|s| s.to_vec())
         } else {
             self.download_vec()

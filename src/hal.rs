@@ -259,7 +259,7 @@ impl CudaHal {
         let pool = MemPool::new(ordinal, config.release_threshold)?;
         let kernels = KernelTable::load();
         let staging = StagingPool::new(config.staging);
-        Ok(CudaHal {
+        let hal = CudaHal {
             counted: true,
             inner: Arc::new(HalInner {
                 kernels,
@@ -288,7 +288,9 @@ impl CudaHal {
                 config,
                 ctx,
             }),
-        })
+        };
+        register_on_device(ordinal, &hal.inner);
+        Ok(hal)
     }
 
     /// The device's properties.
@@ -626,6 +628,17 @@ pub(crate) struct Aside {
 /// hold one at a time in ordinary use.
 const EVENTS_KEPT: usize = 16;
 
+/// Every HAL of the process with its device's ordinal. Memory one HAL's block cache and
+/// pool hold back counts as used for the driver, so a HAL that runs out of memory trims
+/// the other HALs of its device too ([`HalInner::trim_neighbours`]).
+static DEVICE_HALS: Mutex<Vec<(usize, std::sync::Weak<HalInner>)>> = Mutex::new(Vec::new());
+
+fn register_on_device(ordinal: usize, hal: &Arc<HalInner>) {
+    let mut hals = DEVICE_HALS.lock();
+    hals.retain(|(_, w)| w.strong_count() > 0);
+    hals.push((ordinal, Arc::downgrade(hal)));
+}
+
 impl HalInner {
     /// An event of this context that no one waits on, to record on one of its streams:
     /// a reused one when one is free. The context is current.
@@ -747,18 +760,24 @@ impl HalInner {
     }
 
     /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory trims and
-    /// retries once.
+    /// retries once, and if it is still out of memory and other HALs of the device hold
+    /// cached memory, trims them and retries once more.
     fn alloc_from_driver(
         &self,
         name: &str,
         bytes: usize,
         pooled: bool,
     ) -> Result<CUdeviceptr, AllocFail> {
+        let oom =
+            |r: &Result<CUdeviceptr, cuda_sys::Error>| matches!(r, Err(e) if e.is_out_of_memory());
         let mut result = self.classified_alloc(bytes, pooled);
-        if matches!(&result, Err(e) if e.is_out_of_memory()) {
+        if oom(&result) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
             self.trim(0).map_err(AllocFail::Other)?;
             result = self.classified_alloc(bytes, pooled);
+            if oom(&result) && self.trim_neighbours() {
+                result = self.classified_alloc(bytes, pooled);
+            }
         }
         match result {
             Ok(ptr) => {
@@ -843,6 +862,42 @@ impl HalInner {
             *last = now;
         }
         Ok(())
+    }
+
+    /// Trims this HAL's block cache and pool, then the other HALs' of its device.
+    pub(crate) fn trim_all_on_device(&self) -> Result<()> {
+        self.trim(0)?;
+        self.trim_neighbours();
+        Ok(())
+    }
+
+    /// Trims the other usable HALs of this device (their cached blocks and pools), after
+    /// this one ran out of memory even trimmed. Whether there was any. Their errors are
+    /// logged, not returned: the caller's request stands or falls by its retry. The context
+    /// is current (the device's primary context, which they share).
+    pub(crate) fn trim_neighbours(&self) -> bool {
+        let others: Vec<Arc<HalInner>> = DEVICE_HALS
+            .lock()
+            .iter()
+            .filter(|(ordinal, _)| *ordinal == self.info.ordinal)
+            .filter_map(|(_, w)| w.upgrade())
+            .filter(|o| !std::ptr::eq(Arc::as_ptr(o), self) && o.usable().is_ok())
+            .collect();
+        let any = !others.is_empty();
+        for o in &others {
+            log::debug!(
+                "out of memory on device {}: trimming another HAL of it",
+                self.info.ordinal
+            );
+            if let Err(e) = o.ctx.bind().and_then(|()| o.trim(0)) {
+                log::warn!("trimming another HAL of device {}: {e}", self.info.ordinal);
+            }
+        }
+        // (Dropping the last handle of one of them here frees it here: it binds its own
+        // context, this device's.)
+        drop(others);
+        let _ = self.ctx.bind();
+        any
     }
 
     fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {

@@ -530,11 +530,22 @@ impl<'h> Launch<'h> {
         h.enter()?;
         let f = h.kernels.get(self.kernel, self.embedded_only)?;
         let side = self.stream.take().filter(|s| !s.is_main());
-        for (raw, range, access) in &self.buffers {
-            let write = *access != Access::Read;
-            match &side {
-                Some(s) => raw.prepare_side_access(range.clone(), write, s)?,
-                None => raw.prepare_device_access(range.clone(), write)?,
+        match &side {
+            Some(s) => {
+                // Every buffer's host edits are uploaded on the main stream first, then the
+                // side stream waits for the main stream once (not once per buffer).
+                for (raw, range, access) in &self.buffers {
+                    raw.flush_for_side(range.clone(), *access != Access::Read)?;
+                }
+                s.after_main()?;
+                for (raw, _, _) in &self.buffers {
+                    raw.wait_side_uses(s)?;
+                }
+            }
+            None => {
+                for (raw, range, access) in &self.buffers {
+                    raw.prepare_device_access(range.clone(), *access != Access::Read)?;
+                }
             }
         }
         let mut params: SmallVec<[*mut c_void; INLINE_ARGS]> = self

@@ -207,6 +207,11 @@ impl Ledger {
         .fetch_add(1, Relaxed);
     }
 
+    /// `n` host reads that had to transfer (a gather's elements with no valid host copy).
+    pub(crate) fn cache_misses(&self, n: usize) {
+        self.cache_misses.fetch_add(n as u64, Relaxed);
+    }
+
     pub(crate) fn pool_hit(&self, hit: bool) {
         if hit {
             &self.pool_hits

@@ -65,9 +65,20 @@ pub struct ManagedBuffer<T> {
 /// this granularity).
 const MANAGED_ALIGN: usize = 256;
 
-/// Managed bytes live per device ordinal, over every HAL of the process; its lock also
-/// makes each check and its allocation one step.
-static MANAGED_LIVE: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
+/// Managed bytes live per device ordinal, over every HAL of the process. Each device's
+/// lock also makes each check and its allocation one step; devices do not wait for each
+/// other (the outer lock is held only to find the device's).
+static MANAGED_LIVE: parking_lot::Mutex<Vec<Arc<parking_lot::Mutex<usize>>>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// The managed bytes live on device `ordinal`, under their lock.
+fn managed_live(ordinal: usize) -> Arc<parking_lot::Mutex<usize>> {
+    let mut all = MANAGED_LIVE.lock();
+    if all.len() <= ordinal {
+        all.resize_with(ordinal + 1, Default::default);
+    }
+    all[ordinal].clone()
+}
 
 impl CudaHal {
     /// Allocates `len` elements of managed memory. Refused with `OutOfMemory` when the
@@ -106,18 +117,26 @@ impl CudaHal {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
-        // The check and the allocation under one process-wide lock, which also holds the
-        // managed bytes every HAL has live per device: a managed allocation takes no device
+        // The check and the allocation under the device's lock, which also holds the
+        // managed bytes every HAL has live on it: a managed allocation takes no device
         // memory until its pages are touched, so the free memory the driver reports does
         // not count it, and two requests that each fit what is free must not both be made.
-        let mut handed_out = MANAGED_LIVE.lock();
-        let ordinal = h.info().ordinal;
-        if handed_out.len() <= ordinal {
-            handed_out.resize(ordinal + 1, 0);
-        }
+        let live = managed_live(h.info().ordinal);
+        let mut handed_out = live.lock();
         let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: out-pointers are valid locals.
-        h.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
+        let mem_info = |free: &mut usize, total: &mut usize| {
+            // SAFETY: out-pointers are valid references.
+            h.guard(unsafe { api()?.cuMemGetInfo(free, total) }.map_err(Error::from))
+        };
+        mem_info(&mut free, &mut total)?;
+        if bytes > free.saturating_sub(*handed_out) {
+            // Freed device buffers may be held back by this HAL's block cache and pool, or
+            // by another HAL's of the device, which the driver counts as used: trimmed, as
+            // a device allocation would be, and asked again.
+            log::debug!("alloc_managed `{name}` of {bytes} bytes: not free; trimming");
+            h.trim_all_on_device()?;
+            mem_info(&mut free, &mut total)?;
+        }
         let oom = || {
             let r = h.allocs.report();
             Error::OutOfMemory {
@@ -132,7 +151,7 @@ impl CudaHal {
         };
         // Pages already touched count twice (in use and handed out): the check errs on the
         // side of refusing.
-        if bytes > free.saturating_sub(handed_out[ordinal]) {
+        if bytes > free.saturating_sub(*handed_out) {
             return Err(oom());
         }
         let Some(ticket) = h
@@ -155,7 +174,7 @@ impl CudaHal {
             h.allocs.untrack_refused(ticket, bytes);
             return h.guard(Err(e.into()));
         }
-        handed_out[ordinal] += bytes;
+        *handed_out += bytes;
         drop(handed_out);
         log::trace!("alloc `{name}`: {bytes} bytes of managed memory at {ptr:#x}");
         Ok(ManagedBuffer {
@@ -402,9 +421,10 @@ impl<T> Drop for ManagedBuffer<T> {
         let r = bound.and(r);
         // After the free (not holding the lock through the stream's wait): until then a
         // request meanwhile still counts these bytes, erring on the side of refusing.
-        if let Some(b) = MANAGED_LIVE.lock().get_mut(self.hal.info().ordinal) {
-            *b = b.saturating_sub(self.len * std::mem::size_of::<T>());
-        }
+        let live = managed_live(self.hal.info().ordinal);
+        let mut handed_out = live.lock();
+        *handed_out = handed_out.saturating_sub(self.len * std::mem::size_of::<T>());
+        drop(handed_out);
         self.hal
             .allocs
             .untrack(self.ticket, self.len * std::mem::size_of::<T>());

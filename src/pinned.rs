@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use crate::driver::{api, Event, PinnedFlags, PinnedMemory};
+use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream};
 use crate::hal::HalInner;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
 
@@ -180,8 +180,25 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(bytemuck::cast_slice_mut(&mut self.mem.as_mut_slice()[..n]))
     }
 
-    pub(crate) fn set_pending(&self, ev: Arc<Event>) {
-        self.pending.lock().push(ev);
+    /// Orders `stream` after every copy still pending on this memory (on the device: the
+    /// host does not wait), then runs `queue`, which queues a copy of it on `stream` and
+    /// returns the event recorded after that copy. Only that event is kept: it completes
+    /// after all the others. The pending list stays locked throughout, so that two threads
+    /// queueing copies of one buffer each order theirs after the other's.
+    pub(crate) fn queue_after_pending(
+        &self,
+        hal: &HalInner,
+        stream: &Stream,
+        queue: impl FnOnce() -> Result<Arc<Event>>,
+    ) -> Result<()> {
+        let mut pending = self.pending.lock();
+        for ev in pending.iter() {
+            hal.guard(stream.wait_event(ev))?;
+        }
+        let ev = queue()?;
+        pending.clear();
+        pending.push(ev);
+        Ok(())
     }
 
     pub(crate) fn ptr(&self) -> *mut u8 {
@@ -215,6 +232,19 @@ pub(crate) struct PinnedBlock {
 impl PinnedBlock {
     pub(crate) fn set_pending(&mut self, ev: Arc<Event>) {
         self.pending = Some(ev);
+    }
+
+    /// Whether no queued copy uses the block any more (asks its event, without waiting). An
+    /// error of the event counts as busy: `settle` then reports it.
+    fn is_idle(&mut self) -> bool {
+        let idle = match &self.pending {
+            None => true,
+            Some(ev) => matches!(ev.is_complete(), Ok(true)),
+        };
+        if idle {
+            self.pending = None;
+        }
+        idle
     }
 
     fn settle(&mut self) -> Result<()> {
@@ -284,38 +314,58 @@ impl PinnedPool {
     }
 
     /// A block of at least `bytes`, ready for the host. The context is current.
+    ///
+    /// A free block whose last copy has completed is reused. One whose copy is still
+    /// queued (it may sit behind a long kernel) is waited for only where the pool could
+    /// not keep a second block of its size beside it; otherwise a new block is made, so
+    /// that back-to-back batches do not run one at a time on the host. A block the pool
+    /// cannot keep would be freed, after its copy, when given back: making one costs more
+    /// than the wait.
     pub(crate) fn take(&self, bytes: usize) -> Result<PinnedBlock> {
         let size = self.block_size(bytes);
-        let found = {
-            let mut free = self.free.lock();
-            let pos = free.0.iter().position(|b| b.mem.len() == size);
-            pos.map(|i| {
-                free.1 -= size;
-                free.0.swap_remove(i)
-            })
-        };
-        match found {
-            Some(mut b) => {
-                self.hits.fetch_add(1, Relaxed);
-                b.settle()?;
-                Ok(b)
-            }
-            None => {
-                self.misses.fetch_add(1, Relaxed);
-                Ok(PinnedBlock {
-                    // Portable: copies between devices stage through these blocks from the
-                    // other device's context too.
-                    mem: PinnedMemory::new(
-                        size,
-                        PinnedFlags {
-                            portable: true,
-                            ..PinnedFlags::default()
-                        },
-                    )?,
-                    pending: None,
-                })
-            }
+        let wait_for_busy = size.saturating_mul(2) > self.limit;
+        if let Some(mut b) = self.take_free(size, !wait_for_busy) {
+            self.hits.fetch_add(1, Relaxed);
+            b.settle()?;
+            return Ok(b);
         }
+        // Portable: copies between devices stage through these blocks from the other
+        // device's context too.
+        let flags = PinnedFlags {
+            portable: true,
+            ..PinnedFlags::default()
+        };
+        match PinnedMemory::new(size, flags) {
+            Ok(mem) => {
+                self.misses.fetch_add(1, Relaxed);
+                Ok(PinnedBlock { mem, pending: None })
+            }
+            Err(e) => match self.take_free(size, false) {
+                Some(mut b) => {
+                    self.hits.fetch_add(1, Relaxed);
+                    b.settle()?;
+                    Ok(b)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// A free block of `size` bytes: with `idle_only`, one whose last copy has completed
+    /// (the newest such); else an idle one if any, or the oldest.
+    fn take_free(&self, size: usize, idle_only: bool) -> Option<PinnedBlock> {
+        let mut free = self.free.lock();
+        let idle = free
+            .0
+            .iter_mut()
+            .rposition(|b| b.mem.len() == size && b.is_idle());
+        let pos = match idle {
+            Some(i) => i,
+            None if idle_only => return None,
+            None => free.0.iter().position(|b| b.mem.len() == size)?,
+        };
+        free.1 -= size;
+        Some(free.0.remove(pos))
     }
 
     /// Returns a block; its pending copy is waited for before reuse or release.
@@ -533,25 +583,29 @@ impl<T: Pod> Buffer<T> {
             });
         }
         h.enter()?;
-        src.settle()?;
         let r = self.byte_range();
         self.access_on(stream, r.clone(), true)?;
         let ev = h.event()?;
-        // SAFETY: src holds size_bytes() bytes and is not written by the host until `ev`
-        // completes (host_mut and Drop wait for it); the destination range is this buffer's.
-        h.guard(unsafe {
-            api()?
-                .cuMemcpyHtoDAsync(
-                    self.raw_ptr(),
-                    src.ptr().cast(),
-                    self.size_bytes(),
-                    stream.raw(),
-                )
-                .map_err(Error::from)
+        // The copy waits for earlier copies of `src` on the device, not on the host.
+        src.queue_after_pending(&h, &stream.stream, || {
+            // SAFETY: src holds size_bytes() bytes and is not written by the host until `ev`
+            // completes (host_mut and Drop wait for it), nor by the device before the copies
+            // pending on it (the stream waits for them); the destination range is this
+            // buffer's.
+            h.guard(unsafe {
+                api()?
+                    .cuMemcpyHtoDAsync(
+                        self.raw_ptr(),
+                        src.ptr().cast(),
+                        self.size_bytes(),
+                        stream.raw(),
+                    )
+                    .map_err(Error::from)
+            })?;
+            h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
+            h.record_use(&ev, &stream.stream)?;
+            Ok(ev.clone())
         })?;
-        h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
-        h.record_use(&ev, &stream.stream)?;
-        src.set_pending(ev.clone());
         self.after_on(stream, ev, r, true);
         Ok(())
     }
@@ -597,25 +651,28 @@ impl<T: Pod> Buffer<T> {
             });
         }
         h.enter()?;
-        dst.settle()?;
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
         let ev = h.event()?;
-        // SAFETY: dst has room for size_bytes() bytes and is not read or freed by the host
-        // until `ev` completes (host and Drop wait for it).
-        h.guard(unsafe {
-            api()?
-                .cuMemcpyDtoHAsync(
-                    dst.ptr().cast(),
-                    self.raw_ptr(),
-                    self.size_bytes(),
-                    stream.raw(),
-                )
-                .map_err(Error::from)
+        // The copy waits for earlier copies of `dst` on the device, not on the host.
+        dst.queue_after_pending(&h, &stream.stream, || {
+            // SAFETY: dst has room for size_bytes() bytes and is not read or freed by the
+            // host until `ev` completes (host and Drop wait for it), nor used by the device
+            // before the copies pending on it complete (the stream waits for them).
+            h.guard(unsafe {
+                api()?
+                    .cuMemcpyDtoHAsync(
+                        dst.ptr().cast(),
+                        self.raw_ptr(),
+                        self.size_bytes(),
+                        stream.raw(),
+                    )
+                    .map_err(Error::from)
+            })?;
+            h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
+            h.record_use(&ev, &stream.stream)?;
+            Ok(ev.clone())
         })?;
-        h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
-        h.record_use(&ev, &stream.stream)?;
-        dst.set_pending(ev.clone());
         self.after_on(stream, ev, r, false);
         Ok(())
     }

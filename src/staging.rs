@@ -115,6 +115,15 @@ impl Slot {
 }
 
 impl Slot {
+    /// Whether no queued copy uses the slot any more (asks the event, without waiting). An
+    /// error of the event counts as busy: `settle` then reports it.
+    fn is_idle(&mut self) -> bool {
+        if self.in_flight && matches!(self.done.is_complete(), Ok(true)) {
+            self.in_flight = false;
+        }
+        !self.in_flight
+    }
+
     /// Waits until the copy engine no longer uses the slot.
     fn settle(&mut self) -> Result<()> {
         if self.in_flight {
@@ -179,19 +188,23 @@ impl StagingPool {
         }
     }
 
-    /// Takes between 1 and `want` slots: free ones first, new ones while under the bound,
-    /// else waits for one to come back. The context is current.
+    /// Takes between 1 and `want` slots: idle free ones first (no copy of theirs still
+    /// queued), new ones while under the bound, then free ones whose copies are still
+    /// queued, oldest first (the worker waits for them), else waits for one to come back.
+    /// A slot whose copy is still queued is taken only when the pool cannot grow: its copy
+    /// may sit behind a long kernel, and waiting for it would make an upload wait for the
+    /// device's whole backlog. The context is current.
     fn take(&self, want: usize) -> Result<Vec<Slot>> {
         let mut got = Vec::with_capacity(want);
         let mut guard = self.free.lock();
         loop {
-            while got.len() < want {
-                match guard.0.pop() {
-                    Some(s) => {
-                        self.reuses.fetch_add(1, Relaxed);
-                        got.push(s)
-                    }
-                    None => break,
+            // The newest idle slots first (their pages are the likeliest still cached).
+            let mut i = guard.0.len();
+            while got.len() < want && i > 0 {
+                i -= 1;
+                if guard.0[i].is_idle() {
+                    self.reuses.fetch_add(1, Relaxed);
+                    got.push(guard.0.remove(i));
                 }
             }
             let can_grow = (want - got.len()).min(self.cfg.max_slots - guard.1);
@@ -228,6 +241,12 @@ impl StagingPool {
                     }
                 }
                 return Ok(got);
+            }
+            // Slots given back are appended: the first ones' copies were queued earliest.
+            let busy = (want - got.len()).min(guard.0.len());
+            if busy > 0 {
+                self.reuses.fetch_add(busy as u64, Relaxed);
+                got.extend(guard.0.drain(..busy));
             }
             if !got.is_empty() {
                 return Ok(got);

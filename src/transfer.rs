@@ -90,7 +90,11 @@ impl<T: Pod> PendingRead<T> {
                     );
                     v
                 });
-                if let Some(b) = block.take() {
+                if let Some(mut b) = block.take() {
+                    if out.is_err() {
+                        // The copy may still run: the block is reused only after it.
+                        b.set_pending(done);
+                    }
                     hal.pinned.give(b);
                 }
                 out
@@ -207,6 +211,7 @@ impl<T: Pod> Buffer<T> {
                     state: ReadState::Ready(v),
                 });
             }
+            h.ledger.cache(false);
         }
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
@@ -355,6 +360,7 @@ impl CudaHal {
                 name: "gather".into(),
             });
         }
+        h.enter()?;
         let sz = std::mem::size_of::<T>();
         let mut out = vec![T::zeroed(); items.len()];
         let mut todo: Vec<(usize, u64)> = Vec::with_capacity(items.len());
@@ -377,7 +383,9 @@ impl CudaHal {
                 None => todo.push((k, buf.raw_ptr() + (i * sz) as u64)),
             }
         }
-        h.enter()?;
+        if PHASES.host_cache {
+            h.ledger.cache_misses(todo.len());
+        }
         if todo.is_empty() {
             return Ok(out);
         }

@@ -682,17 +682,7 @@ fn managed_memory_is_shared_prefetched_and_advised() {
 fn managed_memory_handed_out_counts_against_what_is_free() {
     let Some(hal) = gpu_exclusive() else { return };
     hal.synchronize().unwrap(); // binds the HAL's context on this thread
-    let free = || {
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: out-pointers are valid locals; the context is current.
-        unsafe {
-            cuda_hal::cuda_sys::driver()
-                .unwrap()
-                .cuMemGetInfo(&mut free, &mut total)
-        }
-        .unwrap();
-        free
-    };
+    let free = device_free_bytes;
     let part = free() / 10 * 6;
     let first = hal.alloc_managed::<u8>("m-first", part).unwrap();
     // Nothing touched: the driver still reports about as much free (before 6e37837 the
@@ -708,6 +698,59 @@ fn managed_memory_handed_out_counts_against_what_is_free() {
     drop(first);
     let second = other.alloc_managed::<u8>("m-second", part).unwrap();
     assert_eq!(second.len(), part);
+}
+
+/// The driver's free memory on the current context's device.
+fn device_free_bytes() -> usize {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-pointers are valid locals; the caller made a context current.
+    unsafe {
+        cuda_hal::cuda_sys::driver()
+            .unwrap()
+            .cuMemGetInfo(&mut free, &mut total)
+    }
+    .unwrap();
+    free
+}
+
+/// Device buffers freed into the block cache and the pool (phase 3) stay reserved, and the
+/// driver counts them as used: a managed request that fits once they are given back is
+/// served, as without phase 3. (Before, it failed with `OutOfMemory` in every phase-3
+/// build: only device allocations trimmed and retried.)
+#[test]
+fn a_managed_request_trims_memory_freed_device_buffers_hold() {
+    let Some(hal) = gpu_exclusive() else { return };
+    hal.synchronize().unwrap(); // binds the HAL's context on this thread
+    let part = device_free_bytes() / 10 * 6;
+    drop(hal.alloc::<u8>("device", part).unwrap());
+    let m = hal.alloc_managed::<u8>("managed", part).unwrap();
+    assert_eq!(m.len(), part);
+    drop(m);
+    // Another HAL of the device holding the freed memory: trimmed too.
+    let other = CudaHal::new(0).unwrap();
+    drop(other.alloc::<u8>("other-device", part).unwrap());
+    let m = hal.alloc_managed::<u8>("managed-again", part).unwrap();
+    assert_eq!(m.len(), part);
+}
+
+/// Two HALs of one device: memory one freed into its cache and pool is trimmed when the
+/// other runs out, as its own would be. (Before, only the asking HAL's pool was trimmed,
+/// and the request failed with `OutOfMemory` in every phase-3 build.)
+#[test]
+fn a_hal_out_of_memory_trims_the_other_hals_of_its_device() {
+    let Some(a) = gpu_exclusive() else { return };
+    a.synchronize().unwrap();
+    let b = CudaHal::new(0).unwrap();
+    let part = device_free_bytes() / 10 * 6;
+    drop(a.alloc::<u32>("a-column", part / 4).unwrap());
+    let got = b.alloc::<u32>("b-column", part / 4).unwrap();
+    got.fill(5).unwrap();
+    assert_eq!(got.get_at(part / 4 - 1).unwrap(), 5);
+    // And back: `a` gets its memory again once `b` lets it go.
+    drop(got);
+    let again = a.alloc::<u32>("a-column", part / 4).unwrap();
+    assert_eq!(again.len(), part / 4);
+    assert!(a.poisoned().is_none() && b.poisoned().is_none());
 }
 
 /// Elements aligned past what the driver promises managed memory (256 bytes) are refused:
