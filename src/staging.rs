@@ -189,12 +189,16 @@ impl StagingPool {
     }
 
     /// Takes between 1 and `want` slots: idle free ones first (no copy of theirs still
-    /// queued), new ones while under the bound, then free ones whose copies are still
-    /// queued, oldest first (the worker waits for them), else waits for one to come back.
-    /// A slot whose copy is still queued is taken only when the pool cannot grow: its copy
-    /// may sit behind a long kernel, and waiting for it would make an upload wait for the
-    /// device's whole backlog. The context is current.
-    fn take(&self, want: usize) -> Result<Vec<Slot>> {
+    /// queued), then for an upload (`upload`) new ones while under the bound before free
+    /// ones whose copies are still queued (oldest first: the worker waits for them), for a
+    /// download the other way round; else waits for one to come back.
+    ///
+    /// An upload writes a slot on the host, so it must wait for the slot's last copy, which
+    /// may sit behind a long kernel: taking a busy slot would make it wait for the device's
+    /// whole backlog. A download's copies into its slots queue on the same stream after
+    /// those copies anyway: a busy slot costs it nothing, and new pinned memory would.
+    /// The context is current.
+    fn take(&self, want: usize, upload: bool) -> Result<Vec<Slot>> {
         let mut got = Vec::with_capacity(want);
         let mut guard = self.free.lock();
         loop {
@@ -206,6 +210,9 @@ impl StagingPool {
                     self.reuses.fetch_add(1, Relaxed);
                     got.push(guard.0.remove(i));
                 }
+            }
+            if !upload {
+                self.take_busy(&mut guard, &mut got, want);
             }
             let can_grow = (want - got.len()).min(self.cfg.max_slots - guard.1);
             if can_grow > 0 {
@@ -242,17 +249,22 @@ impl StagingPool {
                 }
                 return Ok(got);
             }
-            // Slots given back are appended: the first ones' copies were queued earliest.
-            let busy = (want - got.len()).min(guard.0.len());
-            if busy > 0 {
-                self.reuses.fetch_add(busy as u64, Relaxed);
-                got.extend(guard.0.drain(..busy));
-            }
+            self.take_busy(&mut guard, &mut got, want);
             if !got.is_empty() {
                 return Ok(got);
             }
             self.waits.fetch_add(1, Relaxed);
             self.returned.wait(&mut guard);
+        }
+    }
+
+    /// Moves free slots (whose copies may still be queued) into `got`, up to `want`, the
+    /// oldest first: slots given back are appended, so the first were queued earliest.
+    fn take_busy(&self, free: &mut (Vec<Slot>, usize), got: &mut Vec<Slot>, want: usize) {
+        let busy = want.saturating_sub(got.len()).min(free.0.len());
+        if busy > 0 {
+            self.reuses.fetch_add(busy as u64, Relaxed);
+            got.extend(free.0.drain(..busy));
         }
     }
 
@@ -273,7 +285,7 @@ impl StagingPool {
         src: &[u8],
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        self.run(ctx, src.len(), on_start, |slots, chunks| {
+        self.run(ctx, src.len(), true, on_start, |slots, chunks| {
             upload_worker(stream, dst, src, self.cfg, slots, chunks)
         })
     }
@@ -292,7 +304,7 @@ impl StagingPool {
         let len = dst.len();
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
-        self.run(ctx, len, on_start, |slots, chunks| {
+        self.run(ctx, len, false, on_start, |slots, chunks| {
             let mine: Vec<(usize, &mut [u8])> = {
                 let mut all = pieces.lock();
                 chunks
@@ -304,11 +316,13 @@ impl StagingPool {
     }
 
     /// Splits `bytes` into chunks and runs `work` for each worker with its slots and its
-    /// chunk indices (worker w gets chunks w, w + n, w + 2n, ...).
+    /// chunk indices (worker w gets chunks w, w + n, w + 2n, ...). `upload`: the slots are
+    /// written on the host (see [`StagingPool::take`]).
     fn run<F>(
         &self,
         ctx: &PrimaryContext,
         bytes: usize,
+        upload: bool,
         on_start: &dyn Fn() -> Result<()>,
         work: F,
     ) -> Result<()>
@@ -320,7 +334,7 @@ impl StagingPool {
         let per_worker = if chunks > 1 { 2 } else { 1 };
         // New slots are made in the current context, and this thread may run workers.
         ctx.bind()?;
-        let mut slots = self.take(workers * per_worker)?;
+        let mut slots = self.take(workers * per_worker, upload)?;
         if let Err(e) = on_start() {
             self.give_back(slots);
             return Err(e);
