@@ -645,10 +645,19 @@ fn back_to_back_uploads_do_not_wait_for_the_devices_backlog() {
     f.copy_from_pinned(&p).unwrap();
     let still_running = !busy.is_complete().unwrap();
     hal.synchronize().unwrap();
-    assert!(
-        still_running,
-        "an upload waited for the kernel queued before it (or the kernel ran under a few ms)"
-    );
+    let under_a_tool = std::env::vars_os().any(|(k, _)| {
+        k == "CUDA_INJECTION64_PATH" || k.to_string_lossy().starts_with("NV_SANITIZER_")
+    });
+    if under_a_tool {
+        // Under compute-sanitizer (or another injected tool) a launch returns once its
+        // kernel is done: the order of events says nothing there.
+        println!("not asserted under an injected tool: the kernel ran before the uploads");
+    } else {
+        assert!(
+            still_running,
+            "an upload waited for the kernel queued before it (or the kernel ran under a few ms)"
+        );
+    }
     for buf in [&a, &b, &e, &f] {
         assert_eq!(buf.to_vec().unwrap(), x, "{}", buf.name());
     }
