@@ -148,6 +148,26 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
         bytes as i64,
         "-",
     );
+    // A medium transfer, where what a transfer costs besides its copies shows: 4 MiB is two
+    // chunks, so two workers.
+    let small = 4 * MIB;
+    let sdev = hal.alloc::<u32>("dev-4MiB", small / 4).unwrap();
+    let sraw = sdev.device_ptr_mut().unwrap().addr;
+    hal.synchronize().unwrap();
+    let sfloor = pinned_copy_floor(stream, floor_mem.as_ptr(), sraw, small, true);
+    let shost = vec![7u32; small / 4];
+    let staged_small = median_us(20, 400, || {
+        sdev.upload_async(&shost).unwrap();
+        hal.synchronize().unwrap();
+    });
+    row(
+        "staged upload 4 MiB (phase 4 path, + sync)",
+        staged_small,
+        "pinned H2D 4 MiB",
+        sfloor,
+        small as i64,
+        "-",
+    );
     let saving = staged - t;
     info(&format!(
         "cuMemHostRegister 64 MiB: {reg_us:.0} us + unregister {unreg_us:.0} us; saves {saving:.0} us per upload, so it wins after {:.1} uploads of the same buffer",

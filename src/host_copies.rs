@@ -176,17 +176,42 @@ impl HostCopies {
         }
     }
 
-    /// Keeps `b` for reuse if the cache stays within its limit; frees it otherwise.
+    /// Keeps `b` for reuse if the cache stays within its limit, making room by freeing
+    /// kept copies of other sizes (the largest first) if need be; frees `b` otherwise. A
+    /// prover whose buffer sizes change keeps copies of the sizes it uses now.
     pub(crate) fn give(&self, mut b: HostBytes) {
         b.zeroed = false;
+        let len = b.len();
+        let mut evicted = Vec::new();
         let mut k = self.kept.lock();
-        if k.bytes + b.len() <= self.limit {
-            k.bytes += b.len();
-            k.by_len.entry(b.len()).or_default().push(b);
-            return;
+        if len <= self.limit && k.bytes + len > self.limit {
+            let mut others: Vec<usize> = k.by_len.keys().copied().filter(|&l| l != len).collect();
+            others.sort_unstable_by(|a, b| b.cmp(a));
+            for other in others {
+                while k.bytes + len > self.limit {
+                    let Some(c) = k.by_len.get_mut(&other).and_then(|v| v.pop()) else {
+                        break;
+                    };
+                    k.bytes -= c.len();
+                    evicted.push(c);
+                }
+                if k.by_len.get(&other).is_some_and(|v| v.is_empty()) {
+                    k.by_len.remove(&other);
+                }
+                if k.bytes + len <= self.limit {
+                    break;
+                }
+            }
         }
-        drop(k);
-        drop(b); // (freed outside the lock)
+        if k.bytes + len <= self.limit {
+            k.bytes += len;
+            k.by_len.entry(len).or_default().push(b);
+            drop(k);
+        } else {
+            drop(k);
+            drop(b);
+        }
+        drop(evicted); // (freed outside the lock)
     }
 
     /// Frees every host copy kept.
@@ -235,13 +260,33 @@ mod tests {
             again.zero(0..2);
             assert_eq!(again.range(0..4), &[0, 0, 7, 7]);
         }
-        // Past the limit: freed, not kept.
+        // Past the limit: copies of other sizes make room, the largest first; a copy
+        // larger than the limit is freed, not kept.
         cache.give(again);
         cache.give(HostBytes::new(8192).unwrap());
+        assert_eq!(cache.stats().kept_bytes, 3 * 4096);
         cache.give(HostBytes::new(4096).unwrap());
         let s = cache.stats();
-        assert_eq!(s.kept_bytes, 3 * 4096, "the 4 KiB one did not fit");
+        assert_eq!(
+            s.kept_bytes,
+            2 * 4096,
+            "the 8 KiB one made room for the 4 KiB one"
+        );
         assert_eq!((s.made, s.reused), (2, 1));
+        assert!(
+            cache.take(8192).is_ok_and(|b| b.zeroed),
+            "the 8 KiB one is gone"
+        );
+        let (x, y) = (cache.take(4096).unwrap(), cache.take(4096).unwrap());
+        assert!(!x.zeroed && !y.zeroed, "both 4 KiB ones were kept");
+        cache.give(x);
+        cache.give(y);
+        cache.give(HostBytes::new(4 * 4096).unwrap());
+        assert_eq!(
+            cache.stats().kept_bytes,
+            2 * 4096,
+            "larger than the limit: freed"
+        );
         cache.clear();
         assert_eq!(cache.stats().kept_bytes, 0);
         let none = HostCopies::new(0);

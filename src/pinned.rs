@@ -368,19 +368,38 @@ impl PinnedPool {
         Some(free.0.remove(pos))
     }
 
-    /// Returns a block; its pending copy is waited for before reuse or release.
+    /// Returns a block; its pending copy is waited for before reuse or release. Where it
+    /// does not fit beside the blocks kept, idle blocks of other sizes are freed to make
+    /// room, the oldest first: a prover whose sizes change keeps blocks of the sizes it
+    /// uses now, rather than pinning and freeing one on every call.
     pub(crate) fn give(&self, mut block: PinnedBlock) {
         let size = block.mem.len();
+        let mut evicted = Vec::new();
         let mut free = self.free.lock();
+        if size <= self.limit && free.1 + size > self.limit {
+            let mut i = 0;
+            while free.1 + size > self.limit && i < free.0.len() {
+                if free.0[i].mem.len() != size && free.0[i].is_idle() {
+                    let b = free.0.remove(i);
+                    free.1 -= b.mem.len();
+                    evicted.push(b);
+                } else {
+                    i += 1;
+                }
+            }
+        }
         if free.1 + size <= self.limit {
             free.1 += size;
             free.0.push(block);
-            return;
+            drop(free);
+        } else {
+            drop(free);
+            if let Err(e) = block.settle() {
+                log::warn!("waiting for a pinned block's last copy: {e}");
+            }
         }
-        drop(free);
-        if let Err(e) = block.settle() {
-            log::warn!("waiting for a pinned block's last copy: {e}");
-        }
+        // Freed outside the lock (the evicted blocks are idle).
+        drop(evicted);
     }
 
     pub(crate) fn stats(&self) -> PinnedPoolStats {

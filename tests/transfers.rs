@@ -667,3 +667,42 @@ fn back_to_back_uploads_do_not_wait_for_the_devices_backlog() {
     p.host_mut().unwrap()[0] = 1;
     assert_eq!(e.get_at(0).unwrap(), x[0]);
 }
+
+/// The pinned pool keeps blocks of the sizes in use now: a block that does not fit beside
+/// the kept ones makes room by freeing idle blocks of other sizes. Before, two blocks of an
+/// earlier size filled the pool for good, and every later read of another size pinned a
+/// block and freed it again (`cuMemHostAlloc` and `cuMemFreeHost` on every call).
+#[test]
+fn the_pinned_pool_keeps_the_sizes_in_use_now() {
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: MIB,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let (big, small) = (
+        hal.alloc::<u32>("big", MIB / 8).unwrap(),
+        hal.alloc::<u32>("small", MIB / 16).unwrap(),
+    );
+    big.fill(1).unwrap();
+    small.fill(2).unwrap();
+    // Two 512 KiB blocks in flight at once, then both kept: the pool is full.
+    let (r1, r2) = (big.read_async().unwrap(), big.read_async().unwrap());
+    assert_eq!((r1.wait().unwrap()[0], r2.wait().unwrap()[0]), (1, 1));
+    assert_eq!(hal.stats().unwrap().pinned.cached_bytes, MIB as u64);
+    let before = hal.stats().unwrap().pinned;
+    for _ in 0..3 {
+        small.fill(2).unwrap(); // the host copy is stale: the read goes through a block
+        assert_eq!(small.read_async().unwrap().wait().unwrap()[0], 2);
+    }
+    let after = hal.stats().unwrap().pinned;
+    assert_eq!(
+        (after.misses - before.misses, after.hits - before.hits),
+        (1, 2),
+        "one 256 KiB block made, then reused: {before:?} -> {after:?}"
+    );
+    assert!(after.cached_bytes <= MIB as u64);
+}
