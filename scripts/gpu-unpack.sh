@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Unpacks the executables that scripts/gpu-pack.sh gzipped (so that the bundle fits one
+# Unpacks the executables that scripts/gpu-pack.sh compressed (so that the bundle fits one
 # 64 MiB carry), ON THE GPU MACHINE. Called by gpu-run.sh and gpu-sanitize.sh; a second
 # call finds nothing to do.
 #
@@ -12,6 +12,17 @@ while IFS= read -r -d '' gz; do
   gzip -d -f "$gz"
   chmod +x "${gz%.gz}"
 done < <(find "$bundle" -type f -name '*.gz' -print0)
+# The executables gpu-pack.sh compressed with xz, through Python's lzma (the machine may
+# have no xz).
+find "$bundle" -type f -name '*.xz' ! -name 'doctests.tar.xz' -print0 | python3 -c '
+import lzma, os, shutil, sys
+for path in filter(None, sys.stdin.buffer.read().split(b"\0")):
+    out = path[:-3]
+    with lzma.open(path) as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod(out, 0o755)
+    os.remove(path)
+'
 # The doc examples: <bundle>/doctests/<source file and line>/rust_out. Python's tarfile,
 # in case the machine has no xz.
 if [ -f "$bundle/doctests.tar.xz" ]; then
