@@ -1,8 +1,7 @@
 //! Phase 4: host<->device copies staged through reused pinned memory.
 //!
-//! A transfer is cut into chunks of `chunk_bytes` (a medium one into smaller chunks, one
-//! per worker). Workers (for a transfer of more than one chunk, tasks on the process's
-//! staging threads) take chunks round-robin; each owns two pinned slots and
+//! A transfer is cut into chunks of `chunk_bytes`. Workers (the calling thread plus scoped
+//! threads for large transfers) take chunks round-robin; each owns two pinned slots and
 //! double-buffers: while the copy engine moves one slot, the worker fills or drains the
 //! other with a host memcpy. Slots come from a bounded pool allocated once and reused, so
 //! no `cuMemHostAlloc` happens per copy. Each slot carries an event recorded after its last
@@ -16,29 +15,6 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
 use crate::Result;
-
-/// The process's staging threads, started on first use and kept: a transfer hands its
-/// workers to them rather than starting threads of its own (78 us to start and join two
-/// threads on the development VM, 930 us for sixteen). Their own pool, not rayon's global
-/// one: workers block on copies, and a prover's own parallel code must not wait behind
-/// them. `None` where the OS would not start them.
-fn staging_threads() -> Option<&'static rayon::ThreadPool> {
-    static THREADS: once_cell::sync::OnceCell<Option<rayon::ThreadPool>> =
-        once_cell::sync::OnceCell::new();
-    THREADS
-        .get_or_init(|| {
-            let n = std::thread::available_parallelism().map_or(16, |n| n.get().max(16));
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .thread_name(|i| format!("cuda-hal-staging-{i}"))
-                .build()
-                .inspect_err(|e| {
-                    log::warn!("no staging threads ({e}): transfers run on the caller's thread")
-                })
-                .ok()
-        })
-        .as_ref()
-}
 
 /// Sizes of the staging pool.
 ///
@@ -55,8 +31,7 @@ fn staging_threads() -> Option<&'static rayon::ThreadPool> {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Bytes per pinned slot, the largest unit of one DMA (a transfer of less than a chunk
-    /// per worker is split into smaller ones, one per worker).
+    /// Bytes per pinned slot, the unit of one DMA.
     pub chunk_bytes: usize,
     /// Most workers (threads) one transfer uses.
     pub workers: usize,
@@ -172,10 +147,6 @@ impl Slot {
         Ok(())
     }
 }
-
-/// The smallest chunk a transfer is split into to share it among workers: below it, a
-/// worker's host copy (about 25 us at 10 GB/s) would cost little more than handing it out.
-const MIN_SPLIT: usize = 256 << 10;
 
 /// The bounded pool of pinned slots of one HAL.
 pub(crate) struct StagingPool {
@@ -304,15 +275,6 @@ impl StagingPool {
         self.returned.notify_all();
     }
 
-    /// The chunk size of a transfer of `bytes`: `chunk_bytes`, or, for a transfer of less
-    /// than a chunk per worker, its bytes shared out among the workers (in 4 KiB steps, at
-    /// least [`MIN_SPLIT`]), so that a medium transfer's host copies run on every worker
-    /// too: a 4 MiB upload took 3.5 times the pinned copy's time in two 2 MiB chunks.
-    fn chunk_for(&self, bytes: usize) -> usize {
-        let shared = bytes.div_ceil(self.cfg.workers).next_multiple_of(4096);
-        shared.clamp(MIN_SPLIT.min(self.cfg.chunk_bytes), self.cfg.chunk_bytes)
-    }
-
     /// Uploads `src` to `dst` on `stream`. Returns once every byte is in pinned memory and
     /// its copy is queued; the caller's slice is then free.
     pub(crate) fn upload(
@@ -323,9 +285,8 @@ impl StagingPool {
         src: &[u8],
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let chunk = self.chunk_for(src.len());
-        self.run(ctx, src.len(), chunk, true, on_start, |slots, chunks| {
-            upload_worker(stream, dst, src, chunk, self.cfg, slots, chunks)
+        self.run(ctx, src.len(), true, on_start, |slots, chunks| {
+            upload_worker(stream, dst, src, self.cfg, slots, chunks)
         })
     }
 
@@ -338,19 +299,19 @@ impl StagingPool {
         src: CUdeviceptr,
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let chunk = self.chunk_for(dst.len());
+        let chunk = self.cfg.chunk_bytes;
         // Split dst into per-chunk pieces so each worker owns the chunks it writes.
         let len = dst.len();
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
-        self.run(ctx, len, chunk, false, on_start, |slots, chunks| {
+        self.run(ctx, len, false, on_start, |slots, chunks| {
             let mine: Vec<(usize, &mut [u8])> = {
                 let mut all = pieces.lock();
                 chunks
                     .filter_map(|c| Some((c, all.get_mut(c)?.take()?)))
                     .collect()
             };
-            download_worker(stream, src, chunk, self.cfg, slots, mine)
+            download_worker(stream, src, self.cfg, slots, mine)
         })
     }
 
@@ -361,7 +322,6 @@ impl StagingPool {
         &self,
         ctx: &PrimaryContext,
         bytes: usize,
-        chunk: usize,
         upload: bool,
         on_start: &dyn Fn() -> Result<()>,
         work: F,
@@ -369,10 +329,9 @@ impl StagingPool {
     where
         F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>) -> Result<()> + Sync,
     {
-        let chunks = bytes.div_ceil(chunk).max(1);
+        let chunks = bytes.div_ceil(self.cfg.chunk_bytes).max(1);
         let workers = self.cfg.workers.min(chunks);
-        // Two slots each to double-buffer a worker's chunks; one where it has one chunk.
-        let per_worker = if chunks > workers { 2 } else { 1 };
+        let per_worker = if chunks > 1 { 2 } else { 1 };
         // New slots are made in the current context, and this thread may run workers.
         ctx.bind()?;
         let mut slots = self.take(workers * per_worker, upload)?;
@@ -397,34 +356,32 @@ impl StagingPool {
                 };
                 work(group, (w..chunks).step_by(workers))
             };
-            let results: Mutex<Vec<Result<()>>> = Mutex::new(Vec::with_capacity(groups.len()));
-            match staging_threads() {
-                Some(pool) => pool.scope(|s| {
-                    for w in 0..groups.len() {
-                        let (run, results) = (&run, &results);
-                        s.spawn(move |_| {
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                ctx.bind()?;
-                                run(w)
-                            }))
-                            .unwrap_or_else(|_| {
-                                Err(crate::Error::InvalidArgument(
-                                    "a staging worker panicked".into(),
-                                ))
-                            });
-                            results.lock().push(r);
-                        });
+            std::thread::scope(|s| {
+                let mut handles = Vec::new();
+                let mut here = Vec::new();
+                let run = &run;
+                for w in 0..groups.len() {
+                    let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
+                        ctx.bind()?;
+                        run(w)
+                    });
+                    match spawned {
+                        Ok(h) => handles.push(h),
+                        // The OS would not start a thread (a thread limit): this thread runs
+                        // that worker's chunks instead, so the transfer still completes.
+                        Err(_) => here.push(w),
                     }
-                }),
-                // No staging threads (the OS would not start them): this thread runs every
-                // worker's chunks, one worker after another, so the transfer still completes.
-                None => (0..groups.len()).for_each(|w| results.lock().push(run(w))),
-            }
-            results
-                .into_inner()
-                .into_iter()
-                .collect::<Result<Vec<()>>>()
-                .map(|_| ())
+                }
+                let mut results: Vec<Result<()>> = here.into_iter().map(run).collect();
+                results.extend(handles.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(crate::Error::InvalidArgument(
+                            "a staging worker panicked".into(),
+                        ))
+                    })
+                }));
+                results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+            })
         };
         self.give_back(slots);
         result
@@ -435,12 +392,12 @@ fn upload_worker(
     stream: &Stream,
     dst: CUdeviceptr,
     src: &[u8],
-    chunk: usize,
     cfg: StagingConfig,
     slots: &mut [Slot],
     chunks: impl Iterator<Item = usize>,
 ) -> Result<()> {
     let d = crate::driver::api()?;
+    let chunk = cfg.chunk_bytes;
     for (i, c) in chunks.enumerate() {
         let start = c * chunk;
         if start >= src.len() {
@@ -472,12 +429,12 @@ fn upload_worker(
 fn download_worker(
     stream: &Stream,
     src: CUdeviceptr,
-    chunk: usize,
     cfg: StagingConfig,
     slots: &mut [Slot],
     mine: Vec<(usize, &mut [u8])>,
 ) -> Result<()> {
     let d = crate::driver::api()?;
+    let chunk = cfg.chunk_bytes;
     let n = slots.len();
     let enqueue = |slot: &mut Slot, c: usize, len: usize| -> Result<()> {
         slot.settle()?;
@@ -527,39 +484,6 @@ mod tests {
             "every worker can double-buffer"
         );
         assert_eq!(c.chunk_bytes % 4096, 0);
-    }
-
-    #[test]
-    fn a_medium_transfer_is_shared_out_among_the_workers() {
-        const KIB: usize = 1 << 10;
-        let pool = |workers, chunk_bytes| {
-            StagingPool::new(StagingConfig {
-                workers,
-                chunk_bytes,
-                ..StagingConfig::default()
-            })
-        };
-        let p = pool(16, 2048 * KIB);
-        assert_eq!(p.chunk_for(64 << 20), 2048 * KIB, "large: whole chunks");
-        assert_eq!(
-            p.chunk_for(4 << 20),
-            256 * KIB,
-            "4 MiB: 16 chunks, one a worker"
-        );
-        assert_eq!(p.chunk_for(6 << 20), 384 * KIB);
-        assert_eq!(p.chunk_for(1 << 20), 256 * KIB, "no smaller than 256 KiB");
-        assert_eq!(p.chunk_for(100), 256 * KIB, "one chunk");
-        assert_eq!(p.chunk_for((4 << 20) + 1), 260 * KIB, "in 4 KiB steps");
-        assert_eq!(
-            pool(1, 2048 * KIB).chunk_for(4 << 20),
-            2048 * KIB,
-            "one worker"
-        );
-        assert_eq!(
-            pool(16, 64 * KIB).chunk_for(4 << 20),
-            64 * KIB,
-            "never past a slot"
-        );
     }
 
     #[test]
