@@ -15,7 +15,15 @@ int cuDeviceGetCount(int *n) { *n = 0; return 100; /* CUDA_ERROR_NO_DEVICE */ }
 int cuEventElapsedTime(float *ms, void *start, void *end) { *ms = 2.5f; return 0; }
 "#;
 
+/// The stand-in, built once per test process: tests run on threads of one process, and two
+/// building the same file at once let one `dlopen` it half written ("file too short", seen
+/// in CI).
 fn build_fake_driver() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(compile_fake_driver).clone()
+}
+
+fn compile_fake_driver() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cuda-sys-fake-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("fake.c");
