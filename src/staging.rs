@@ -202,14 +202,16 @@ impl StagingPool {
         let mut got = Vec::with_capacity(want);
         let mut guard = self.free.lock();
         loop {
-            // The newest idle slots first (their pages are the likeliest still cached).
-            let mut i = guard.0.len();
-            while got.len() < want && i > 0 {
-                i -= 1;
-                if guard.0[i].is_idle() {
-                    self.reuses.fetch_add(1, Relaxed);
-                    got.push(guard.0.remove(i));
-                }
+            // Idle slots, asked about from the oldest: every staging copy runs on the HAL's
+            // main stream, so they complete about in the order the slots came back, and
+            // the first still busy ends the questions (a deep backlog costs one, not one a
+            // slot, under the lock).
+            let idle = guard.0.iter_mut().position(|s| !s.is_idle());
+            let idle = idle.unwrap_or(guard.0.len());
+            let n = idle.min(want - got.len());
+            if n > 0 {
+                self.reuses.fetch_add(n as u64, Relaxed);
+                got.extend(guard.0.drain(..n));
             }
             if !upload {
                 self.take_busy(&mut guard, &mut got, want);
