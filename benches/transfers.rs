@@ -208,6 +208,68 @@ fn async_reads(hal: &CudaHal, stream: &Stream) {
         assert_eq!(one.read_async().unwrap().wait().unwrap()[0], 9);
     });
     row("read_async + wait, 4 B", t, "cuMemcpyDtoH 4 B", f4, 4, "-");
+    drop((b, floor_mem));
+    read_past_the_pinned_pool(stream);
+}
+
+/// A 256 MiB read with a 64 MiB pinned pool: it lands in its result, registered for the
+/// copy. Against the pinned floor, and against what it replaces, timed raw: a pinned block
+/// of the read's own size allocated, copied into, copied out of into a new `Vec` by 16
+/// threads (as the crate copies out), and freed.
+fn read_past_the_pinned_pool(stream: &Stream) {
+    let bytes = 256 * MIB;
+    let n = bytes / 4;
+    let config = HalConfig {
+        pinned_pool_bytes: 64 * MIB,
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    let b = hal.copy_from("b", &vec![5u32; n]).unwrap();
+    let raw = b.device_ptr().unwrap().addr;
+    hal.synchronize().unwrap();
+    let floor_mem = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
+    let floor = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, bytes, false);
+    drop(floor_mem);
+    let t = median_us(5, 3000, || {
+        let _ = b.device_ptr_mut().unwrap();
+        let v = b.read_async().unwrap().wait().unwrap();
+        assert_eq!(v[n - 1], 5);
+    });
+    let replaced = median_us(5, 3000, || {
+        let block = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
+        // SAFETY: the block holds `bytes`; `raw` is a live allocation of `bytes`.
+        unsafe {
+            d().cuMemcpyDtoHAsync(block.as_ptr().cast(), raw, bytes, stream.raw())
+                .unwrap();
+            d().cuStreamSynchronize(stream.raw()).unwrap();
+        }
+        let mut v = vec![0u32; n];
+        // SAFETY: the block's `bytes` bytes were written by the copy just synchronised.
+        let src = unsafe { std::slice::from_raw_parts(block.as_ptr(), bytes) };
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(bytes / 16).zip(src.chunks(bytes / 16)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        });
+        assert_eq!(v[n - 1], 5);
+    });
+    row(
+        "read_async + wait, 256 MiB past the pinned pool (registered result)",
+        t,
+        "pinned D2H 256 MiB",
+        floor,
+        bytes as i64,
+        "-",
+    );
+    info(&format!(
+        "read past the pinned pool: {:.1} ms; a pinned block of its own per read, raw: {:.1} ms ({:.2}x)",
+        t / 1e3,
+        replaced / 1e3,
+        replaced / t
+    ));
+    let p = hal.stats().unwrap().pinned;
+    info(&format!("read past the pinned pool: pinned pool {p:?}"));
 }
 
 fn coalescing(hal: &CudaHal) {

@@ -505,7 +505,8 @@ impl Batch<'_> {
         spans.sort_unstable_by_key(|(r, _)| r.start);
         for run in copy_runs(&spans, &taken) {
             let (start, end) = (run[0].0.start, run[run.len() - 1].0.end);
-            region.upload_layout(start - base, end - start, |staged| pack(staged, start, run))?;
+            let fill = |at: usize, out: &mut [u8]| pack(out, start + at, run);
+            region.upload_layout(start - base, end - start, &fill)?;
         }
         Ok(views)
     }
@@ -545,17 +546,23 @@ fn copy_runs<'a, S>(
     runs
 }
 
-/// Writes every byte of `staged`, which stands for the region's bytes from `start`: each
-/// span's bytes at its range, and zeros in the gaps between spans (alignment). One pass
-/// over the block: it is reused pinned memory, so what a span does not cover would
-/// otherwise be another batch's bytes. The spans are sorted and do not overlap.
+/// Writes every byte of `staged`, which stands for the region's bytes from `start`: the
+/// part of each span's bytes that falls in that window at its place, and zeros between
+/// (alignment gaps). One pass over the window: it is reused pinned memory, so what a span
+/// does not cover would otherwise be another batch's bytes. The spans are sorted and do
+/// not overlap; a large upload packs its runs window by window, on several threads.
 fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])]) {
+    let end = start + staged.len();
+    let first = spans.partition_point(|(r, _)| r.end <= start);
     let mut at = 0;
-    for (r, bytes) in spans {
-        let r = r.start - start..r.end - start;
-        staged[at..r.start].fill(0);
-        staged[r.clone()].copy_from_slice(bytes);
-        at = r.end;
+    for (r, bytes) in &spans[first..] {
+        if r.start >= end {
+            break;
+        }
+        let (lo, hi) = (r.start.max(start), r.end.min(end));
+        staged[at..lo - start].fill(0);
+        staged[lo - start..hi - start].copy_from_slice(&bytes[lo - r.start..hi - r.start]);
+        at = hi - start;
     }
     staged[at..].fill(0);
 }
@@ -625,5 +632,49 @@ mod tests {
             &[(0..2, &[9u8, 8][..]), (2..6, &[7u8; 4][..])],
         );
         assert_eq!(staged, [9, 8, 7, 7, 7, 7]);
+    }
+
+    #[test]
+    fn a_window_gets_only_the_bytes_that_fall_in_it() {
+        let (a, b) = ([1u8, 2, 3, 4], [5u8, 6]);
+        let spans = [(2..6, &a[..]), (8..10, &b[..])];
+        let mut staged = vec![0xEEu8; 5];
+        // The run's bytes 4..9: the end of `a`, a gap, the start of `b`.
+        pack(&mut staged, 4, &spans);
+        assert_eq!(staged, [3, 4, 0, 0, 5]);
+        let mut past = vec![0xEEu8; 3];
+        pack(&mut past, 10, &spans);
+        assert_eq!(past, [0, 0, 0], "a window past every span is zeros");
+    }
+
+    proptest::proptest! {
+        /// A large upload packs its run window by window, on several threads: whatever the
+        /// windows, together they write what one pack of the whole run writes.
+        #[test]
+        fn packing_in_windows_writes_what_one_pack_writes(
+            lens in proptest::collection::vec((0usize..40, 0usize..12), 1..8),
+            window in 1usize..50,
+        ) {
+            let mut spans = Vec::new();
+            let mut at = 0;
+            let data: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &(len, _))| vec![i as u8 + 1; len])
+                .collect();
+            for (bytes, &(len, gap)) in data.iter().zip(&lens) {
+                at += gap;
+                spans.push((at..at + len, &bytes[..]));
+                at += len;
+            }
+            let (start, end) = (spans[0].0.start, spans[spans.len() - 1].0.end);
+            let mut whole = vec![0xEEu8; end - start];
+            pack(&mut whole, start, &spans);
+            let mut windowed = vec![0xEEu8; end - start];
+            for (k, out) in windowed.chunks_mut(window).enumerate() {
+                pack(out, start + k * window, &spans);
+            }
+            proptest::prop_assert_eq!(windowed, whole);
+        }
     }
 }

@@ -986,6 +986,21 @@ impl HalInner {
         self.copied(Dir::H2D, src.len(), r)
     }
 
+    /// Uploads `len` bytes that `fill` writes chunk by chunk through pinned staging (see
+    /// [`StagingPool::upload_filled`]): returns once every chunk is filled and queued.
+    pub(crate) fn upload_staged_filled(
+        &self,
+        dst: CUdeviceptr,
+        len: usize,
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+    ) -> Result<()> {
+        let r = self.timed(Dir::H2D, |start| {
+            self.staging
+                .upload_filled(&self.ctx, &self.stream, dst, len, fill, start)
+        });
+        self.copied(Dir::H2D, len, r)
+    }
+
     /// Copies device bytes to the host; returns when `dst` holds them.
     pub(crate) fn download(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
         let len = dst.len();

@@ -313,6 +313,18 @@ impl PinnedPool {
         }
     }
 
+    /// Whether the pool keeps a block of the size that serves `bytes` when given back;
+    /// else the block is made for the request and freed after it.
+    pub(crate) fn keeps(&self, bytes: usize) -> bool {
+        self.block_size(bytes) <= self.limit
+    }
+
+    /// Whether the pool keeps two blocks of the size that serves `bytes`: one in use by a
+    /// queued copy and one being filled. Larger requests are better served in chunks.
+    pub(crate) fn keeps_two(&self, bytes: usize) -> bool {
+        self.block_size(bytes).saturating_mul(2) <= self.limit
+    }
+
     /// A block of at least `bytes`, ready for the host. The context is current.
     ///
     /// A free block whose last copy has completed is reused. One whose copy is still
@@ -323,7 +335,7 @@ impl PinnedPool {
     /// than the wait.
     pub(crate) fn take(&self, bytes: usize) -> Result<PinnedBlock> {
         let size = self.block_size(bytes);
-        let wait_for_busy = size.saturating_mul(2) > self.limit;
+        let wait_for_busy = !self.keeps_two(bytes);
         if let Some(mut b) = self.take_free(size, !wait_for_busy) {
             self.hits.fetch_add(1, Relaxed);
             b.settle()?;

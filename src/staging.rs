@@ -287,8 +287,28 @@ impl StagingPool {
         src: &[u8],
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        self.run(ctx, src.len(), true, on_start, |slots, chunks| {
-            upload_worker(stream, dst, src, self.cfg, slots, chunks)
+        let streaming = self.cfg.streaming_stores;
+        let fill = |at: usize, out: &mut [u8]| {
+            crate::fastcopy::copy(out, &src[at..at + out.len()], streaming);
+        };
+        self.upload_filled(ctx, stream, dst, src.len(), &fill, on_start)
+    }
+
+    /// Uploads `len` bytes to `dst` on `stream` that `fill(at, out)` writes, chunk by
+    /// chunk: `out` stands for bytes `at..at + out.len()`, and `fill` writes every one of
+    /// them (slots are reused pinned memory). Chunks are filled by several threads at once.
+    /// Returns once every chunk is filled and its copy queued.
+    pub(crate) fn upload_filled(
+        &self,
+        ctx: &PrimaryContext,
+        stream: &Stream,
+        dst: CUdeviceptr,
+        len: usize,
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
+        on_start: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        self.run(ctx, len, true, on_start, |slots, chunks| {
+            upload_worker(stream, dst, len, fill, self.cfg, slots, chunks)
         })
     }
 
@@ -393,7 +413,8 @@ impl StagingPool {
 fn upload_worker(
     stream: &Stream,
     dst: CUdeviceptr,
-    src: &[u8],
+    len: usize,
+    fill: &(dyn Fn(usize, &mut [u8]) + Sync),
     cfg: StagingConfig,
     slots: &mut [Slot],
     chunks: impl Iterator<Item = usize>,
@@ -402,26 +423,17 @@ fn upload_worker(
     let chunk = cfg.chunk_bytes;
     for (i, c) in chunks.enumerate() {
         let start = c * chunk;
-        if start >= src.len() {
+        if start >= len {
             break;
         }
-        let part = &src[start..(start + chunk).min(src.len())];
+        let part = chunk.min(len - start);
         let slot = &mut slots[i % slots.len()];
         slot.settle()?;
-        crate::fastcopy::copy(
-            &mut slot.as_mut_slice()[..part.len()],
-            part,
-            cfg.streaming_stores,
-        );
-        // SAFETY: the slot holds `part.len()` valid bytes and stays untouched by the host
+        fill(start, &mut slot.as_mut_slice()[..part]);
+        // SAFETY: the slot holds `part` bytes `fill` wrote and stays untouched by the host
         // until its event completes; dst + start is inside the destination allocation.
         unsafe {
-            d.cuMemcpyHtoDAsync(
-                dst + start as u64,
-                slot.as_ptr().cast(),
-                part.len(),
-                stream.raw(),
-            )?
+            d.cuMemcpyHtoDAsync(dst + start as u64, slot.as_ptr().cast(), part, stream.raw())?
         };
         slot.queued_on(stream)?;
     }

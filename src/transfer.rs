@@ -16,6 +16,12 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// for it. Errors of the copy surface here. Dropping the handle early is safe: the pinned
 /// destination goes back to the HAL's pool and is reused only after the copy completes.
 ///
+/// A read larger than the blocks the pinned pool keeps (`HalConfig::pinned_pool_bytes`,
+/// 256 MiB by default) lands in its result directly, page-locked for the copy with
+/// `cuMemHostRegister`, rather than pinning and freeing a block of its own size on every
+/// read (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host). Dropping such a
+/// read early waits for its copy.
+///
 /// ```
 /// use cuda_hal::CudaHal;
 /// let Ok(hal) = CudaHal::new(0) else {
@@ -35,11 +41,52 @@ enum ReadState<T> {
     Ready(Vec<T>),
     InFlight {
         hal: Arc<HalInner>,
-        block: Option<PinnedBlock>,
+        landing: Option<Landing<T>>,
         done: Arc<Event>,
         len: usize,
     },
     Taken,
+}
+
+/// Where a read's copy lands.
+enum Landing<T> {
+    /// A block of the pinned pool, copied out when the read is taken.
+    Pinned(PinnedBlock),
+    /// The result itself, registered with `cuMemHostRegister` until the copy is done.
+    Registered(Vec<T>),
+}
+
+impl<T> Landing<T> {
+    /// Gives the landing back once `done` (the copy) completes: a pool block to the pool,
+    /// which waits for it (`Ok(None)`); a registered result is waited for and unregistered
+    /// here (`Ok(Some(result))`). An error if the copy could not be waited for (the
+    /// memory is freed: the context is broken, and no copy runs any more) or the memory
+    /// not unregistered (it is leaked: the copy may still write it). The context is current.
+    fn release(self, hal: &HalInner, done: &Arc<Event>) -> Result<Option<Vec<T>>> {
+        match self {
+            Landing::Pinned(mut b) => {
+                b.set_pending(done.clone());
+                hal.pinned.give(b);
+                Ok(None)
+            }
+            Landing::Registered(mut v) => {
+                let waited = done.synchronize();
+                // SAFETY: `v`'s pointer was registered by `register_result`, and the copy
+                // into it is over (or the context is broken and it never runs).
+                let unregistered = api().and_then(|d| unsafe {
+                    d.cuMemHostUnregister(v.as_mut_ptr().cast())
+                        .map_err(Error::from)
+                });
+                if let Err(e) = unregistered {
+                    log::warn!("unregistering a read's result: {e}; its memory is leaked");
+                    std::mem::forget(v);
+                    return Err(e);
+                }
+                waited?;
+                Ok(Some(v))
+            }
+        }
+    }
 }
 
 impl<T: Pod> PendingRead<T> {
@@ -75,28 +122,36 @@ impl<T: Pod> PendingRead<T> {
             ReadState::Ready(v) => Ok(v),
             ReadState::InFlight {
                 hal,
-                mut block,
+                mut landing,
                 done,
                 len,
             } => {
                 let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
-                let out = r.map(|()| {
-                    let b = block.as_ref().map(|b| b.mem.as_slice()).unwrap_or(&[]);
-                    let mut v = vec![T::zeroed(); len];
-                    // A fresh Vec faults its pages in on first write: copy in parallel.
-                    crate::pipeline::par_copy(
-                        bytemuck::cast_slice_mut::<T, u8>(&mut v),
-                        &b[..len * std::mem::size_of::<T>()],
-                    );
-                    v
-                });
-                if let Some(mut b) = block.take() {
-                    if out.is_err() {
-                        // The copy may still run: the block is reused only after it.
-                        b.set_pending(done);
+                let out = match (r, landing.take()) {
+                    (Ok(()), Some(Landing::Pinned(b))) => {
+                        let mut v = vec![T::zeroed(); len];
+                        // A fresh Vec faults its pages in on first write: copy in parallel.
+                        crate::pipeline::par_copy(
+                            bytemuck::cast_slice_mut::<T, u8>(&mut v),
+                            &b.mem.as_slice()[..len * std::mem::size_of::<T>()],
+                        );
+                        hal.pinned.give(b);
+                        Ok(v)
                     }
-                    hal.pinned.give(b);
-                }
+                    (Ok(()), Some(registered)) => {
+                        let v = hal.guard(registered.release(&hal, &done))?;
+                        Ok(v.unwrap_or_default())
+                    }
+                    // (The landing is taken only here and on drop.)
+                    (Ok(()), None) => Ok(Vec::new()),
+                    (Err(e), landing) => {
+                        // The copy may still run: the landing is released only after it.
+                        if let Some(l) = landing {
+                            let _ = l.release(&hal, &done);
+                        }
+                        Err(e)
+                    }
+                };
                 out
             }
             ReadState::Taken => Err(Error::InvalidArgument(
@@ -149,18 +204,41 @@ impl<T: Pod> PendingRead<T> {
 impl<T> Drop for PendingRead<T> {
     fn drop(&mut self) {
         if let ReadState::InFlight {
-            hal, block, done, ..
+            hal, landing, done, ..
         } = &mut self.state
         {
-            if let Some(mut b) = block.take() {
+            if let Some(l) = landing.take() {
                 // The pool waits for `done` before the block is reused or freed, and frees
                 // it (past its limit) on this thread: its context must be current here.
                 if let Err(e) = hal.ctx.bind() {
                     log::warn!("dropping a pending read: {e}");
                 }
-                b.set_pending(done.clone());
-                hal.pinned.give(b);
+                if let Err(e) = l.release(hal, done) {
+                    log::warn!("dropping a pending read: {e}");
+                }
             }
+        }
+    }
+}
+
+/// A zeroed result of `len` elements, page-locked with `cuMemHostRegister` so that a read's
+/// copy lands in it directly; `None` if the driver will not register it (the caller stages
+/// through the pinned pool instead). Its pages are new (`calloc`): registering faults them
+/// in, which filling a fresh result would do anyway. The context is current.
+fn register_result<T: Pod>(len: usize) -> Option<Vec<T>> {
+    let mut v: Vec<T> = bytemuck::zeroed_vec(len);
+    let bytes = std::mem::size_of_val(v.as_slice());
+    // SAFETY: `v` owns `bytes` bytes; it is unregistered before it is freed or handed to
+    // the caller (`Landing::release`), and its heap memory does not move with the Vec.
+    let r = api().and_then(|d| unsafe {
+        d.cuMemHostRegister(v.as_mut_ptr().cast(), bytes, 0)
+            .map_err(Error::from)
+    });
+    match r {
+        Ok(()) => Some(v),
+        Err(e) => {
+            log::debug!("registering a read's result of {bytes} bytes: {e}; staged instead");
+            None
         }
     }
 }
@@ -215,27 +293,38 @@ impl<T: Pod> Buffer<T> {
         }
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
-        let block = h.guard(h.pinned.take(self.size_bytes()))?;
+        let bytes = self.size_bytes();
+        let mut landing = match h.pinned.keeps(bytes) {
+            true => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
+            false => match register_result::<T>(self.len()) {
+                Some(v) => Landing::Registered(v),
+                None => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
+            },
+        };
+        let at: *mut u8 = match &mut landing {
+            Landing::Pinned(b) => b.mem.as_ptr(),
+            Landing::Registered(v) => v.as_mut_ptr().cast(),
+        };
         let done = h.event()?;
-        // SAFETY: the block has room for size_bytes(); it is handed out again only after
-        // `done` completes (PendingRead and the pool both wait for it).
-        h.guard(unsafe {
-            api()?
-                .cuMemcpyDtoHAsync(
-                    block.mem.as_ptr().cast(),
-                    self.raw_ptr(),
-                    self.size_bytes(),
-                    stream.raw(),
-                )
+        // SAFETY: the landing has room for size_bytes(); it is freed or handed out again
+        // only after `done` completes (`Landing::release`, and the pool, wait for it).
+        let queued =
+            unsafe { api()?.cuMemcpyDtoHAsync(at.cast(), self.raw_ptr(), bytes, stream.raw()) }
                 .map_err(Error::from)
-        })?;
-        h.ledger.copy(Dir::D2H, self.size_bytes());
-        h.record_use(&done, &stream.stream)?;
+                .and_then(|()| h.record_use(&done, &stream.stream));
+        if let Err(e) = queued {
+            // Waits for `done` only if it was recorded (an unrecorded event is complete).
+            if let Err(e) = landing.release(&h, &done) {
+                log::warn!("giving back a failed read's landing: {e}");
+            }
+            return h.guard(Err(e));
+        }
+        h.ledger.copy(Dir::D2H, bytes);
         self.after_on(stream, done.clone(), r, false);
         Ok(PendingRead {
             state: ReadState::InFlight {
                 hal: h,
-                block: Some(block),
+                landing: Some(landing),
                 done,
                 len: self.len(),
             },
@@ -274,14 +363,17 @@ impl<T: Pod> Buffer<T> {
         Ok(())
     }
 
-    /// Uploads `len` bytes at byte `offset` of this buffer from a pinned block that `fill`
-    /// writes, with one copy and no device allocation. `fill` writes every byte: the block
-    /// is reused pinned memory, not zeroed.
+    /// Uploads `len` bytes at byte `offset` of this buffer that `fill(at, out)` writes
+    /// (`out` stands for bytes `at..at + out.len()` of the `len`; `fill` writes every one:
+    /// the pinned memory is reused, not zeroed), with no device allocation. Where the pinned
+    /// pool keeps two blocks of that size, from one block with one copy; else chunk by
+    /// chunk through the staging slots, so that a large upload pins no memory of its own
+    /// (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host).
     pub(crate) fn upload_layout(
         &self,
         offset: usize,
         len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: &(dyn Fn(usize, &mut [u8]) + Sync),
     ) -> Result<()> {
         let h = self.raw().hal().clone();
         h.enter()?;
@@ -293,25 +385,25 @@ impl<T: Pod> Buffer<T> {
             )));
         }
         self.raw().prepare_device_access(r.clone(), true)?;
-        let mut block = h.guard(h.pinned.take(len))?;
-        fill(&mut block.mem.as_mut_slice()[..len]);
-        let done = h.event()?;
-        // SAFETY: the block holds `len` staged bytes and is reused only after `done`; the
-        // destination range lies inside this buffer (checked above).
-        let res = unsafe {
-            api()?.cuMemcpyHtoDAsync(
-                self.raw().base_ptr() + r.start as u64,
-                block.mem.as_ptr().cast(),
-                len,
-                h.stream.raw(),
-            )
+        let dst = self.raw().base_ptr() + r.start as u64;
+        if h.pinned.keeps_two(len) {
+            let mut block = h.guard(h.pinned.take(len))?;
+            fill(0, &mut block.mem.as_mut_slice()[..len]);
+            let done = h.event()?;
+            // SAFETY: the block holds `len` staged bytes and is reused only after `done`;
+            // the destination range lies inside this buffer (checked above).
+            let res = unsafe {
+                api()?.cuMemcpyHtoDAsync(dst, block.mem.as_ptr().cast(), len, h.stream.raw())
+            }
+            .map_err(Error::from)
+            .and_then(|()| h.record_use(&done, &h.stream));
+            h.ledger.copy(Dir::H2D, len);
+            block.set_pending(done);
+            h.pinned.give(block);
+            h.guard(res)?;
+        } else {
+            h.upload_staged_filled(dst, len, fill)?;
         }
-        .map_err(Error::from)
-        .and_then(|()| h.record_use(&done, &h.stream));
-        h.ledger.copy(Dir::H2D, len);
-        block.set_pending(done);
-        h.pinned.give(block);
-        h.guard(res)?;
         self.raw().invalidate_host(r);
         if !PHASES.async_copy {
             h.guard(h.stream.synchronize())?;
