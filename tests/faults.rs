@@ -27,7 +27,7 @@ use common::{Rng, MIB};
 use cuda_hal::cuda_sys::{fault, CUresult};
 use cuda_hal::{
     ops, ArenaLayout, CudaHal, GrowableBuffer, HalConfig, LaunchDims, PinnedFlags, PipelineMode,
-    Result,
+    Result, StagingConfig,
 };
 
 /// The injection state is global: one scenario at a time.
@@ -325,6 +325,40 @@ fn copies_between_hals() {
         let c = hal.alloc::<u32>("c", data.len())?;
         c.copy_from_device_via_host(&b)?;
         assert_eq!(c.get_at(3 * MIB - 1)?, data[3 * MIB - 1]);
+        Ok(())
+    });
+}
+
+/// A read and an arena batch past what a 1 MiB pinned pool keeps: the read lands in its
+/// registered result (a failed registration stages through a pool block instead), the
+/// batch is packed through the staging slots.
+#[test]
+fn reads_and_batches_past_the_pinned_pool() {
+    let Some(_device) = common::gpu() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
+    let config = HalConfig {
+        pinned_pool_bytes: MIB,
+        staging: StagingConfig {
+            chunk_bytes: MIB,
+            workers: 2,
+            max_slots: 4,
+            ..StagingConfig::default()
+        },
+        ..HalConfig::default()
+    };
+    let check = Checks { free_memory: true };
+    let name = "reads and batches past the pinned pool";
+    every_call_of(&ctx, check, &config, name, &|hal| {
+        let data = Rng::new(4).u32s(2 * MIB + 3);
+        let b = hal.copy_from("b", &data)?;
+        assert_eq!(b.read_async()?.wait()?, data);
+        drop(b.read_async()?);
+        let mut arena = hal.batch_arena("arena", 16 * MIB, ArenaLayout::Bump)?;
+        let batch = arena.begin_batch();
+        let v = batch.upload(&[("p", &data[..]), ("q", &data[..5])])?;
+        assert_eq!(v[0].get_at(2 * MIB + 2)?, data[2 * MIB + 2]);
+        assert_eq!(v[1].get_at(4)?, data[4]);
         Ok(())
     });
 }
