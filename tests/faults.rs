@@ -329,9 +329,9 @@ fn copies_between_hals() {
     });
 }
 
-/// A read and an arena batch past what a 1 MiB pinned pool keeps: the read lands in its
-/// registered result (a failed registration stages through a pool block instead), the
-/// batch is packed through the staging slots.
+/// A read, an arena batch and an upload batch past what a 1 MiB pinned pool keeps: the read
+/// lands in its registered result (a failed registration stages through a pool block
+/// instead), the batches go through the staging slots.
 #[test]
 fn reads_and_batches_past_the_pinned_pool() {
     let Some(_device) = common::gpu() else { return };
@@ -359,6 +359,9 @@ fn reads_and_batches_past_the_pinned_pool() {
         let v = batch.upload(&[("p", &data[..]), ("q", &data[..5])])?;
         assert_eq!(v[0].get_at(2 * MIB + 2)?, data[2 * MIB + 2]);
         assert_eq!(v[1].get_at(4)?, data[4]);
+        let (x, y) = (hal.alloc::<u32>("x", data.len())?, hal.alloc::<u32>("y", 7)?);
+        hal.upload_batch(&[(&x, &data[..]), (&y, &data[..7])])?;
+        assert_eq!((x.get_at(2 * MIB)?, y.get_at(6)?), (data[2 * MIB], data[6]));
         Ok(())
     });
 }

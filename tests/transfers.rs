@@ -345,6 +345,54 @@ fn upload_batch_scatters_many_slices_with_one_copy() {
     ));
 }
 
+/// A batch larger than the pinned pool keeps two blocks of goes slice by slice through the
+/// staging slots: before, every such batch pinned a block of its own size and allocated a
+/// device scratch as large.
+#[test]
+fn an_upload_batch_past_the_pinned_pool_pins_no_memory_of_its_own() {
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: MIB,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let mut rng = Rng::new(20);
+    let whole = hal.copy_from("whole", &vec![POISON; MIB + 10]).unwrap();
+    let (a, b) = (
+        whole.slice(0, MIB / 2 + 1).unwrap(),
+        whole.slice(MIB / 2 + 5, MIB / 2).unwrap(),
+    );
+    let first = hal.stats().unwrap().pinned;
+    for round in 0..3 {
+        let (da, db) = (rng.u32s(a.len()), rng.u32s(b.len()));
+        let before = hal.ledger();
+        hal.upload_batch(&[(&a, &da[..]), (&b, &db[..])]).unwrap();
+        let d = hal.ledger().since(&before);
+        assert_eq!(
+            d.driver_allocs + d.pool_allocs + d.cached_allocs,
+            0,
+            "round {round}: no device scratch"
+        );
+        let v = whole.to_vec().unwrap();
+        assert!(v[..a.len()] == da[..] && v[MIB / 2 + 5..MIB + 5] == db[..]);
+        assert_eq!(
+            &v[a.len()..MIB / 2 + 5],
+            &[POISON; 4],
+            "between them untouched"
+        );
+        assert_eq!(&v[MIB + 5..], &[POISON; 5], "after them untouched");
+    }
+    let last = hal.stats().unwrap().pinned;
+    assert_eq!(
+        (last.misses, last.hits),
+        (first.misses, first.hits),
+        "no pinned block per batch"
+    );
+}
+
 #[test]
 fn pipeline_matches_the_cpu_in_both_modes() {
     let Some(hal) = gpu() else { return };
