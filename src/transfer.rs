@@ -302,6 +302,10 @@ impl<T: Pod> Buffer<T> {
         let r = self.byte_range();
         self.access_on(stream, r.clone(), false)?;
         let bytes = self.size_bytes();
+        // First: nothing may fail between registering a result and queueing its copy but
+        // the copy, whose failure gives the landing back (an early return would free a
+        // registered result without unregistering it).
+        let (d, done) = (api()?, h.event()?);
         let mut landing = match h.pinned.keeps(bytes) {
             true => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
             false => match register_result::<T>(self.len()) {
@@ -313,13 +317,11 @@ impl<T: Pod> Buffer<T> {
             Landing::Pinned(b) => b.mem.as_ptr(),
             Landing::Registered(v) => v.as_mut_ptr().cast(),
         };
-        let done = h.event()?;
         // SAFETY: the landing has room for size_bytes(); it is freed or handed out again
         // only after `done` completes (`Landing::release`, and the pool, wait for it).
-        let queued =
-            unsafe { api()?.cuMemcpyDtoHAsync(at.cast(), self.raw_ptr(), bytes, stream.raw()) }
-                .map_err(Error::from)
-                .and_then(|()| h.record_use(&done, &stream.stream));
+        let queued = unsafe { d.cuMemcpyDtoHAsync(at.cast(), self.raw_ptr(), bytes, stream.raw()) }
+            .map_err(Error::from)
+            .and_then(|()| h.record_use(&done, &stream.stream));
         if let Err(e) = queued {
             // Waits for `done` only if it was recorded (an unrecorded event is complete).
             if let Err(e) = landing.release(&h, &done) {

@@ -359,7 +359,10 @@ fn reads_and_batches_past_the_pinned_pool() {
         let v = batch.upload(&[("p", &data[..]), ("q", &data[..5])])?;
         assert_eq!(v[0].get_at(2 * MIB + 2)?, data[2 * MIB + 2]);
         assert_eq!(v[1].get_at(4)?, data[4]);
-        let (x, y) = (hal.alloc::<u32>("x", data.len())?, hal.alloc::<u32>("y", 7)?);
+        let (x, y) = (
+            hal.alloc::<u32>("x", data.len())?,
+            hal.alloc::<u32>("y", 7)?,
+        );
         hal.upload_batch(&[(&x, &data[..]), (&y, &data[..7])])?;
         assert_eq!((x.get_at(2 * MIB)?, y.get_at(6)?), (data[2 * MIB], data[6]));
         Ok(())
