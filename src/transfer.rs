@@ -127,7 +127,7 @@ impl<T: Pod> PendingRead<T> {
                 len,
             } => {
                 let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
-                let out = match (r, landing.take()) {
+                match (r, landing.take()) {
                     (Ok(()), Some(Landing::Pinned(b))) => {
                         let mut v = vec![T::zeroed(); len];
                         // A fresh Vec faults its pages in on first write: copy in parallel.
@@ -143,7 +143,9 @@ impl<T: Pod> PendingRead<T> {
                         Ok(v.unwrap_or_default())
                     }
                     // (The landing is taken only here and on drop.)
-                    (Ok(()), None) => Ok(Vec::new()),
+                    (Ok(()), None) => Err(Error::InvalidArgument(
+                        "the read's data was already taken".into(),
+                    )),
                     (Err(e), landing) => {
                         // The copy may still run: the landing is released only after it.
                         if let Some(l) = landing {
@@ -151,8 +153,7 @@ impl<T: Pod> PendingRead<T> {
                         }
                         Err(e)
                     }
-                };
-                out
+                }
             }
             ReadState::Taken => Err(Error::InvalidArgument(
                 "the read's data was already taken".into(),
