@@ -381,7 +381,10 @@ mod tests {
             assert_eq!(b.range(len / 2..len / 2 + 1), &[1]);
         }
         let grown = resident_bytes().saturating_sub(before);
-        assert!(grown < 64 << 20, "{grown} bytes committed for two touched pages");
+        assert!(
+            grown < 64 << 20,
+            "{grown} bytes committed for two touched pages"
+        );
         drop(b);
         let small = HostBytes::new(MAPPED_BYTES - 1).unwrap();
         assert!(!small.mapped && small.ptr as usize % HOST_ALIGN == 0);

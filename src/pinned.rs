@@ -2,7 +2,7 @@
 //! asynchronous copies, and registration of existing host memory.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -227,6 +227,17 @@ impl<T> Drop for PinnedBuffer<T> {
 pub(crate) struct PinnedBlock {
     pub(crate) mem: PinnedMemory,
     pending: Option<Arc<Event>>,
+    /// While the block is lent out: the pool's count of bytes lent, which it leaves when
+    /// given back or freed.
+    lent: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for PinnedBlock {
+    fn drop(&mut self) {
+        if let Some(lent) = self.lent.take() {
+            lent.fetch_sub(self.mem.len(), Relaxed);
+        }
+    }
 }
 
 impl PinnedBlock {
@@ -280,11 +291,18 @@ pub struct PinnedPoolStats {
     pub cached_bytes: u64,
 }
 
+/// A block given back to a full pool frees idle blocks of other sizes up to this many
+/// times its size to make room, not larger ones.
+const EVICT_RATIO: usize = 4;
+
 /// Reusable pinned blocks in power-of-two sizes (64 KiB and up), bounded in bytes. A
 /// request larger than the pool keeps gets a block of its own size (in 64 KiB steps),
 /// freed when given back.
 pub(crate) struct PinnedPool {
     free: Mutex<(Vec<PinnedBlock>, usize)>,
+    /// Bytes of the blocks lent out now: with the free ones, what the pool would hold if
+    /// all came back.
+    lent: Arc<AtomicUsize>,
     limit: usize,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -294,6 +312,7 @@ impl PinnedPool {
     pub(crate) fn new(limit: usize) -> Self {
         PinnedPool {
             free: Mutex::new((Vec::new(), 0)),
+            lent: Arc::new(AtomicUsize::new(0)),
             limit,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -313,12 +332,6 @@ impl PinnedPool {
         }
     }
 
-    /// Whether the pool keeps a block of the size that serves `bytes` when given back;
-    /// else the block is made for the request and freed after it.
-    pub(crate) fn keeps(&self, bytes: usize) -> bool {
-        self.block_size(bytes) <= self.limit
-    }
-
     /// Whether the pool keeps two blocks of the size that serves `bytes`: one in use by a
     /// queued copy and one being filled. Larger requests are better served in chunks.
     pub(crate) fn keeps_two(&self, bytes: usize) -> bool {
@@ -327,19 +340,21 @@ impl PinnedPool {
 
     /// A block of at least `bytes`, ready for the host. The context is current.
     ///
-    /// A free block whose last copy has completed is reused. One whose copy is still
-    /// queued (it may sit behind a long kernel) is waited for only where the pool could
-    /// not keep a second block of its size beside it; otherwise a new block is made, so
-    /// that back-to-back batches do not run one at a time on the host. A block the pool
-    /// cannot keep would be freed, after its copy, when given back: making one costs more
-    /// than the wait.
+    /// A free block whose last copy has completed is reused. Otherwise a new block is made
+    /// where the pool could keep it beside every block it holds or has lent, so that
+    /// back-to-back batches do not wait for copies still queued (which may sit behind a
+    /// long kernel). Where it could not (the block would be freed when given back, after
+    /// waiting for its own copy), the oldest free block of that size still in use by a
+    /// copy is waited for instead, if there is one.
     pub(crate) fn take(&self, bytes: usize) -> Result<PinnedBlock> {
         let size = self.block_size(bytes);
-        let wait_for_busy = !self.keeps_two(bytes);
-        if let Some(mut b) = self.take_free(size, !wait_for_busy) {
-            self.hits.fetch_add(1, Relaxed);
-            b.settle()?;
-            return Ok(b);
+        let busy = match self.take_free(size, true) {
+            Some(b) => Some(b),
+            None if !self.could_keep_another(size) => self.take_free(size, false),
+            None => None,
+        };
+        if let Some(b) = busy {
+            return self.lend_free(b);
         }
         // Portable: copies between devices stage through these blocks from the other
         // device's context too.
@@ -350,17 +365,34 @@ impl PinnedPool {
         match PinnedMemory::new(size, flags) {
             Ok(mem) => {
                 self.misses.fetch_add(1, Relaxed);
-                Ok(PinnedBlock { mem, pending: None })
+                self.lent.fetch_add(size, Relaxed);
+                Ok(PinnedBlock {
+                    mem,
+                    pending: None,
+                    lent: Some(self.lent.clone()),
+                })
             }
             Err(e) => match self.take_free(size, false) {
-                Some(mut b) => {
-                    self.hits.fetch_add(1, Relaxed);
-                    b.settle()?;
-                    Ok(b)
-                }
+                Some(b) => self.lend_free(b),
                 None => Err(e),
             },
         }
+    }
+
+    /// Whether a new block of `size` bytes would be kept when given back, beside the blocks
+    /// the pool holds and those it has lent.
+    fn could_keep_another(&self, size: usize) -> bool {
+        let held = self.free.lock().1 + self.lent.load(Relaxed);
+        held.saturating_add(size) <= self.limit
+    }
+
+    /// Lends a block taken from the free list, once its last copy is done.
+    fn lend_free(&self, mut b: PinnedBlock) -> Result<PinnedBlock> {
+        self.hits.fetch_add(1, Relaxed);
+        self.lent.fetch_add(b.mem.len(), Relaxed);
+        b.lent = Some(self.lent.clone());
+        b.settle()?;
+        Ok(b)
     }
 
     /// A free block of `size` bytes: with `idle_only`, one whose last copy has completed
@@ -382,21 +414,35 @@ impl PinnedPool {
 
     /// Returns a block; its pending copy is waited for before reuse or release. Where it
     /// does not fit beside the blocks kept, idle blocks of other sizes are freed to make
-    /// room, the oldest first: a prover whose sizes change keeps blocks of the sizes it
-    /// uses now, rather than pinning and freeing one on every call.
+    /// room, the oldest first, if that makes room: a prover whose sizes change keeps blocks
+    /// of the sizes it uses now, rather than pinning and freeing one on every call. Blocks
+    /// more than [`EVICT_RATIO`] times its size are not freed for it: making the small block
+    /// again costs less than making the large one again, should its size come back.
     pub(crate) fn give(&self, mut block: PinnedBlock) {
         let size = block.mem.len();
+        if let Some(lent) = block.lent.take() {
+            lent.fetch_sub(size, Relaxed);
+        }
         let mut evicted = Vec::new();
         let mut free = self.free.lock();
         if size <= self.limit && free.1 + size > self.limit {
-            let mut i = 0;
-            while free.1 + size > self.limit && i < free.0.len() {
-                if free.0[i].mem.len() != size && free.0[i].is_idle() {
-                    let b = free.0.remove(i);
-                    free.1 -= b.mem.len();
-                    evicted.push(b);
-                } else {
-                    i += 1;
+            let evictable = |b: &mut PinnedBlock| {
+                let other = b.mem.len();
+                other != size && other <= EVICT_RATIO * size && b.is_idle()
+            };
+            let room: usize = (free.0.iter_mut())
+                .map(|b| if evictable(b) { b.mem.len() } else { 0 })
+                .sum();
+            if free.1 - room + size <= self.limit {
+                let mut i = 0;
+                while free.1 + size > self.limit && i < free.0.len() {
+                    if evictable(&mut free.0[i]) {
+                        let b = free.0.remove(i);
+                        free.1 -= b.mem.len();
+                        evicted.push(b);
+                    } else {
+                        i += 1;
+                    }
                 }
             }
         }

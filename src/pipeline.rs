@@ -147,8 +147,9 @@ struct Set<I, O> {
     stream: HalStream,
     dev_in: Buffer<I>,
     dev_out: Buffer<O>,
-    pin_in: PinnedBlock,
-    pin_out: PinnedBlock,
+    /// Staging for pageable input or output (`None` where it is page-locked already).
+    pin_in: Option<PinnedBlock>,
+    pin_out: Option<PinnedBlock>,
     /// Timing events of the chunk in flight: before and after the upload, after `compute`,
     /// after the download. The two after the copies are also their uses of the set's
     /// buffers on its stream (so the main stream and other streams wait for them).
@@ -237,8 +238,14 @@ impl CudaHal {
                 stream: self.create_stream()?,
                 dev_in: self.alloc::<I>("pipeline-in", chunk_len)?,
                 dev_out: self.alloc::<O>("pipeline-out", chunk_len)?,
-                pin_in: h.guard(h.pinned.take(chunk_len * si))?,
-                pin_out: h.guard(h.pinned.take(chunk_len * so))?,
+                pin_in: match direct_in {
+                    true => None,
+                    false => Some(h.guard(h.pinned.take(chunk_len * si))?),
+                },
+                pin_out: match direct_out {
+                    true => None,
+                    false => Some(h.guard(h.pinned.take(chunk_len * so))?),
+                },
                 ev: [
                     Arc::new(Event::new_timing()?),
                     Arc::new(Event::new_timing()?),
@@ -261,10 +268,10 @@ impl CudaHal {
             h2d += set.ev[1].elapsed_ms(&set.ev[0])? as f64;
             comp += set.ev[2].elapsed_ms(&set.ev[1])? as f64;
             d2h += set.ev[3].elapsed_ms(&set.ev[2])? as f64;
-            if !direct_out {
+            if let Some(pin) = &set.pin_out {
                 let t = Instant::now();
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut output[start..start + len]);
-                par_copy(dst, &set.pin_out.mem.as_slice()[..len * so]);
+                par_copy(dst, &pin.mem.as_slice()[..len * so]);
                 staging.set(staging.get() + t.elapsed());
             }
             Ok(())
@@ -285,20 +292,20 @@ impl CudaHal {
                 let start = k * chunk_len;
                 let len = chunk_len.min(input.len() - start);
                 let src: &[u8] = bytemuck::cast_slice(&input[start..start + len]);
-                let host_in = if direct_in {
-                    src.as_ptr()
-                } else {
-                    let t = Instant::now();
-                    par_copy(&mut set.pin_in.mem.as_mut_slice()[..len * si], src);
-                    staging.set(staging.get() + t.elapsed());
-                    set.pin_in.mem.as_ptr()
+                let host_in = match set.pin_in.as_mut() {
+                    None => src.as_ptr(),
+                    Some(pin) => {
+                        let t = Instant::now();
+                        par_copy(&mut pin.mem.as_mut_slice()[..len * si], src);
+                        staging.set(staging.get() + t.elapsed());
+                        pin.mem.as_ptr()
+                    }
                 };
                 // SAFETY: start + len <= output.len(); the pointer is only used for the
                 // device copy below, while `output` stays mutably borrowed by this call.
-                let host_out = if direct_out {
-                    unsafe { out_base.add(start) }.cast::<u8>()
-                } else {
-                    set.pin_out.mem.as_ptr()
+                let host_out = match &set.pin_out {
+                    None => unsafe { out_base.add(start) }.cast::<u8>(),
+                    Some(pin) => pin.mem.as_ptr(),
                 };
                 let (dev_in, dev_out) = (set.dev_in.slice(0, len)?, set.dev_out.slice(0, len)?);
                 let s = &set.stream;
@@ -351,8 +358,10 @@ impl CudaHal {
             .map(|s| s.stream.synchronize())
             .fold(Ok(()), Result::and);
         for set in sets {
-            h.pinned.give(set.pin_in);
-            h.pinned.give(set.pin_out);
+            set.pin_in
+                .into_iter()
+                .chain(set.pin_out)
+                .for_each(|b| h.pinned.give(b));
         }
         let result = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         h.guard(result)?;

@@ -16,11 +16,12 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// for it. Errors of the copy surface here. Dropping the handle early is safe: the pinned
 /// destination goes back to the HAL's pool and is reused only after the copy completes.
 ///
-/// A read larger than the blocks the pinned pool keeps (`HalConfig::pinned_pool_bytes`,
-/// 256 MiB by default) lands in its result directly, page-locked for the copy with
-/// `cuMemHostRegister`, rather than pinning and freeing a block of its own size on every
-/// read (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host). Dropping such a
-/// read early waits for its copy.
+/// A read larger than the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`,
+/// 256 MiB by default, so above 128 MiB) lands in its result directly, page-locked for the
+/// copy with `cuMemHostRegister`, rather than pinning a block that would fill the pool (and
+/// be freed, and pinned again, as other transfers need room) or one of its own size on
+/// every read (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host). Dropping
+/// such a read early waits for its copy.
 ///
 /// ```
 /// use cuda_hal::CudaHal;
@@ -246,7 +247,7 @@ fn register_result<T: Pod>(len: usize) -> Option<Vec<T>> {
     match r {
         Ok(()) => Some(v),
         Err(e) => {
-            log::debug!("registering a read's result of {bytes} bytes: {e}; staged instead");
+            log::warn!("registering a read's result of {bytes} bytes: {e}; staged instead");
             None
         }
     }
@@ -307,7 +308,7 @@ impl<T: Pod> Buffer<T> {
         // the copy, whose failure gives the landing back (an early return would free a
         // registered result without unregistering it).
         let (d, done) = (api()?, h.event()?);
-        let mut landing = match h.pinned.keeps(bytes) {
+        let mut landing = match h.pinned.keeps_two(bytes) {
             true => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
             false => match register_result::<T>(self.len()) {
                 Some(v) => Landing::Registered(v),

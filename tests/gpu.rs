@@ -1261,6 +1261,12 @@ fn a_small_view_of_a_large_buffer_commits_little_host_memory() {
     assert_eq!(part.view(|s| s[4095]).unwrap(), 7);
     assert_eq!(big.get_at(MIB + 5).unwrap(), 7);
     let grown = resident_bytes().saturating_sub(before);
-    println!("a 4 KiB view of a 2 GiB buffer committed {} KiB", grown >> 10);
-    assert!(grown < 256 * MIB, "{grown} bytes committed for a 4 KiB view");
+    println!(
+        "a 4 KiB view of a 2 GiB buffer committed {} KiB",
+        grown >> 10
+    );
+    assert!(
+        grown < 256 * MIB,
+        "{grown} bytes committed for a 4 KiB view"
+    );
 }

@@ -494,6 +494,7 @@ fn a_pipeline_stages_memory_page_locked_only_in_part() {
         5,
     );
     let (input_half, output_half) = (&input[..n / 2], &mut output[..n / 2]);
+    let pinned_before = hal.stats().unwrap().pinned;
     let halves = lcg_pipeline(
         &hal,
         input_half,
@@ -512,6 +513,12 @@ fn a_pipeline_stages_memory_page_locked_only_in_part() {
         "memory page-locked in part is staged"
     );
     assert_eq!(halves.staging_ms, 0.0, "page-locked memory is not staged");
+    let pinned_after = hal.stats().unwrap().pinned;
+    assert_eq!(
+        (pinned_after.hits, pinned_after.misses),
+        (pinned_before.hits, pinned_before.misses),
+        "page-locked input and output take no staging blocks"
+    );
     for (i, (o, x)) in output.iter().zip(&input).enumerate() {
         let rounds = if i < n / 2 { 7 } else { 5 };
         assert_eq!(*o, lcg(*x, rounds), "element {i}");
@@ -815,4 +822,84 @@ fn a_read_past_the_pinned_pool_lands_in_its_result() {
         want[..MIB / 16]
     );
     assert_eq!(hal.stats().unwrap().pinned.misses, before.misses + 1);
+}
+
+/// A read that would fill the pinned pool, beside small transfers: before, its block and
+/// the small ones evicted each other in turn, and every round pinned both again (a
+/// `cuMemHostAlloc` of 256 MiB takes 85-210 ms). Now the read lands in its registered
+/// result, and a block is not freed to make room for one far smaller.
+#[test]
+fn a_read_that_would_fill_the_pinned_pool_leaves_the_small_blocks_be() {
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: 4 * MIB,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let data = Rng::new(44).u32s(3 * MIB / 4); // 3 MiB: a 4 MiB block, the whole pool
+    let (inp, out) = (
+        hal.copy_from("in", &data).unwrap(),
+        hal.alloc::<u32>("out", data.len()).unwrap(),
+    );
+    let mut after_first = None;
+    for rounds in 1..6u32 {
+        launch_lcg(&hal, None, &out, &inp, rounds);
+        let got = out.read_async().unwrap().wait().unwrap();
+        assert!(got[..] == data.iter().map(|&x| lcg(x, rounds)).collect::<Vec<_>>()[..]);
+        launch_lcg(&hal, None, &out, &inp, rounds + 1);
+        assert_eq!(
+            out.get_many(&[0, 1, 2]).unwrap()[2],
+            lcg(data[2], rounds + 1)
+        );
+        let misses = hal.stats().unwrap().pinned.misses;
+        match after_first {
+            None => after_first = Some(misses),
+            Some(first) => assert_eq!(misses, first, "round {rounds}: blocks pinned again"),
+        }
+    }
+}
+
+/// Uploads behind a busy device, more than the pinned pool keeps blocks for: before, each
+/// one past that pinned a new block, waited for its own copy when giving it back (the pool
+/// being full) and freed it. Now an upload waits for the oldest block in use instead.
+#[test]
+fn uploads_past_the_pinned_pools_room_reuse_its_blocks() {
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: 4 * MIB,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let n = 1 << 20;
+    let (inp, out) = (
+        hal.alloc::<u32>("in", n).unwrap(),
+        hal.alloc::<u32>("out", n).unwrap(),
+    );
+    inp.fill(3).unwrap();
+    // A quarter of a second of LCG steps on an H100: the uploads' copies queue behind it.
+    launch_lcg(&hal, None, &out, &inp, 1 << 20);
+    let mut arena = hal
+        .batch_arena("a", 16 * MIB, cuda_hal::ArenaLayout::Bump)
+        .unwrap();
+    let batches: Vec<Vec<u32>> = (0..6).map(|k| Rng::new(50 + k).u32s(3 * MIB / 8)).collect();
+    let before = hal.stats().unwrap().pinned;
+    for x in &batches {
+        let batch = arena.begin_batch();
+        batch.upload(&[("x", &x[..])]).unwrap(); // 1.5 MiB: a 2 MiB block
+    }
+    let after = hal.stats().unwrap().pinned;
+    assert!(
+        after.misses - before.misses <= 2,
+        "a block pinned for each upload: {before:?} -> {after:?}"
+    );
+    let batch = arena.begin_batch();
+    let v = batch.upload(&[("last", &batches[5][..])]).unwrap();
+    assert!(v[0].to_vec().unwrap() == batches[5]);
+    assert_eq!(out.get_at(7).unwrap(), lcg(3, 1 << 20));
 }
