@@ -421,6 +421,40 @@ fn fill_new_buffer(hal: &CudaHal) {
         bytes as i64,
         "-",
     );
+    drop(dev);
+    small_read_of_a_large_buffer(hal);
+}
+
+/// `to_vec` of 4 KiB of a new 2 GiB buffer: with phase 2 the buffer gets a host copy the
+/// size of its allocation, too large for the host-copy cache, so a new one each time. Only
+/// the pages the read touches should cost anything.
+fn small_read_of_a_large_buffer(hal: &CudaHal) {
+    let len = 2048 * MIB;
+    let mut v = [0u8; 4096];
+    let probe = hal.alloc::<u8>("probe", 4096).unwrap();
+    let raw = probe.device_ptr_mut().unwrap().addr;
+    hal.synchronize().unwrap();
+    let (t, floor) = paired_median_us(
+        5,
+        3000,
+        || {
+            let b = hal.alloc::<u8>("large", len).unwrap();
+            b.slice(MIB, 4096).unwrap().fill(9).unwrap();
+            assert_eq!(b.slice(MIB, 4096).unwrap().to_vec().unwrap()[7], 9);
+        },
+        || {
+            // SAFETY: reads 4 KiB of a live allocation of 4 KiB into a local of that size.
+            unsafe { d().cuMemcpyDtoH(v.as_mut_ptr().cast(), raw, 4096) }.unwrap();
+        },
+    );
+    row(
+        "alloc 2 GiB + fill 4 KiB + to_vec of those 4 KiB",
+        t,
+        "cuMemcpyDtoH 4 KiB",
+        floor,
+        4096,
+        "-",
+    );
 }
 
 /// The pipeline on a balanced workload (kernel time equal to the pinned transfer time),
