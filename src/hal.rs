@@ -424,7 +424,8 @@ impl CudaHal {
 
     /// Frees the cached blocks and returns the pool's reserved memory above `keep_bytes`
     /// to the OS, after the stream's pending frees complete; frees the host copies kept
-    /// for reuse too.
+    /// for reuse too. NTTs that ran in column groups for want of memory ask for a whole
+    /// batch's scratch again.
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -443,6 +444,8 @@ impl CudaHal {
         let h = &self.inner;
         h.enter()?;
         h.aside.host_copies.clear();
+        // Room may be made: NTTs ask for a whole batch's scratch again.
+        h.prover.forget_ntt_groups();
         h.trim(keep_bytes)
     }
 

@@ -43,12 +43,45 @@ enum TableKey {
 #[derive(Default)]
 pub(crate) struct ProverCache {
     tables: Mutex<HashMap<TableKey, Buffer<u32>>>,
+    /// Column groups whose NTT scratch fitted where a whole batch's did not, by (columns,
+    /// log_n): the next NTT of that shape asks for that much first, rather than failing
+    /// its way down again (each failure past the driver's memory trims the HAL and waits
+    /// for its stream). Forgotten on `trim_pool`, which may have made room.
+    ntt_groups: Mutex<HashMap<(usize, u32), usize>>,
 }
+
+/// The most NTT shapes whose column group is remembered (past that they start over).
+const MAX_NTT_GROUPS: usize = 256;
 
 impl ProverCache {
     pub(crate) fn clear(&self) {
         let tables = std::mem::take(&mut *self.tables.lock());
         drop(tables);
+        self.forget_ntt_groups();
+    }
+
+    /// Forgets the column groups that fitted (memory may have been freed).
+    pub(crate) fn forget_ntt_groups(&self) {
+        self.ntt_groups.lock().clear();
+    }
+
+    /// The column group to try first for an NTT of `cols` columns of `2^log_n` points.
+    fn ntt_group(&self, cols: usize, log_n: u32) -> usize {
+        let remembered = self.ntt_groups.lock().get(&(cols, log_n)).copied();
+        remembered.unwrap_or(cols).clamp(1, cols.max(1))
+    }
+
+    /// Remembers the column group whose scratch fitted, where it is not the whole batch.
+    fn ntt_group_fitted(&self, cols: usize, log_n: u32, group: usize) {
+        let mut groups = self.ntt_groups.lock();
+        if group >= cols {
+            groups.remove(&(cols, log_n));
+            return;
+        }
+        if groups.len() >= MAX_NTT_GROUPS {
+            groups.clear();
+        }
+        groups.insert((cols, log_n), group);
     }
 }
 
@@ -255,7 +288,9 @@ impl CudaHal {
     /// Makes what an NTT of `len` elements in columns of `2^log_n` (`log_n >= 1`, checked)
     /// needs, before anything touches the data: an allocation that fails leaves it as it
     /// was. The fused passes' scratch serves the whole batch, or where memory does not hold
-    /// that, fewer columns at a time (columns are independent), halved until it fits.
+    /// that, fewer columns at a time (columns are independent), halved until it fits; the
+    /// group that fitted is asked for first by the next NTT of that shape, until
+    /// `trim_pool`.
     fn ntt_prepare(&self, len: usize, log_n: u32, inverse: bool) -> Result<NttWork> {
         let tw = self.twiddles(log_n, inverse)?;
         let cols = len >> log_n;
@@ -272,11 +307,16 @@ impl CudaHal {
                 fused: None,
             });
         };
+        let cache = &self.inner.prover;
         let mut group = cols;
         let scratch = if plan.iter().any(NttPass::uses_scratch) {
+            group = cache.ntt_group(cols, log_n);
             loop {
                 match self.alloc::<Elem>("prover-ntt-scratch", group << log_n) {
-                    Ok(s) => break Some(s),
+                    Ok(s) => {
+                        cache.ntt_group_fitted(cols, log_n, group);
+                        break Some(s);
+                    }
                     Err(Error::OutOfMemory { .. }) if group > 1 => group = group.div_ceil(2),
                     Err(e) => return Err(e),
                 }

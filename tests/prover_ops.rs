@@ -780,3 +780,58 @@ fn cuda_ntt_scratch_past_the_memory_limit() {
         "the output is left as it was"
     );
 }
+
+/// Past the device's free memory for a whole batch's NTT scratch, the NTT runs in column
+/// groups; the next NTT of that shape asks for the group that fitted first. Before, every
+/// call asked for the whole batch's scratch again, and each refusal by the driver trimmed
+/// the HAL (its block cache emptied, its stream waited for) before the group was halved.
+#[test]
+fn cuda_ntt_remembers_the_column_group_that_fitted() {
+    // The device to itself: the test fills its memory.
+    let Some(hal) = common::gpu_exclusive() else {
+        return;
+    };
+    const MIB: usize = 1 << 20;
+    let (log_n, cols) = (20, 8); // 4 MiB a column: a whole batch's scratch is 32 MiB
+    let mut rng = Rng::new(0x6a7);
+    let v = randoms::<Elem>(&mut rng, cols << log_n);
+    let io = hal.copy_from("io", &v).unwrap();
+    // The twiddles made first, with room to spare.
+    let one = hal.copy_from("one", &v[..1 << log_n]).unwrap();
+    hal.batch_ntt(&one, log_n, false).unwrap();
+    drop(one);
+    hal.trim_pool(0).unwrap();
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-pointers are valid locals; the HAL made its context current.
+    unsafe { d.cuMemGetInfo(&mut free, &mut total) }.unwrap();
+    // Ballast outside the HAL (no trim gives it back), leaving about 14 MiB: the scratch of
+    // two columns (8 MiB) fits, of four (16 MiB) does not.
+    let mut ballast = 0;
+    // SAFETY: an out-pointer to a local; freed below.
+    unsafe { d.cuMemAlloc(&mut ballast, free - 14 * MIB) }.unwrap();
+    let mut want = v.clone();
+    cpu_ops::ntt(&mut want, log_n, false);
+    let runs = (|| -> cuda_hal::Result<(Vec<Elem>, u64)> {
+        hal.batch_ntt(&io, log_n, false)?;
+        let first = io.to_vec()?;
+        io.copy_from_slice(&v)?;
+        // A freed buffer in the block cache (phase 3), which a trim would free.
+        drop(hal.alloc::<u8>("kept", MIB)?);
+        hal.batch_ntt(&io, log_n, false)?;
+        let cached = hal.stats()?.cached_bytes;
+        assert_same("ntt in column groups", &first, &want);
+        Ok((io.to_vec()?, cached))
+    })();
+    // SAFETY: allocated above, freed once.
+    unsafe { d.cuMemFree(ballast) }.unwrap();
+    let (second, cached) = runs.unwrap();
+    assert_same("the second ntt in column groups", &second, &want);
+    if cuda_hal::PHASES.pool_alloc {
+        // The scratch (8 MiB) is back in the cache, and the 1 MiB block was never freed.
+        assert!(
+            cached >= 9 * MIB as u64,
+            "the second NTT trimmed the HAL: {cached} bytes cached"
+        );
+    }
+}
