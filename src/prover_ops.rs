@@ -753,6 +753,33 @@ mod tests {
     use crate::cpu_ops;
     use crate::field::P;
 
+    #[test]
+    fn an_ntt_shape_asks_first_for_the_column_group_that_fitted() {
+        let cache = ProverCache::default();
+        assert_eq!(
+            cache.ntt_group(8, 20),
+            8,
+            "nothing remembered: the whole batch"
+        );
+        cache.ntt_group_fitted(8, 20, 2);
+        assert_eq!(cache.ntt_group(8, 20), 2);
+        assert_eq!(cache.ntt_group(8, 21), 8, "another shape");
+        assert_eq!(cache.ntt_group(16, 20), 16, "another batch");
+        cache.ntt_group_fitted(8, 20, 8);
+        assert_eq!(
+            cache.ntt_group(8, 20),
+            8,
+            "the whole batch fitted: forgotten"
+        );
+        cache.ntt_group_fitted(8, 20, 4);
+        cache.forget_ntt_groups();
+        assert_eq!(cache.ntt_group(8, 20), 8, "trim_pool forgets");
+        for cols in 0..=MAX_NTT_GROUPS {
+            cache.ntt_group_fitted(cols + 2, 20, 1);
+        }
+        assert!(cache.ntt_groups.lock().len() <= MAX_NTT_GROUPS, "bounded");
+    }
+
     include!("../kernels/host_check/build_host_check.rs");
 
     /// `kernels/host_check` (the device code compiled for the host) as a child process, or
