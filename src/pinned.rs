@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream};
 use crate::hal::HalInner;
+use crate::ledger::Dir;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
 
 /// Typed page-locked host memory with selectable flags. Copies to and from device buffers
@@ -652,39 +653,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(dev.get_at(1 << 19).unwrap(), 8, "main-stream reads wait for it");
     /// ```
     pub fn copy_from_pinned_on(&self, src: &PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
-        self.check_len(src.len())?;
-        let h = self.raw().hal().clone();
-        if !Arc::ptr_eq(&h, src.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
-            return Err(Error::ForeignBuffer {
-                name: self.name().to_string(),
-            });
-        }
-        h.enter()?;
-        let r = self.byte_range();
-        self.access_on(stream, r.clone(), true)?;
-        let ev = h.event()?;
-        // The copy waits for earlier copies of `src` on the device, not on the host.
-        src.queue_after_pending(&h, &stream.stream, || {
-            // SAFETY: src holds size_bytes() bytes and is not written by the host until `ev`
-            // completes (host_mut and Drop wait for it), nor by the device before the copies
-            // pending on it (the stream waits for them); the destination range is this
-            // buffer's.
-            h.guard(unsafe {
-                api()?
-                    .cuMemcpyHtoDAsync(
-                        self.raw_ptr(),
-                        src.ptr().cast(),
-                        self.size_bytes(),
-                        stream.raw(),
-                    )
-                    .map_err(Error::from)
-            })?;
-            h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
-            h.record_use(&ev, &stream.stream)?;
-            Ok(ev.clone())
-        })?;
-        self.after_on(stream, ev, r, true);
-        Ok(())
+        self.copy_pinned_on(src, stream, true)
     }
 
     /// Queues a copy into pinned memory on the main stream; returns at once. Reading `dst`
@@ -720,37 +689,49 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(dst.host().unwrap()[1023], 5);
     /// ```
     pub fn copy_to_pinned_on(&self, dst: &mut PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
-        self.check_len(dst.len())?;
+        self.copy_pinned_on(dst, stream, false)
+    }
+
+    /// Queues the copy between this buffer and `pinned` on `stream`: into this buffer when
+    /// `into_device`, out of it otherwise.
+    fn copy_pinned_on(
+        &self,
+        pinned: &PinnedBuffer<T>,
+        stream: &HalStream,
+        into_device: bool,
+    ) -> Result<()> {
+        self.check_len(pinned.len())?;
         let h = self.raw().hal().clone();
-        if !Arc::ptr_eq(&h, dst.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
+        if !Arc::ptr_eq(&h, pinned.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
             return Err(Error::ForeignBuffer {
                 name: self.name().to_string(),
             });
         }
         h.enter()?;
         let r = self.byte_range();
-        self.access_on(stream, r.clone(), false)?;
+        self.access_on(stream, r.clone(), into_device)?;
         let ev = h.event()?;
-        // The copy waits for earlier copies of `dst` on the device, not on the host.
-        dst.queue_after_pending(&h, &stream.stream, || {
-            // SAFETY: dst has room for size_bytes() bytes and is not read or freed by the
-            // host until `ev` completes (host and Drop wait for it), nor used by the device
-            // before the copies pending on it complete (the stream waits for them).
+        // The copy waits for earlier copies of `pinned` on the device, not on the host.
+        pinned.queue_after_pending(&h, &stream.stream, || {
+            let (api, bytes) = (api()?, self.size_bytes());
+            // SAFETY: `pinned` holds size_bytes() bytes and is not touched by the host until
+            // `ev` completes (host, host_mut and Drop wait for it; copy_to_pinned holds it
+            // mutably), nor by the device before the copies pending on it (the stream waits
+            // for them); the device range is this buffer's.
             h.guard(unsafe {
-                api()?
-                    .cuMemcpyDtoHAsync(
-                        dst.ptr().cast(),
-                        self.raw_ptr(),
-                        self.size_bytes(),
-                        stream.raw(),
-                    )
-                    .map_err(Error::from)
+                if into_device {
+                    api.cuMemcpyHtoDAsync(self.raw_ptr(), pinned.ptr().cast(), bytes, stream.raw())
+                } else {
+                    api.cuMemcpyDtoHAsync(pinned.ptr().cast(), self.raw_ptr(), bytes, stream.raw())
+                }
+                .map_err(Error::from)
             })?;
-            h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
+            let dir = if into_device { Dir::H2D } else { Dir::D2H };
+            h.ledger.copy(dir, bytes);
             h.record_use(&ev, &stream.stream)?;
             Ok(ev.clone())
         })?;
-        self.after_on(stream, ev, r, false);
+        self.after_on(stream, ev, r, into_device);
         Ok(())
     }
 
@@ -786,7 +767,7 @@ impl<T: Pod> Buffer<T> {
                 )
                 .map_err(Error::from)
         })?;
-        h.ledger.copy(crate::ledger::Dir::H2D, self.size_bytes());
+        h.ledger.copy(Dir::H2D, self.size_bytes());
         h.guard(h.stream.synchronize())?;
         self.raw().invalidate_host(r);
         Ok(())
@@ -823,7 +804,7 @@ impl<T: Pod> Buffer<T> {
                 )
                 .map_err(Error::from)
         })?;
-        h.ledger.copy(crate::ledger::Dir::D2H, self.size_bytes());
+        h.ledger.copy(Dir::D2H, self.size_bytes());
         h.guard(h.stream.synchronize())
     }
 

@@ -841,3 +841,118 @@ fn managed_elements_aligned_past_256_bytes_are_refused() {
     rows.host_mut().unwrap()[1].0[255] = 9;
     assert_eq!(rows.host().unwrap()[1].0[255], 9);
 }
+
+/// Device memory taken straight from the driver, outside any HAL (no trim gives it back),
+/// for tests that bring the driver to refuse; every block is freed when this goes.
+struct Ballast(Vec<cuda_hal::cuda_sys::CUdeviceptr>);
+
+impl Ballast {
+    /// Takes all the driver will give: blocks of 1 GiB, then 64 MiB, then 2 MiB.
+    fn fill() -> Ballast {
+        let d = cuda_hal::cuda_sys::driver().unwrap();
+        let mut blocks = Vec::new();
+        for size in [1024 * MIB, 64 * MIB, 2 * MIB] {
+            loop {
+                let mut ptr = 0;
+                // SAFETY: an out-pointer to a local; the block is freed on drop.
+                match unsafe { d.cuMemAlloc(&mut ptr, size) } {
+                    Ok(()) => blocks.push(ptr),
+                    Err(e) if e.is_out_of_memory() => break,
+                    Err(e) => panic!("cuMemAlloc: {e}"),
+                }
+            }
+        }
+        Ballast(blocks)
+    }
+
+    /// Frees the block taken last (the smallest); false if none is left.
+    fn release_one(&mut self) -> bool {
+        let Some(ptr) = self.0.pop() else {
+            return false;
+        };
+        // SAFETY: taken by `fill`, freed once (popped).
+        unsafe { cuda_hal::cuda_sys::driver().unwrap().cuMemFree(ptr) }.unwrap();
+        true
+    }
+}
+
+impl Drop for Ballast {
+    fn drop(&mut self) {
+        while self.release_one() {}
+    }
+}
+
+/// Log lines of allocations the driver refused (each one trims the HAL and waits for its
+/// stream before the retry) for buffers named `name`.
+fn driver_refusals(name: &str) -> usize {
+    LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&format!("`{name}`")) && l.contains("out of memory; trimming"))
+        .count()
+}
+
+/// Past the driver's own memory (not a HAL's limit) for a whole batch's NTT scratch, the
+/// NTT runs in column groups, and the next NTT of that shape asks for the group that
+/// fitted first. Before, every call asked for the whole batch's scratch again, and each
+/// refusal trimmed the HAL (its block cache freed, its stream waited for) before the
+/// group was halved. The device is filled until one column's scratch just fits, and the
+/// first call must itself have been refused, so the test cannot pass without reaching the
+/// driver's limit.
+#[test]
+fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
+    use cuda_hal::field::Elem;
+    use cuda_hal::Hal;
+    let Some(hal) = gpu_exclusive() else { return };
+    capture_logs();
+    // 64 columns of 2^20 points: a whole batch's scratch is 256 MiB, one column's 4 MiB.
+    let (log_n, cols) = (20, 64);
+    let mut rng = Rng::new(0x6a8);
+    let v: Vec<Elem> = (0..cols << log_n)
+        .map(|_| Elem::from_u64(rng.next_u64()))
+        .collect();
+    let io = hal.copy_from("io", &v).unwrap();
+    // The expected output, from the whole batch at once while memory is plentiful (this
+    // also makes the twiddle table and loads the kernels).
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let want = io.to_vec().unwrap();
+    io.copy_from_slice(&v).unwrap();
+    hal.trim_pool(0).unwrap();
+    let mut ballast = Ballast::fill();
+    // Free ballast until one column's scratch fits (a probe through the HAL, then given
+    // back to the driver).
+    loop {
+        match hal.alloc::<Elem>("probe", 1 << log_n) {
+            Ok(probe) => {
+                drop(probe);
+                hal.trim_pool(0).unwrap();
+                break;
+            }
+            Err(Error::OutOfMemory { .. }) => {
+                assert!(ballast.release_one(), "nothing fits with no ballast left");
+            }
+            Err(e) => panic!("probe: {e}"),
+        }
+    }
+    let before = driver_refusals("prover-ntt-scratch");
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let first = driver_refusals("prover-ntt-scratch") - before;
+    let first_out = io.to_vec().unwrap();
+    io.copy_from_slice(&v).unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let second = driver_refusals("prover-ntt-scratch") - before - first;
+    let second_out = io.to_vec().unwrap();
+    drop(ballast);
+    println!(
+        "driver refusals of the NTT scratch: {first} in the first call, {second} in the second"
+    );
+    assert!(
+        first > 0,
+        "the driver gave the whole batch's scratch: the test did not reach its limit"
+    );
+    assert!(first_out == want, "the first NTT in column groups");
+    assert!(second_out == want, "the second NTT in column groups");
+    assert_eq!(second, 0, "the second NTT asked for more than had fitted");
+    assert!(hal.poisoned().is_none());
+}

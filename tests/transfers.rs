@@ -9,6 +9,18 @@ use cuda_hal::{CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode,
 
 const POISON: u32 = 0xDEAD_BEEF;
 
+/// A HAL on device 0 whose pinned pool keeps at most `bytes`.
+fn with_pinned_pool(bytes: usize) -> CudaHal {
+    CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: bytes,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap()
+}
+
 fn lcg(x: u32, rounds: u32) -> u32 {
     (0..rounds).fold(x, |x, _| {
         x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
@@ -351,14 +363,7 @@ fn upload_batch_scatters_many_slices_with_one_copy() {
 #[test]
 fn an_upload_batch_past_the_pinned_pool_pins_no_memory_of_its_own() {
     let Some(_device) = gpu() else { return };
-    let hal = CudaHal::with_config(
-        0,
-        HalConfig {
-            pinned_pool_bytes: MIB,
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let hal = with_pinned_pool(MIB);
     let mut rng = Rng::new(20);
     let whole = hal.copy_from("whole", &vec![POISON; MIB + 10]).unwrap();
     let (a, b) = (
@@ -730,14 +735,7 @@ fn back_to_back_uploads_do_not_wait_for_the_devices_backlog() {
 #[test]
 fn the_pinned_pool_keeps_the_sizes_in_use_now() {
     let Some(_device) = gpu() else { return };
-    let hal = CudaHal::with_config(
-        0,
-        HalConfig {
-            pinned_pool_bytes: MIB,
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let hal = with_pinned_pool(MIB);
     let (big, small) = (
         hal.alloc::<u32>("big", MIB / 8).unwrap(),
         hal.alloc::<u32>("small", MIB / 16).unwrap(),
@@ -768,14 +766,7 @@ fn the_pinned_pool_keeps_the_sizes_in_use_now() {
 #[test]
 fn a_read_past_the_pinned_pool_lands_in_its_result() {
     let Some(_device) = gpu() else { return };
-    let hal = CudaHal::with_config(
-        0,
-        HalConfig {
-            pinned_pool_bytes: MIB,
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let hal = with_pinned_pool(MIB);
     let data = Rng::new(43).u32s(2 * MIB + 3); // 8 MiB and 12 bytes
     let inp = hal.copy_from("in", &data).unwrap();
     let out = hal.alloc::<u32>("out", data.len()).unwrap();
@@ -831,14 +822,7 @@ fn a_read_past_the_pinned_pool_lands_in_its_result() {
 #[test]
 fn a_read_that_would_fill_the_pinned_pool_leaves_the_small_blocks_be() {
     let Some(_device) = gpu() else { return };
-    let hal = CudaHal::with_config(
-        0,
-        HalConfig {
-            pinned_pool_bytes: 4 * MIB,
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let hal = with_pinned_pool(4 * MIB);
     let data = Rng::new(44).u32s(3 * MIB / 4); // 3 MiB: a 4 MiB block, the whole pool
     let (inp, out) = (
         hal.copy_from("in", &data).unwrap(),
@@ -868,14 +852,7 @@ fn a_read_that_would_fill_the_pinned_pool_leaves_the_small_blocks_be() {
 #[test]
 fn uploads_past_the_pinned_pools_room_reuse_its_blocks() {
     let Some(_device) = gpu() else { return };
-    let hal = CudaHal::with_config(
-        0,
-        HalConfig {
-            pinned_pool_bytes: 4 * MIB,
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let hal = with_pinned_pool(4 * MIB);
     let n = 1 << 20;
     let (inp, out) = (
         hal.alloc::<u32>("in", n).unwrap(),
