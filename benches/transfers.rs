@@ -354,6 +354,65 @@ fn coalescing(hal: &CudaHal) {
         total as i64,
         "-",
     );
+    upload_batch_past_the_pinned_pool(&s);
+}
+
+/// 4,096 slices of 1 KiB with a 1 MiB pinned pool: the batch goes in groups of about
+/// 500 slices (512 KiB staged), a copy and a scatter each. Against the pinned floor of its
+/// bytes and against the route it replaces (each slice staged on its own, as
+/// `copy_from_slice` does).
+fn upload_batch_past_the_pinned_pool(stream: &Stream) {
+    let config = HalConfig {
+        pinned_pool_bytes: MIB,
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    let n = 4096;
+    let bufs: Vec<_> = (0..n)
+        .map(|_| hal.alloc::<u32>("small", 256).unwrap())
+        .collect();
+    let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32; 256]).collect();
+    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
+        bufs.iter().zip(&host).map(|(b, h)| (b, &h[..])).collect();
+    let before = hal.ledger();
+    hal.upload_batch(&items).unwrap();
+    let d = hal.ledger().since(&before);
+    let batched = median_us(20, 300, || {
+        hal.upload_batch(&items).unwrap();
+        hal.synchronize().unwrap();
+    });
+    let each = median_us(5, 300, || {
+        for (b, h) in &items {
+            b.copy_from_slice(h).unwrap();
+        }
+        hal.synchronize().unwrap();
+    });
+    let total = n * 1024;
+    let pin = PinnedMemory::new(total, PinnedFlags::default()).unwrap();
+    let dst = hal.alloc::<u8>("dst", total).unwrap();
+    let draw = dst.device_ptr_mut().unwrap().addr;
+    hal.synchronize().unwrap();
+    let floor = pinned_copy_floor(stream, pin.as_ptr(), draw, total, true);
+    row(
+        "upload_batch 4096 x 1 KiB, 1 MiB pinned pool",
+        batched,
+        "pinned H2D 4 MiB",
+        floor,
+        total as i64,
+        "-",
+    );
+    row(
+        "4096 x copy_from_slice 1 KiB (the replaced route)",
+        each,
+        "pinned H2D 4 MiB",
+        floor,
+        total as i64,
+        "-",
+    );
+    info(&format!(
+        "upload_batch 4096 x 1 KiB past a 1 MiB pinned pool: {} copies and {} scatters a batch",
+        d.h2d.calls, d.launches
+    ));
 }
 
 /// Filling a buffer on the host with `view_mut` until the device has it: a new buffer

@@ -424,8 +424,9 @@ impl CudaHal {
 
     /// Frees the cached blocks and returns the pool's reserved memory above `keep_bytes`
     /// to the OS, after the stream's pending frees complete; frees the host copies kept
-    /// for reuse too. NTTs that ran in column groups for want of memory ask for a whole
-    /// batch's scratch again.
+    /// for reuse and the prover operations' tables (twiddles, shift powers, Poseidon2
+    /// constants: made again when next needed) too. NTTs that ran in column groups for want
+    /// of memory ask for a whole batch's scratch again.
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -444,8 +445,9 @@ impl CudaHal {
         let h = &self.inner;
         h.enter()?;
         h.aside.host_copies.clear();
-        // Room may be made: NTTs ask for a whole batch's scratch again.
-        h.prover.forget_ntt_groups();
+        // The tables are freed before the trim, which then gives their blocks back. Room
+        // may be made: NTTs ask for a whole batch's scratch again.
+        h.prover.clear();
         h.trim(keep_bytes)
     }
 

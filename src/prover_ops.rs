@@ -54,6 +54,8 @@ pub(crate) struct ProverCache {
 const MAX_NTT_GROUPS: usize = 256;
 
 impl ProverCache {
+    /// Frees the tables (after the lock: a free may wait on the device) and forgets the
+    /// column groups that fitted.
     pub(crate) fn clear(&self) {
         let tables = std::mem::take(&mut *self.tables.lock());
         drop(tables);

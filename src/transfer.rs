@@ -564,7 +564,9 @@ impl CudaHal {
     /// Uploads many host slices into many buffers (or slices) with one staged copy and one
     /// scatter kernel, instead of one copy each. Destinations must not overlap. A batch
     /// larger than the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`)
-    /// goes slice by slice through the staging slots instead: it pins no memory of its own.
+    /// goes in groups of consecutive slices that fit, a copy and a scatter each, and a
+    /// slice too large alone goes through the staging slots: no batch pins memory of its
+    /// own.
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -609,44 +611,62 @@ impl CudaHal {
             }
         }
         h.enter()?;
-        // Layout of the staged bytes: the segment table, then each slice 16-byte aligned.
-        let table_bytes = items.len() * 24;
-        let mut offsets = Vec::with_capacity(items.len());
-        let mut cursor = table_bytes.next_multiple_of(16);
-        for (buf, _) in items {
-            offsets.push(cursor);
-            cursor = (cursor + buf.size_bytes()).next_multiple_of(16);
-        }
-        let total = cursor;
-        let data_start = table_bytes.next_multiple_of(16);
         for (buf, _) in items {
             buf.raw().prepare_device_access(buf.byte_range(), true)?;
         }
-        if !h.pinned.keeps_two(total) {
-            // Larger than the pinned pool keeps two blocks of: slice by slice through the
-            // staging slots, with no pinned block of the batch's size and no scratch of it
-            // on the device (large slices gain nothing from sharing one copy).
-            for (buf, data) in items {
+        // Consecutive slices in groups whose staged bytes the pinned pool keeps two blocks
+        // of, each group with one copy and one scatter; a slice past that alone goes
+        // through the staging slots (it gains nothing from sharing a copy), so no batch
+        // pins memory of its own size or needs a device scratch of it.
+        let (mut start, mut staged) = (0, false);
+        while start < items.len() {
+            // The staged bytes of items[start..end] (as `batch_layout` lays them out).
+            let (mut end, mut data) = (start, 0usize);
+            while let Some((buf, _)) = items.get(end) {
+                let more = data.saturating_add(buf.size_bytes().next_multiple_of(16));
+                let table = ((end + 1 - start) * SEGMENT_BYTES).next_multiple_of(16);
+                if !h.pinned.keeps_two(table.saturating_add(more)) {
+                    break;
+                }
+                (end, data) = (end + 1, more);
+            }
+            if end == start {
+                let (buf, data) = &items[start];
                 let r = h.upload_staged(buf.raw_ptr(), bytemuck::cast_slice(data));
                 // (A failed upload may have queued some of its chunks.)
                 buf.raw().invalidate_host(buf.byte_range());
                 r?;
+                staged = true;
+                end += 1;
+            } else {
+                self.upload_group(&items[start..end])?;
             }
-            if !PHASES.async_copy {
-                h.guard(h.stream.synchronize())?;
-            }
-            return Ok(());
+            start = end;
         }
+        if staged && !PHASES.async_copy {
+            h.guard(h.stream.synchronize())?;
+        }
+        Ok(())
+    }
+
+    /// Uploads `items` (checked, their device access prepared) with one copy from a pinned
+    /// block into a device scratch and one scatter kernel; where memory does not hold the
+    /// scratch, each slice is copied from the block to its buffer.
+    fn upload_group<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
+        let h = &self.inner;
+        let (offsets, total) = batch_layout(items);
+        let data_start = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
         {
             let host = block.mem.as_mut_slice();
             for (k, ((buf, data), off)) in items.iter().zip(&offsets).enumerate() {
-                let seg = [
+                let seg: [u64; 3] = [
                     (off - data_start) as u64,
                     buf.raw_ptr(),
                     buf.size_bytes() as u64,
                 ];
-                host[k * 24..k * 24 + 24].copy_from_slice(bytemuck::cast_slice(&seg));
+                host[k * SEGMENT_BYTES..(k + 1) * SEGMENT_BYTES]
+                    .copy_from_slice(bytemuck::cast_slice(&seg));
                 host[*off..off + buf.size_bytes()].copy_from_slice(bytemuck::cast_slice(data));
             }
         }
@@ -656,7 +676,7 @@ impl CudaHal {
         let scratch_alloc =
             match h.alloc_raw(&std::borrow::Cow::Borrowed("upload-batch-scratch"), total) {
                 Ok(scratch) => scratch,
-                // Where memory does not hold the scratch (as large as the batch), each
+                // Where memory does not hold the scratch (as large as the group), each
                 // slice is copied from the staged block to its buffer.
                 Err(Error::OutOfMemory { .. }) => {
                     let result = (|| -> Result<()> {
@@ -733,4 +753,19 @@ impl CudaHal {
         }
         Ok(())
     }
+}
+
+/// Bytes of one entry of `upload_batch`'s segment table: source offset, destination, length.
+const SEGMENT_BYTES: usize = 24;
+
+/// Layout of `upload_batch`'s staged bytes for `items`: the segment table, then each slice
+/// 16-byte aligned. The offset of each slice, and the total.
+fn batch_layout<T: Pod>(items: &[(&Buffer<T>, &[T])]) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(items.len());
+    let mut cursor = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
+    for (buf, _) in items {
+        offsets.push(cursor);
+        cursor = (cursor + buf.size_bytes()).next_multiple_of(16);
+    }
+    (offsets, cursor)
 }

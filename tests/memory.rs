@@ -956,3 +956,36 @@ fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     assert_eq!(second, 0, "the second NTT asked for more than had fitted");
     assert!(hal.poisoned().is_none());
 }
+
+/// `trim_pool` frees the prover operations' tables as well, and they are made again when
+/// next needed. Before, a twiddle table stayed for the HAL's life, out of any trim's reach.
+#[test]
+fn trim_pool_frees_the_prover_tables() {
+    use cuda_hal::field::Elem;
+    use cuda_hal::Hal;
+    let Some(hal) = gpu() else { return };
+    let log_n = 16;
+    let mut rng = Rng::new(0x7b1);
+    let v: Vec<Elem> = (0..4 << log_n)
+        .map(|_| Elem::from_u64(rng.next_u64()))
+        .collect();
+    let io = hal.copy_from("io", &v).unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let want = io.to_vec().unwrap();
+    hal.batch_ntt(&io, log_n, true).unwrap();
+    assert!(io.to_vec().unwrap() == v, "the inverse undoes it");
+    let live = || hal.memory_report().current_bytes;
+    let twiddles = || {
+        let report = hal.memory_report();
+        let t = report.by_name.iter().find(|t| t.name == "prover-twiddles");
+        t.map_or(0, |t| t.current_bytes)
+    };
+    assert!(twiddles() > 0, "forward and inverse tables");
+    assert_eq!(live(), io.size_bytes() + twiddles());
+    hal.trim_pool(0).unwrap();
+    assert_eq!(twiddles(), 0, "freed by the trim");
+    assert_eq!(live(), io.size_bytes(), "only the data is left");
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    assert!(io.to_vec().unwrap() == want, "the table made again");
+    assert!(twiddles() > 0);
+}

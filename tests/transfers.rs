@@ -323,6 +323,51 @@ fn an_upload_batch_past_the_memory_for_its_scratch_copies_each_slice() {
     );
 }
 
+/// A batch past the pinned pool made of many small slices goes in groups that fit, a copy
+/// and a scatter each: before, each slice went through the staging slots on its own (here
+/// 1,000 copies where three serve).
+#[test]
+fn an_upload_batch_of_small_slices_past_the_pinned_pool_goes_in_groups() {
+    let Some(_device) = gpu() else { return };
+    let hal = with_pinned_pool(MIB); // two blocks of 512 KiB at most
+    let mut rng = Rng::new(21);
+    // 1,000 slices of 1 KiB and 4 untouched elements after each: with the segment table,
+    // about 1,000 KiB staged.
+    let (n, len) = (1000, 256);
+    let whole = hal
+        .copy_from("whole", &vec![POISON; n * (len + 4)])
+        .unwrap();
+    let views: Vec<_> = (0..n)
+        .map(|i| whole.slice(i * (len + 4), len).unwrap())
+        .collect();
+    let mut misses = None;
+    for round in 0..3 {
+        let data: Vec<Vec<u32>> = (0..n).map(|_| rng.u32s(len)).collect();
+        let items: Vec<_> = views.iter().zip(&data).map(|(v, d)| (v, &d[..])).collect();
+        let before = hal.ledger();
+        hal.upload_batch(&items).unwrap();
+        let d = hal.ledger().since(&before);
+        assert!(
+            (1..=3).contains(&d.h2d.calls) && d.launches == d.h2d.calls,
+            "round {round}: {} copies and {} scatters for {n} slices",
+            d.h2d.calls,
+            d.launches
+        );
+        let v = whole.to_vec().unwrap();
+        for (i, want) in data.iter().enumerate() {
+            let at = i * (len + 4);
+            assert!(v[at..at + len] == want[..], "round {round}: slice {i}");
+            assert_eq!(&v[at + len..at + len + 4], &[POISON; 4], "after slice {i}");
+        }
+        let now = hal.stats().unwrap().pinned.misses;
+        assert_eq!(
+            *misses.get_or_insert(now),
+            now,
+            "round {round}: blocks pinned again"
+        );
+    }
+}
+
 #[test]
 fn upload_batch_scatters_many_slices_with_one_copy() {
     let Some(hal) = gpu() else { return };
