@@ -587,7 +587,7 @@ impl CudaHal {
                 name: "upload_batch".into(),
             });
         }
-        for (k, (buf, data)) in items.iter().enumerate() {
+        for (buf, data) in items {
             if !self.same(buf.raw().hal()) {
                 return Err(Error::ForeignBuffer {
                     name: buf.name().to_string(),
@@ -600,15 +600,16 @@ impl CudaHal {
                     actual: data.len(),
                 });
             }
-            for (other, _) in &items[..k] {
-                let (ra, rb) = (buf.byte_range(), other.byte_range());
-                if Arc::ptr_eq(buf.raw(), other.raw()) && ra.start < rb.end && rb.start < ra.end {
-                    return Err(Error::Aliasing {
-                        output: buf.name().to_string(),
-                        other: other.name().to_string(),
-                    });
-                }
-            }
+        }
+        let ranges: Vec<_> = items
+            .iter()
+            .map(|(buf, _)| (Arc::as_ptr(buf.raw()) as usize, buf.byte_range()))
+            .collect();
+        if let Some((k, other)) = first_overlap(&ranges) {
+            return Err(Error::Aliasing {
+                output: items[k].0.name().to_string(),
+                other: items[other].0.name().to_string(),
+            });
         }
         h.enter()?;
         for (buf, _) in items {
@@ -755,6 +756,31 @@ impl CudaHal {
     }
 }
 
+/// Two of `ranges` (allocation, byte range) that share bytes of one allocation, as (the
+/// later index, the earlier), if any: sorted by allocation and start, a range overlaps an
+/// earlier one exactly when it starts before the furthest end so far (O(n log n), for
+/// batches of many thousand slices).
+fn first_overlap(ranges: &[(usize, std::ops::Range<usize>)]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_unstable_by_key(|&i| (ranges[i].0, ranges[i].1.start));
+    // The range reaching furthest so far within the current allocation.
+    let mut furthest: Option<usize> = None;
+    for &i in &order {
+        let (alloc, r) = &ranges[i];
+        if r.is_empty() {
+            continue; // no bytes to share
+        }
+        match furthest {
+            Some(f) if ranges[f].0 == *alloc && r.start < ranges[f].1.end => {
+                return Some((i.max(f), i.min(f)));
+            }
+            Some(f) if ranges[f].0 == *alloc && ranges[f].1.end >= r.end => {}
+            _ => furthest = Some(i),
+        }
+    }
+    None
+}
+
 /// Bytes of one entry of `upload_batch`'s segment table: source offset, destination, length.
 const SEGMENT_BYTES: usize = 24;
 
@@ -768,4 +794,59 @@ fn batch_layout<T: Pod>(items: &[(&Buffer<T>, &[T])]) -> (Vec<usize>, usize) {
         cursor = (cursor + buf.size_bytes()).next_multiple_of(16);
     }
     (offsets, cursor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_overlap;
+    use proptest::prelude::*;
+    use std::ops::Range;
+
+    /// Whether two ranges share bytes of one allocation.
+    fn share(a: &(usize, Range<usize>), b: &(usize, Range<usize>)) -> bool {
+        let ((a, ra), (b, rb)) = (a, b);
+        a == b && ra.start.max(rb.start) < ra.end.min(rb.end)
+    }
+
+    /// Whether any two ranges share bytes, pair by pair.
+    fn any_overlap(ranges: &[(usize, Range<usize>)]) -> bool {
+        let pairs = |k| (0..k).map(move |j| (j, k));
+        (0..ranges.len())
+            .flat_map(pairs)
+            .any(|(j, k)| share(&ranges[j], &ranges[k]))
+    }
+
+    #[test]
+    fn overlaps_are_found_across_unsorted_ranges() {
+        let r = |alloc, start, end| (alloc, start..end);
+        assert_eq!(first_overlap(&[r(1, 0, 8), r(1, 8, 16)]), None, "adjacent");
+        assert_eq!(
+            first_overlap(&[r(1, 0, 8), r(2, 0, 8)]),
+            None,
+            "two allocations"
+        );
+        assert_eq!(first_overlap(&[r(1, 4, 12), r(1, 0, 8)]), Some((1, 0)));
+        // One long range hides under a short one that sorts between them.
+        let long = [r(1, 0, 100), r(1, 10, 20), r(1, 50, 60)];
+        assert_eq!(first_overlap(&long), Some((1, 0)));
+        assert_eq!(first_overlap(&[r(1, 0, 8), r(1, 4, 4)]), None, "no bytes");
+        assert_eq!(first_overlap(&[]), None);
+    }
+
+    proptest! {
+        /// Against the pair-by-pair check: found exactly when there is one, and the pair
+        /// named does overlap.
+        #[test]
+        fn first_overlap_matches_the_pairwise_check(
+            raw in prop::collection::vec((0usize..3, 0usize..64, 0usize..16), 0..24)
+        ) {
+            let ranges: Vec<_> = raw.iter().map(|&(a, s, l)| (a, s..s + l)).collect();
+            let found = first_overlap(&ranges);
+            prop_assert_eq!(found.is_some(), any_overlap(&ranges));
+            if let Some((later, earlier)) = found {
+                prop_assert!(earlier < later);
+                prop_assert!(share(&ranges[later], &ranges[earlier]));
+            }
+        }
+    }
 }
