@@ -340,7 +340,7 @@ fn an_upload_batch_of_small_slices_past_the_pinned_pool_goes_in_groups() {
     let views: Vec<_> = (0..n)
         .map(|i| whole.slice(i * (len + 4), len).unwrap())
         .collect();
-    let mut misses = None;
+    let first = hal.stats().unwrap().pinned.misses;
     for round in 0..3 {
         let data: Vec<Vec<u32>> = (0..n).map(|_| rng.u32s(len)).collect();
         let items: Vec<_> = views.iter().zip(&data).map(|(v, d)| (v, &d[..])).collect();
@@ -359,13 +359,14 @@ fn an_upload_batch_of_small_slices_past_the_pinned_pool_goes_in_groups() {
             assert!(v[at..at + len] == want[..], "round {round}: slice {i}");
             assert_eq!(&v[at + len..at + len + 4], &[POISON; 4], "after slice {i}");
         }
-        let now = hal.stats().unwrap().pinned.misses;
-        assert_eq!(
-            *misses.get_or_insert(now),
-            now,
-            "round {round}: blocks pinned again"
-        );
     }
+    // Nine groups in all, through the two blocks the pool has room for (a second is made
+    // only where the first is still busy when the next group is staged).
+    let made = hal.stats().unwrap().pinned.misses - first;
+    assert!(
+        (1..=2).contains(&made),
+        "{made} blocks pinned for nine groups"
+    );
 }
 
 #[test]
