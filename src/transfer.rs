@@ -757,26 +757,25 @@ impl CudaHal {
 }
 
 /// Two of `ranges` (allocation, byte range) that share bytes of one allocation, as (the
-/// later index, the earlier), if any: sorted by allocation and start, a range overlaps an
-/// earlier one exactly when it starts before the furthest end so far (O(n log n), for
-/// batches of many thousand slices).
+/// later index, the earlier), if any. Sorted by allocation and start, the ranges before
+/// the first overlap are disjoint, so a range overlaps one of them exactly when it starts
+/// before the end of the one just before it (O(n log n), for batches of many thousand
+/// slices).
 fn first_overlap(ranges: &[(usize, std::ops::Range<usize>)]) -> Option<(usize, usize)> {
     let mut order: Vec<usize> = (0..ranges.len()).collect();
     order.sort_unstable_by_key(|&i| (ranges[i].0, ranges[i].1.start));
-    // The range reaching furthest so far within the current allocation.
-    let mut furthest: Option<usize> = None;
+    let mut before: Option<usize> = None;
     for &i in &order {
         let (alloc, r) = &ranges[i];
         if r.is_empty() {
             continue; // no bytes to share
         }
-        match furthest {
-            Some(f) if ranges[f].0 == *alloc && r.start < ranges[f].1.end => {
-                return Some((i.max(f), i.min(f)));
+        if let Some(b) = before {
+            if ranges[b].0 == *alloc && r.start < ranges[b].1.end {
+                return Some((i.max(b), i.min(b)));
             }
-            Some(f) if ranges[f].0 == *alloc && ranges[f].1.end >= r.end => {}
-            _ => furthest = Some(i),
         }
+        before = Some(i);
     }
     None
 }
@@ -826,9 +825,9 @@ mod tests {
             "two allocations"
         );
         assert_eq!(first_overlap(&[r(1, 4, 12), r(1, 0, 8)]), Some((1, 0)));
-        // One long range hides under a short one that sorts between them.
-        let long = [r(1, 0, 100), r(1, 10, 20), r(1, 50, 60)];
-        assert_eq!(first_overlap(&long), Some((1, 0)));
+        // Out of order: the pair found is the first in sorted order, named by index.
+        let long = [r(1, 0, 100), r(1, 50, 60), r(1, 10, 20)];
+        assert_eq!(first_overlap(&long), Some((2, 0)));
         assert_eq!(first_overlap(&[r(1, 0, 8), r(1, 4, 4)]), None, "no bytes");
         assert_eq!(first_overlap(&[]), None);
     }
