@@ -764,9 +764,9 @@ impl HalInner {
         Ok(finish(alloc, name))
     }
 
-    /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory trims and
-    /// retries once, and if it is still out of memory and other HALs of the device hold
-    /// cached memory, trims them and retries once more.
+    /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory makes room
+    /// ([`HalInner::make_room`]) and retries once, and if it is still out of memory and
+    /// other HALs of the device are usable, makes room in them and retries once more.
     fn alloc_from_driver(
         &self,
         name: &str,
@@ -778,7 +778,7 @@ impl HalInner {
         let mut result = self.classified_alloc(bytes, pooled);
         if oom(&result) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
-            self.trim(0).map_err(AllocFail::Other)?;
+            self.make_room().map_err(AllocFail::Other)?;
             result = self.classified_alloc(bytes, pooled);
             if oom(&result) && self.trim_neighbours() {
                 result = self.classified_alloc(bytes, pooled);
@@ -869,15 +869,26 @@ impl HalInner {
         Ok(())
     }
 
-    /// Trims this HAL's block cache and pool, then the other HALs' of its device.
+    /// What an allocation the driver refused gives back before its retry: the prover
+    /// tables (made again when next needed; a table an operation in flight holds stays
+    /// until it lets go), then the cached blocks and the pool's reserve. The column groups
+    /// NTTs fell back to are forgotten, as after `trim_pool`: room may have been made.
+    fn make_room(&self) -> Result<()> {
+        // The tables first: their blocks go to the block cache, which the trim empties.
+        self.prover.clear();
+        self.trim(0)
+    }
+
+    /// Makes room ([`HalInner::make_room`]) in this HAL, then in the other HALs of its
+    /// device.
     pub(crate) fn trim_all_on_device(&self) -> Result<()> {
-        self.trim(0)?;
+        self.make_room()?;
         self.trim_neighbours();
         Ok(())
     }
 
-    /// Trims the other usable HALs of this device (their cached blocks and pools), after
-    /// this one ran out of memory even trimmed. Whether there was any. Their errors are
+    /// Makes room in the other usable HALs of this device (their prover tables, cached
+    /// blocks and pools), after this one ran out of memory even trimmed. Whether there was any. Their errors are
     /// logged, not returned: the caller's request stands or falls by its retry. The context
     /// is current (the device's primary context, which they share).
     pub(crate) fn trim_neighbours(&self) -> bool {
@@ -894,7 +905,7 @@ impl HalInner {
                 "out of memory on device {}: trimming another HAL of it",
                 self.info.ordinal
             );
-            if let Err(e) = o.ctx.bind().and_then(|()| o.trim(0)) {
+            if let Err(e) = o.ctx.bind().and_then(|()| o.make_room()) {
                 log::warn!("trimming another HAL of device {}: {e}", self.info.ordinal);
             }
         }

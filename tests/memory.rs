@@ -908,10 +908,7 @@ fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     capture_logs();
     // 64 columns of 2^20 points: a whole batch's scratch is 256 MiB, one column's 4 MiB.
     let (log_n, cols) = (20, 64);
-    let mut rng = Rng::new(0x6a8);
-    let v: Vec<Elem> = (0..cols << log_n)
-        .map(|_| Elem::from_u64(rng.next_u64()))
-        .collect();
+    let v = Rng::new(0x6a8).elems(cols << log_n);
     let io = hal.copy_from("io", &v).unwrap();
     // The expected output, from the whole batch at once while memory is plentiful.
     hal.batch_ntt(&io, log_n, false).unwrap();
@@ -961,29 +958,28 @@ fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     assert!(hal.poisoned().is_none());
 }
 
+/// The bytes of `hal`'s live allocations named `name`.
+fn live_bytes_named(hal: &CudaHal, name: &str) -> usize {
+    let report = hal.memory_report();
+    let t = report.by_name.iter().find(|t| t.name == name);
+    t.map_or(0, |t| t.current_bytes)
+}
+
 /// `trim_pool` frees the prover operations' tables as well, and they are made again when
 /// next needed. Before, a twiddle table stayed for the HAL's life, out of any trim's reach.
 #[test]
 fn trim_pool_frees_the_prover_tables() {
-    use cuda_hal::field::Elem;
     use cuda_hal::Hal;
     let Some(hal) = gpu() else { return };
     let log_n = 16;
-    let mut rng = Rng::new(0x7b1);
-    let v: Vec<Elem> = (0..4 << log_n)
-        .map(|_| Elem::from_u64(rng.next_u64()))
-        .collect();
+    let v = Rng::new(0x7b1).elems(4 << log_n);
     let io = hal.copy_from("io", &v).unwrap();
     hal.batch_ntt(&io, log_n, false).unwrap();
     let want = io.to_vec().unwrap();
     hal.batch_ntt(&io, log_n, true).unwrap();
     assert!(io.to_vec().unwrap() == v, "the inverse undoes it");
     let live = || hal.memory_report().current_bytes;
-    let twiddles = || {
-        let report = hal.memory_report();
-        let t = report.by_name.iter().find(|t| t.name == "prover-twiddles");
-        t.map_or(0, |t| t.current_bytes)
-    };
+    let twiddles = || live_bytes_named(&hal, "prover-twiddles");
     assert!(twiddles() > 0, "forward and inverse tables");
     assert_eq!(live(), io.size_bytes() + twiddles());
     hal.trim_pool(0).unwrap();
@@ -992,4 +988,59 @@ fn trim_pool_frees_the_prover_tables() {
     hal.batch_ntt(&io, log_n, false).unwrap();
     assert!(io.to_vec().unwrap() == want, "the table made again");
     assert!(twiddles() > 0);
+}
+
+/// An allocation the driver refuses frees the HAL's prover tables before its retry, as
+/// `trim_pool` does, and they are made again when next needed. Before, the retry trimmed
+/// only the block cache and the pool, so a request that fitted only without the tables
+/// failed with `OutOfMemory` while a twiddle table nobody used held its memory.
+#[test]
+fn an_allocation_the_driver_refuses_frees_the_prover_tables_for_its_retry() {
+    use cuda_hal::Hal;
+    let Some(_device) = gpu_exclusive() else {
+        return;
+    };
+    capture_logs();
+    // Nothing freed is kept (no block cache; the pool gives its memory back at each
+    // synchronisation): past the NTT, the HAL holds its twiddle table alone.
+    let config = HalConfig {
+        block_cache_bytes: 0,
+        release_threshold: 0,
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    // One column of 2^26 points: its twiddle table is 2^25 words, 128 MiB.
+    let log_n = 26;
+    let v = Rng::new(0x7ab).elems(1 << log_n);
+    let io = hal.copy_from("io", &v).unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    let want = io.to_vec().unwrap();
+    drop(io);
+    hal.synchronize().unwrap();
+    let twiddles = || live_bytes_named(&hal, "prover-twiddles");
+    let table = twiddles();
+    assert_eq!(table, 128 * MIB);
+    assert_eq!(hal.memory_report().current_bytes, table, "the table alone");
+    let ballast = Ballast::fill();
+    // Half the table past what the driver has free: it fits only once the table is gone.
+    let ask = device_free_bytes() + table / 2;
+    let before = driver_refusals("past-the-table");
+    let got = hal.alloc::<u8>("past-the-table", ask);
+    let refused = driver_refusals("past-the-table") - before;
+    let got = got.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        refused > 0,
+        "the driver gave it at once: the test did not reach its limit"
+    );
+    assert_eq!(twiddles(), 0, "freed for the retry");
+    got.fill(3).unwrap();
+    assert_eq!(got.get_at(ask - 1).unwrap(), 3);
+    drop(got);
+    drop(ballast);
+    // Made again by the next NTT.
+    let io = hal.copy_from("io", &v).unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    assert!(io.to_vec().unwrap() == want, "the table made again");
+    assert_eq!(twiddles(), table);
+    assert!(hal.poisoned().is_none());
 }

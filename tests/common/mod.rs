@@ -83,6 +83,13 @@ impl Rng {
             .collect()
     }
 
+    /// `n` BabyBear elements, uniform over the field.
+    pub fn elems(&mut self, n: usize) -> Vec<cuda_hal::field::Elem> {
+        (0..n)
+            .map(|_| cuda_hal::field::Elem::from_u64(self.next_u64()))
+            .collect()
+    }
+
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
