@@ -129,7 +129,10 @@ impl CudaHal {
             h.guard(unsafe { api()?.cuMemGetInfo(free, total) }.map_err(Error::from))
         };
         mem_info(&mut free, &mut total)?;
-        if bytes > free.saturating_sub(*handed_out) {
+        // More than the device holds besides what is handed out can never fit: refused
+        // before anything is trimmed (making room frees every HAL's caches and tables).
+        let fits_at_all = bytes <= total.saturating_sub(*handed_out);
+        if fits_at_all && bytes > free.saturating_sub(*handed_out) {
             // Freed device buffers may be held back by this HAL's block cache and pool, or
             // by another HAL's of the device, which the driver counts as used: trimmed, as
             // a device allocation would be, and asked again.

@@ -741,6 +741,29 @@ fn managed_memory_is_shared_prefetched_and_advised() {
     ));
 }
 
+/// A managed request past what the device holds is refused at once: making room first
+/// would free every HAL's cached blocks and prover tables for a request that cannot fit.
+/// (Before, it trimmed every HAL of the device, then was refused.)
+#[test]
+fn a_managed_request_past_the_device_is_refused_without_making_room() {
+    use cuda_hal::Hal;
+    let Some(hal) = gpu() else { return };
+    capture_logs();
+    let io = hal
+        .copy_from("io", &Rng::new(0x3c1).elems(1 << 12))
+        .unwrap();
+    hal.batch_ntt(&io, 12, false).unwrap();
+    let table = live_bytes_named(&hal, "prover-twiddles");
+    assert!(table > 0);
+    let too_big = hal.info().total_memory + 1;
+    assert!(matches!(
+        hal.alloc_managed::<u8>("past-the-device", too_big),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(!logged("`past-the-device`"), "it made room first");
+    assert_eq!(live_bytes_named(&hal, "prover-twiddles"), table);
+}
+
 /// Managed memory takes no device memory until its pages are touched, so the free memory
 /// the driver reports does not fall: what is handed out counts against it.
 #[test]
@@ -922,10 +945,15 @@ fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     hal.batch_ntt(&one, log_n, false).unwrap();
     drop(one);
     let mut ballast = Ballast::fill();
-    // Free ballast until one column's scratch fits (a probe through the HAL, freed to the
-    // block cache or the driver).
+    // Free ballast until one column's scratch fits, and the twiddle table besides (probes
+    // through the HAL, freed to the block cache or the driver): a refused probe makes
+    // room, which frees the table, and the NTT makes it again.
     loop {
-        match hal.alloc::<Elem>("probe", 1 << log_n) {
+        let probe = hal.alloc::<Elem>("probe", 1 << log_n).and_then(|scratch| {
+            let table = hal.alloc::<u32>("probe-table", 1 << (log_n - 1))?;
+            Ok((scratch, table))
+        });
+        match probe {
             Ok(probe) => {
                 drop(probe);
                 break;
