@@ -634,8 +634,8 @@ pub(crate) struct Aside {
 const EVENTS_KEPT: usize = 16;
 
 /// Every HAL of the process with its device's ordinal. Memory one HAL's block cache and
-/// pool hold back counts as used for the driver, so a HAL that runs out of memory trims
-/// the other HALs of its device too ([`HalInner::trim_neighbours`]).
+/// pool hold back counts as used for the driver, so a HAL that runs out of memory makes
+/// room in the other HALs of its device too ([`HalInner::trim_neighbours`]).
 static DEVICE_HALS: Mutex<Vec<(usize, std::sync::Weak<HalInner>)>> = Mutex::new(Vec::new());
 
 fn register_on_device(ordinal: usize, hal: &Arc<HalInner>) {
@@ -708,10 +708,10 @@ impl HalInner {
     /// Allocates `bytes` (> 0) and hands the allocation, with its name, to `finish`: with
     /// phase 3 from the block cache or the pool on the stream, else `cuMemAlloc`. Refused
     /// before the driver is asked when it would pass the HAL's limit or the device's size.
-    /// Out of memory flushes the cache, trims the pool and retries once. The limit, the
-    /// tracking and the cache take one lock section. A cached block makes no driver call,
-    /// so the context is bound only to reach the driver: every operation that calls the
-    /// driver binds it itself.
+    /// Out of memory frees the prover tables, flushes the cache, trims the pool and retries
+    /// once ([`HalInner::make_room`]). The limit, the tracking and the cache take one lock
+    /// section. A cached block makes no driver call, so the context is bound only to reach
+    /// the driver: every operation that calls the driver binds it itself.
     ///
     /// Inlined, so that `finish` gets the allocation in registers. (Returned as a `Result`
     /// through memory, its fields written one by one were read back as wider words before
@@ -888,8 +888,8 @@ impl HalInner {
     }
 
     /// Makes room in the other usable HALs of this device (their prover tables, cached
-    /// blocks and pools), after this one ran out of memory even trimmed. Whether there was any. Their errors are
-    /// logged, not returned: the caller's request stands or falls by its retry. The context
+    /// blocks and pools), after this one ran out of memory even trimmed; true if there was
+    /// any. Their errors are logged, not returned: the caller's request stands or falls by its retry. The context
     /// is current (the device's primary context, which they share).
     pub(crate) fn trim_neighbours(&self) -> bool {
         let others: Vec<Arc<HalInner>> = DEVICE_HALS
