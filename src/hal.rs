@@ -635,7 +635,7 @@ const EVENTS_KEPT: usize = 16;
 
 /// Every HAL of the process with its device's ordinal. Memory one HAL's block cache and
 /// pool hold back counts as used for the driver, so a HAL that runs out of memory makes
-/// room in the other HALs of its device too ([`HalInner::trim_neighbours`]).
+/// room in the other HALs of its device too ([`HalInner::make_room_in_neighbours`]).
 static DEVICE_HALS: Mutex<Vec<(usize, std::sync::Weak<HalInner>)>> = Mutex::new(Vec::new());
 
 fn register_on_device(ordinal: usize, hal: &Arc<HalInner>) {
@@ -780,7 +780,7 @@ impl HalInner {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
             self.make_room().map_err(AllocFail::Other)?;
             result = self.classified_alloc(bytes, pooled);
-            if oom(&result) && self.trim_neighbours() {
+            if oom(&result) && self.make_room_in_neighbours() {
                 result = self.classified_alloc(bytes, pooled);
             }
         }
@@ -881,17 +881,18 @@ impl HalInner {
 
     /// Makes room ([`HalInner::make_room`]) in this HAL, then in the other HALs of its
     /// device.
-    pub(crate) fn trim_all_on_device(&self) -> Result<()> {
+    pub(crate) fn make_room_on_device(&self) -> Result<()> {
         self.make_room()?;
-        self.trim_neighbours();
+        self.make_room_in_neighbours();
         Ok(())
     }
 
     /// Makes room in the other usable HALs of this device (their prover tables, cached
-    /// blocks and pools), after this one ran out of memory even trimmed; true if there was
-    /// any. Their errors are logged, not returned: the caller's request stands or falls by its retry. The context
-    /// is current (the device's primary context, which they share).
-    pub(crate) fn trim_neighbours(&self) -> bool {
+    /// blocks and pools), after this one ran out of memory even with its own room made;
+    /// true if there was any. Their errors are logged, not returned: the caller's request
+    /// stands or falls by its retry. The context is current (the device's primary
+    /// context, which they share).
+    pub(crate) fn make_room_in_neighbours(&self) -> bool {
         let others: Vec<Arc<HalInner>> = DEVICE_HALS
             .lock()
             .iter()

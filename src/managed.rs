@@ -134,10 +134,11 @@ impl CudaHal {
         let fits_at_all = bytes <= total.saturating_sub(*handed_out);
         if fits_at_all && bytes > free.saturating_sub(*handed_out) {
             // Freed device buffers may be held back by this HAL's block cache and pool, or
-            // by another HAL's of the device, which the driver counts as used: trimmed, as
-            // a device allocation would be, and asked again.
+            // by another HAL's of the device, which the driver counts as used (and prover
+            // tables hold memory they would make again): room is made, as for a device
+            // allocation, and the driver asked again.
             log::debug!("alloc_managed `{name}` of {bytes} bytes: not free; trimming");
-            h.trim_all_on_device()?;
+            h.make_room_on_device()?;
             mem_info(&mut free, &mut total)?;
         }
         let oom = || {
