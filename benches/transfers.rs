@@ -315,46 +315,83 @@ fn coalescing(hal: &CudaHal) {
         "-",
     );
     // 256 slices of 1 KiB into 256 buffers.
-    let bufs: Vec<_> = (0..256)
+    let s = Stream::new_non_blocking().unwrap();
+    let t = time_small_slices(hal, &s, 256, (100, 20));
+    t.rows(
+        "upload_batch 256 x 1 KiB",
+        "256 x copy_from_slice 1 KiB",
+        "256 KiB",
+    );
+    upload_batch_past_the_pinned_pool(&s);
+}
+
+/// `n` slices of 1 KiB into `n` buffers, timed both ways (each with a synchronize), with
+/// the pinned floor of their bytes and what one batch did.
+struct SmallSlices {
+    batched: f64,
+    each: f64,
+    floor: f64,
+    bytes: usize,
+    one_batch: cuda_hal::LedgerSnapshot,
+}
+
+/// Times `n` slices of 1 KiB into `n` buffers of `hal`: one `upload_batch` (`rounds.0`
+/// runs at least) and one `copy_from_slice` each (`rounds.1`), against a pinned copy of
+/// their bytes on `stream`.
+fn time_small_slices(
+    hal: &CudaHal,
+    stream: &Stream,
+    n: usize,
+    rounds: (usize, usize),
+) -> SmallSlices {
+    let bufs: Vec<_> = (0..n)
         .map(|_| hal.alloc::<u32>("small", 256).unwrap())
         .collect();
-    let host: Vec<Vec<u32>> = (0..256).map(|k| vec![k as u32; 256]).collect();
+    let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32; 256]).collect();
     let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
         bufs.iter().zip(&host).map(|(b, h)| (b, &h[..])).collect();
-    let batched = median_us(100, 300, || {
+    let before = hal.ledger();
+    hal.upload_batch(&items).unwrap();
+    let one_batch = hal.ledger().since(&before);
+    let batched = median_us(rounds.0, 300, || {
         hal.upload_batch(&items).unwrap();
         hal.synchronize().unwrap();
     });
-    let each = median_us(20, 300, || {
+    let each = median_us(rounds.1, 300, || {
         for (b, h) in &items {
             b.copy_from_slice(h).unwrap();
         }
         hal.synchronize().unwrap();
     });
-    let total = 256 * 1024;
-    let pin = PinnedMemory::new(total, PinnedFlags::default()).unwrap();
-    let dst = hal.alloc::<u8>("dst", total).unwrap();
+    let bytes = n * 1024;
+    let pin = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
+    let dst = hal.alloc::<u8>("dst", bytes).unwrap();
     let draw = dst.device_ptr_mut().unwrap().addr;
     hal.synchronize().unwrap();
-    let s = Stream::new_non_blocking().unwrap();
-    let floor = pinned_copy_floor(&s, pin.as_ptr(), draw, total, true);
-    row(
-        "upload_batch 256 x 1 KiB",
+    let floor = pinned_copy_floor(stream, pin.as_ptr(), draw, bytes, true);
+    SmallSlices {
         batched,
-        "pinned H2D 256 KiB",
-        floor,
-        total as i64,
-        "-",
-    );
-    row(
-        "256 x copy_from_slice 1 KiB",
         each,
-        "pinned H2D 256 KiB",
         floor,
-        total as i64,
-        "-",
-    );
-    upload_batch_past_the_pinned_pool(&s);
+        bytes,
+        one_batch,
+    }
+}
+
+impl SmallSlices {
+    /// The two rows, against the pinned floor of their bytes (`size`, as the row says it).
+    fn rows(&self, batched: &str, each: &str, size: &str) {
+        let floor = format!("pinned H2D {size}");
+        row(
+            batched,
+            self.batched,
+            &floor,
+            self.floor,
+            self.bytes as i64,
+            "-",
+        );
+        row(each, self.each, &floor, self.floor, self.bytes as i64, "-");
+    }
 }
 
 /// 4,096 slices of 1 KiB with a 1 MiB pinned pool: the batch goes in groups of about
@@ -367,51 +404,15 @@ fn upload_batch_past_the_pinned_pool(stream: &Stream) {
         ..HalConfig::default()
     };
     let hal = CudaHal::with_config(0, config).unwrap();
-    let n = 4096;
-    let bufs: Vec<_> = (0..n)
-        .map(|_| hal.alloc::<u32>("small", 256).unwrap())
-        .collect();
-    let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32; 256]).collect();
-    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
-        bufs.iter().zip(&host).map(|(b, h)| (b, &h[..])).collect();
-    let before = hal.ledger();
-    hal.upload_batch(&items).unwrap();
-    let d = hal.ledger().since(&before);
-    let batched = median_us(20, 300, || {
-        hal.upload_batch(&items).unwrap();
-        hal.synchronize().unwrap();
-    });
-    let each = median_us(5, 300, || {
-        for (b, h) in &items {
-            b.copy_from_slice(h).unwrap();
-        }
-        hal.synchronize().unwrap();
-    });
-    let total = n * 1024;
-    let pin = PinnedMemory::new(total, PinnedFlags::default()).unwrap();
-    let dst = hal.alloc::<u8>("dst", total).unwrap();
-    let draw = dst.device_ptr_mut().unwrap().addr;
-    hal.synchronize().unwrap();
-    let floor = pinned_copy_floor(stream, pin.as_ptr(), draw, total, true);
-    row(
+    let t = time_small_slices(&hal, stream, 4096, (20, 5));
+    t.rows(
         "upload_batch 4096 x 1 KiB, 1 MiB pinned pool",
-        batched,
-        "pinned H2D 4 MiB",
-        floor,
-        total as i64,
-        "-",
-    );
-    row(
         "4096 x copy_from_slice 1 KiB (the replaced route)",
-        each,
-        "pinned H2D 4 MiB",
-        floor,
-        total as i64,
-        "-",
+        "4 MiB",
     );
     info(&format!(
         "upload_batch 4096 x 1 KiB past a 1 MiB pinned pool: {} copies and {} scatters a batch",
-        d.h2d.calls, d.launches
+        t.one_batch.h2d.calls, t.one_batch.launches
     ));
 }
 
