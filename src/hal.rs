@@ -872,10 +872,11 @@ impl HalInner {
     /// What an allocation the driver refused gives back before its retry: the prover
     /// tables (made again when next needed; a table an operation in flight holds stays
     /// until it lets go), then the cached blocks and the pool's reserve. The column groups
-    /// NTTs fell back to are forgotten, as after `trim_pool`: room may have been made.
+    /// NTTs fell back to are kept (a refusal says memory is short; `trim_pool` forgets
+    /// them).
     fn make_room(&self) -> Result<()> {
         // The tables first: their blocks go to the block cache, which the trim empties.
-        self.prover.clear();
+        self.prover.free_tables();
         self.trim(0)
     }
 

@@ -54,16 +54,21 @@ pub(crate) struct ProverCache {
 const MAX_NTT_GROUPS: usize = 256;
 
 impl ProverCache {
-    /// Frees the tables (after the lock: a free may wait on the device) and forgets the
-    /// column groups that fitted.
+    /// Frees the tables and forgets the column groups that fitted.
     pub(crate) fn clear(&self) {
-        let tables = std::mem::take(&mut *self.tables.lock());
-        drop(tables);
+        self.free_tables();
         self.forget_ntt_groups();
     }
 
+    /// Frees the tables (after the lock: a free may wait on the device); a table an
+    /// operation holds stays until it lets go.
+    pub(crate) fn free_tables(&self) {
+        let tables = std::mem::take(&mut *self.tables.lock());
+        drop(tables);
+    }
+
     /// Forgets the column groups that fitted (memory may have been freed).
-    pub(crate) fn forget_ntt_groups(&self) {
+    fn forget_ntt_groups(&self) {
         self.ntt_groups.lock().clear();
     }
 

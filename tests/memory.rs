@@ -922,7 +922,8 @@ fn driver_refusals(name: &str) -> usize {
 /// refusal trimmed the HAL (its block cache freed, its stream waited for) before the
 /// group was halved. The device is filled until one column's scratch just fits, and the
 /// first call must itself have been refused, so the test cannot pass without reaching the
-/// driver's limit.
+/// driver's limit. Another allocation the driver refuses between the two calls leaves the
+/// group remembered (at fd8bcae its room-making forgot it).
 #[test]
 fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     use cuda_hal::field::Elem;
@@ -969,6 +970,12 @@ fn an_ntt_past_the_drivers_memory_asks_first_for_the_group_that_fitted() {
     let first = driver_refusals("prover-ntt-scratch") - before;
     let first_out = io.to_vec().unwrap();
     io.copy_from_slice(&v).unwrap();
+    // Another allocation the driver refuses in between makes room, and the group that
+    // fitted stays remembered: memory is no less short.
+    match hal.alloc::<u8>("refused-between", hal.info().total_memory / 2) {
+        Err(Error::OutOfMemory { driver, .. }) => assert!(driver.is_some(), "the driver's"),
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|b| b.len())),
+    }
     hal.batch_ntt(&io, log_n, false).unwrap();
     let second = driver_refusals("prover-ntt-scratch") - before - first;
     let second_out = io.to_vec().unwrap();
