@@ -195,6 +195,20 @@ fn async_reads(hal: &CudaHal, stream: &Stream) {
         (64 * MIB) as i64,
         "-",
     );
+    let t = median_us(10, 300, || {
+        let _ = b.device_ptr_mut().unwrap();
+        let v = b.to_vec().unwrap();
+        assert_eq!(v[n - 1], 3);
+    });
+    row(
+        "to_vec 64 MiB into new Vec (after device write)",
+        t,
+        "pinned D2H 64 MiB",
+        floor,
+        (64 * MIB) as i64,
+        "-",
+    );
+    new_vec_floor(64 * MIB);
     let one = hal.copy_from("one", &[9u32]).unwrap();
     let mut v = 0u32;
     let raw1 = one.device_ptr().unwrap().addr;
@@ -210,6 +224,40 @@ fn async_reads(hal: &CudaHal, stream: &Stream) {
     row("read_async + wait, 4 B", t, "cuMemcpyDtoH 4 B", f4, 4, "-");
     drop((b, floor_mem));
     read_past_the_pinned_pool(stream);
+}
+
+/// What a new `Vec` of `bytes` costs the host before any copy: allocated and written, one
+/// store a page, by 16 threads, in 4 KiB pages and where the kernel gives them (transparent
+/// huge pages asked for with `MADV_HUGEPAGE`) in 2 MiB ones.
+fn new_vec_floor(bytes: usize) {
+    let fill = |huge: bool| {
+        median_us(5, 3000, || {
+            let mut v = vec![0u8; bytes];
+            if huge {
+                let start = (v.as_ptr() as usize).next_multiple_of(2 * MIB);
+                let end = (v.as_ptr() as usize + bytes) / (2 * MIB) * (2 * MIB);
+                // SAFETY: advice on whole pages within `v`'s own allocation.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE)
+                };
+            }
+            std::thread::scope(|s| {
+                for piece in v.chunks_mut(bytes / 16) {
+                    s.spawn(move || piece.iter_mut().step_by(4096).for_each(|b| *b = 1));
+                }
+            });
+            std::hint::black_box(&v);
+        })
+    };
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    info(&format!(
+        "a new {} MiB Vec written by 16 threads: {:.0} us in 4 KiB pages, {:.0} us in 2 MiB pages (transparent huge pages: {})",
+        bytes / MIB,
+        fill(false),
+        fill(true),
+        mode.trim()
+    ));
 }
 
 /// A 256 MiB read with a 64 MiB pinned pool: it lands in its result, registered for the

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use rayon::prelude::*;
 
 use crate::driver::{api, is_page_locked, Event};
+use crate::host_vec::par_copy;
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
@@ -156,14 +156,6 @@ struct Set<I, O> {
     ev: [Arc<Event>; 4],
     /// The chunk in flight: (first element, length).
     busy: Option<(usize, usize)>,
-}
-
-/// Copies with the rayon pool in 1 MiB pieces (page faults of a fresh destination included).
-pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
-    const PIECE: usize = 1 << 20;
-    dst.par_chunks_mut(PIECE)
-        .zip(src.par_chunks(PIECE))
-        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 impl CudaHal {

@@ -6,6 +6,7 @@ use bytemuck::Pod;
 
 use crate::driver::{api, Event};
 use crate::hal::HalInner;
+use crate::host_vec;
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
@@ -130,12 +131,7 @@ impl<T: Pod> PendingRead<T> {
                 let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
                 match (r, landing.take()) {
                     (Ok(()), Some(Landing::Pinned(b))) => {
-                        let mut v = vec![T::zeroed(); len];
-                        // A fresh Vec faults its pages in on first write: copy in parallel.
-                        crate::pipeline::par_copy(
-                            bytemuck::cast_slice_mut::<T, u8>(&mut v),
-                            &b.mem.as_slice()[..len * std::mem::size_of::<T>()],
-                        );
+                        let v = host_vec::copied(&b.mem.as_slice()[..len * size_of::<T>()]);
                         hal.pinned.give(b);
                         Ok(v)
                     }
@@ -227,17 +223,12 @@ impl<T> Drop for PendingRead<T> {
 /// copy lands in it directly; `None` if the driver will not register it (the caller stages
 /// through the pinned pool instead). The context is current.
 ///
-/// Its pages are new (`calloc`): they are faulted in first by the rayon pool, one store a
-/// page, since the driver faults them in one thread (a 256 MiB read took 92 ms so on an
-/// H200 host, against 5 ms for the copy).
+/// Its pages are new: they are faulted in first by the rayon pool, in 2 MiB pages where
+/// the kernel gives them ([`host_vec::prefaulted`]), since the driver faults them in one
+/// thread (a 256 MiB read took 92 ms so on an H200 host, against 5 ms for the copy).
 fn register_result<T: Pod>(len: usize) -> Option<Vec<T>> {
-    use rayon::prelude::*;
-    const PAGE: usize = 4096;
-    let mut v: Vec<T> = bytemuck::zeroed_vec(len);
+    let mut v = host_vec::prefaulted::<T>(len);
     let bytes = std::mem::size_of_val(v.as_slice());
-    bytemuck::cast_slice_mut::<T, u8>(&mut v)
-        .par_chunks_mut(1 << 20)
-        .for_each(|piece| piece.iter_mut().step_by(PAGE).for_each(|b| *b = 0));
     // SAFETY: `v` owns `bytes` bytes; it is unregistered before it is freed or handed to
     // the caller (`Landing::release`), and its heap memory does not move with the Vec.
     let r = api().and_then(|d| unsafe {

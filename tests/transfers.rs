@@ -861,6 +861,48 @@ fn a_read_past_the_pinned_pool_lands_in_its_result() {
     assert_eq!(hal.stats().unwrap().pinned.misses, before.misses + 1);
 }
 
+/// Results of 4 MiB and more land in new memory asked for in 2 MiB pages and written by
+/// several threads: every way of reading one into a new `Vec` holds the device's bytes, up
+/// to the tail past the last whole 2 MiB page.
+#[test]
+fn large_results_hold_the_devices_bytes_however_they_are_read() {
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::new(0).unwrap();
+    let data = Rng::new(47).u32s(4 * MIB + 5); // 16 MiB and 20 bytes
+    let inp = hal.copy_from("in", &data).unwrap();
+    let out = hal.alloc::<u32>("out", data.len()).unwrap();
+    for rounds in 1..6u32 {
+        // A kernel writes the buffer: no host copy is valid until a read brings it.
+        launch_lcg(&hal, None, &out, &inp, rounds);
+        let want: Vec<u32> = data.iter().map(|&x| lcg(x, rounds)).collect();
+        match rounds {
+            // A view of the host copy (phase 2) or a download.
+            1 => assert!(out.to_vec().unwrap() == want),
+            // A block of the pinned pool, copied out.
+            2 => assert!(out.read_async().unwrap().wait().unwrap() == want),
+            // A read after a read: with phase 2 the host copy answers.
+            3 => {
+                assert!(out.to_vec().unwrap() == want);
+                assert!(out.read_async().unwrap().wait().unwrap() == want);
+            }
+            // A slice, whose bytes start past the allocation's first page.
+            4 => {
+                let s = out.slice(1025, want.len() - 1030).unwrap();
+                assert!(s.to_vec().unwrap() == want[1025..want.len() - 5]);
+            }
+            // A mutable view starts from the device's bytes, and its edit is kept.
+            _ => {
+                out.view_mut(|v| {
+                    assert!(v == &want[..]);
+                    v[want.len() - 1] = POISON;
+                })
+                .unwrap();
+                assert_eq!(out.get_at(want.len() - 1).unwrap(), POISON);
+            }
+        }
+    }
+}
+
 /// A read that would fill the pinned pool, beside small transfers: before, its block and
 /// the small ones evicted each other in turn, and every round pinned both again (a
 /// `cuMemHostAlloc` of 256 MiB takes 85-210 ms). Now the read lands in its registered

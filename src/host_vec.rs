@@ -1,0 +1,168 @@
+//! New host `Vec`s that receive a read's result, and the parallel copy that fills them.
+//!
+//! A new allocation's pages are faulted in on first write, a 4 KiB page at a time. On the
+//! H200 host (2026-11-26) a new 64 MiB `Vec` written by one thread took 37.6 ms, by the
+//! rayon pool (16 threads) 4.0 ms, and by the pool in 2 MiB pages 2.0 ms, against 1.2 ms
+//! for the copy from the device. So a large result asks for 2 MiB pages (`MADV_HUGEPAGE`:
+//! transparent huge pages are often enabled only where asked for) and is written by the
+//! pool.
+
+use bytemuck::Pod;
+use rayon::prelude::*;
+
+/// Below this many bytes a result is written by the calling thread.
+const PARALLEL_MIN: usize = 1 << 20;
+/// From this many bytes a result asks for 2 MiB pages.
+const HUGE_PAGES_MIN: usize = 4 << 20;
+const HUGE_PAGE: usize = 2 << 20;
+const PAGE: usize = 4096;
+
+/// Copies with the rayon pool in 1 MiB pieces (page faults of a new destination included).
+pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
+    dst.par_chunks_mut(PARALLEL_MIN)
+        .zip(src.par_chunks(PARALLEL_MIN))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// `len` zeroed elements in new memory whose pages are not written yet (where the
+/// allocator maps a large request afresh), asking for 2 MiB pages when large.
+pub(crate) fn zeroed<T: Pod>(len: usize) -> Vec<T> {
+    let mut v: Vec<T> = bytemuck::zeroed_vec(len);
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+    if bytes.len() >= HUGE_PAGES_MIN {
+        advise_huge_pages(bytes);
+    }
+    v
+}
+
+/// [`zeroed`], with every page faulted in by the rayon pool: for a result that the
+/// driver, or one thread, then writes.
+pub(crate) fn prefaulted<T: Pod>(len: usize) -> Vec<T> {
+    let mut v = zeroed::<T>(len);
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+    if bytes.len() >= PARALLEL_MIN {
+        // One store a page (of zero: the bytes stay as they are).
+        bytes
+            .par_chunks_mut(PARALLEL_MIN)
+            .for_each(|piece| piece.iter_mut().step_by(PAGE).for_each(|b| *b = 0));
+    }
+    v
+}
+
+/// A new `Vec` of the elements whose bytes are `src` (a whole number of elements),
+/// written by the rayon pool when large.
+pub(crate) fn copied<T: Pod>(src: &[u8]) -> Vec<T> {
+    let mut v = zeroed::<T>(src.len() / std::mem::size_of::<T>().max(1));
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+    if dst.len() >= PARALLEL_MIN {
+        par_copy(dst, src);
+    } else {
+        dst.copy_from_slice(src);
+    }
+    v
+}
+
+/// Asks the kernel for 2 MiB pages under the whole 2 MiB pages of `bytes`. Advice only:
+/// where it is refused (no transparent huge pages), 4 KiB pages serve as before.
+fn advise_huge_pages(bytes: &mut [u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = (bytes.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: the range lies within `bytes`, memory this process owns and maps
+            // read-write; MADV_HUGEPAGE changes how its pages are backed, never their
+            // contents.
+            let r = unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE)
+            };
+            if r != 0 {
+                log::trace!("MADV_HUGEPAGE refused: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (bytes, HUGE_PAGE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_hold_their_source_at_every_size() {
+        for len in [
+            0,
+            1,
+            3,
+            1000,
+            PARALLEL_MIN / 4 - 1,
+            PARALLEL_MIN / 4 + 5,
+            (HUGE_PAGES_MIN + HUGE_PAGE + 12) / 4,
+        ] {
+            let src: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(2654435761))
+                .collect();
+            let v: Vec<u32> = copied(bytemuck::cast_slice(&src));
+            assert_eq!(v, src, "{len} elements");
+        }
+    }
+
+    #[test]
+    fn new_results_are_zeroed() {
+        for len in [0, 7, PARALLEL_MIN + 3, HUGE_PAGES_MIN + 5] {
+            assert!(zeroed::<u8>(len).iter().all(|&b| b == 0));
+            let v = prefaulted::<u16>(len);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|&b| b == 0));
+        }
+    }
+
+    /// The transparent huge pages mode (`always`, `madvise` or `never`), if the kernel
+    /// has them.
+    fn thp_mode() -> Option<String> {
+        let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+        let start = s.find('[')? + 1;
+        Some(s[start..start + s[start..].find(']')?].to_string())
+    }
+
+    /// Kilobytes of 2 MiB pages backing the mapping that holds `addr`.
+    fn huge_kib_at(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = head.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if let (true, Some(kib)) = (inside, line.strip_prefix("AnonHugePages:")) {
+                return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn a_large_result_is_backed_by_huge_pages_where_the_kernel_has_them() {
+        match thp_mode().as_deref() {
+            Some("madvise") | Some("always") => {}
+            mode => {
+                println!("skipped: transparent huge pages are {mode:?} here");
+                return;
+            }
+        }
+        let v = prefaulted::<u8>(16 << 20);
+        let kib = huge_kib_at(v.as_ptr() as usize + (8 << 20));
+        // 2 MiB pages are given where free ones (or compaction) allow: at least one of
+        // the seven whole ones inside.
+        assert!(
+            kib >= 2048,
+            "{kib} KiB in huge pages ({:?} mode)",
+            thp_mode()
+        );
+    }
+}
