@@ -35,10 +35,15 @@ SPECIAL = {
     "cuMemAllocFromPoolAsync": "int cuMemAllocFromPoolAsync(unsigned long long *p, size_t b, void *pool, void *s) { return next(p, b); }",
     "cuMemAlloc_v2": "int cuMemAlloc_v2(unsigned long long *p, size_t b) { return next(p, b); }",
     "cuMemGetInfo_v2": "int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = 70ULL << 30; *t = 80ULL << 30; return 0; }",
+    # page-locked host memory is plain host memory here
+    "cuMemHostAlloc": "int cuMemHostAlloc(void **p, size_t b, unsigned f) { *p = malloc(b ? b : 1); return 0; }",
+    "cuMemAllocHost_v2": "int cuMemAllocHost_v2(void **p, size_t b) { *p = malloc(b ? b : 1); return 0; }",
+    "cuMemFreeHost": "int cuMemFreeHost(void *p) { free(p); return 0; }",
     "cuMemPoolGetAttribute": "int cuMemPoolGetAttribute(void *p, int a, void *v) { *(unsigned long long *)v = 0; return 0; }",
 }
 
 PRELUDE = """#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 static __thread void *current;
 static unsigned long long next_address = 1ULL << 40;

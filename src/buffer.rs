@@ -101,6 +101,12 @@ impl RawBuffer {
     pub(crate) fn prepare_device_access(&self, r: Range<usize>, write: bool) -> Result<()> {
         // The caller may have another HAL's context current (copies between devices).
         self.hal.ctx.bind()?;
+        self.prepare_device_access_bound(r, write)
+    }
+
+    /// [`RawBuffer::prepare_device_access`] for a caller that has bound the context of the
+    /// buffer's HAL (`HalInner::enter`), preparing many of its buffers in a row.
+    pub(crate) fn prepare_device_access_bound(&self, r: Range<usize>, write: bool) -> Result<()> {
         self.side.wait_on(&self.hal.stream, 0, true)?;
         self.flush_host(r, write, false)
     }

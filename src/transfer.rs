@@ -603,8 +603,10 @@ impl CudaHal {
             });
         }
         h.enter()?;
+        // Every buffer is this HAL's (checked above), whose context `enter` bound.
         for (buf, _) in items {
-            buf.raw().prepare_device_access(buf.byte_range(), true)?;
+            buf.raw()
+                .prepare_device_access_bound(buf.byte_range(), true)?;
         }
         // Consecutive slices in groups whose staged bytes the pinned pool keeps two blocks
         // of, each group with one copy and one scatter; a slice past that alone goes
@@ -748,27 +750,32 @@ impl CudaHal {
 }
 
 /// Two of `ranges` (allocation, byte range) that share bytes of one allocation, as (the
-/// later index, the earlier), if any. Sorted by allocation and start, the ranges before
-/// the first overlap are disjoint, so a range overlaps one of them exactly when it starts
-/// before the end of the one just before it (O(n log n), for batches of many thousand
-/// slices).
+/// later index, the earlier), if any. None where every allocation appears once (O(n)).
+/// Otherwise, sorted by allocation and start, the ranges before the first overlap are
+/// disjoint, so a range overlaps one of them exactly when it starts before the end of the
+/// one just before it (O(n log n), for batches of many thousand slices).
 fn first_overlap(ranges: &[(usize, std::ops::Range<usize>)]) -> Option<(usize, usize)> {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
-    order.sort_unstable_by_key(|&i| (ranges[i].0, ranges[i].1.start));
-    let mut before: Option<usize> = None;
-    for &i in &order {
-        let (alloc, r) = &ranges[i];
-        if r.is_empty() {
-            continue; // no bytes to share
-        }
-        if let Some(b) = before {
-            if ranges[b].0 == *alloc && r.start < ranges[b].1.end {
-                return Some((i.max(b), i.min(b)));
-            }
-        }
-        before = Some(i);
+    // Ranges of distinct allocations share nothing (the common batch: one buffer each).
+    let mut allocs = rustc_hash::FxHashSet::default();
+    allocs.reserve(ranges.len());
+    let mut nonempty = ranges.iter().filter(|(_, r)| !r.is_empty());
+    if nonempty.all(|(alloc, _)| allocs.insert(*alloc)) {
+        return None;
     }
-    None
+    // Sorted by (allocation, start) as one integer: no lookup per comparison.
+    let key = |alloc: usize, start: usize| (alloc as u128) << 64 | start as u128;
+    let mut order: Vec<(u128, usize, usize)> = ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| !r.is_empty()) // no bytes to share
+        .map(|(i, (alloc, r))| (key(*alloc, r.start), r.end, i))
+        .collect();
+    order.sort_unstable_by_key(|&(k, ..)| k);
+    order.windows(2).find_map(|w| {
+        let ((key_b, end_b, b), (k, _, i)) = (w[0], w[1]);
+        let (start, same_alloc) = (k as u64 as usize, k >> 64 == key_b >> 64);
+        (same_alloc && start < end_b).then_some((i.max(b), i.min(b)))
+    })
 }
 
 /// Bytes of one entry of `upload_batch`'s segment table: source offset, destination, length.
