@@ -37,6 +37,7 @@ fn main() {
     hal.synchronize().unwrap();
     info(&format!("phases {} on {}", PHASES.label(), hal.info().name));
     let stream = Stream::new_non_blocking().unwrap();
+    pinned_allocation(&hal);
     pinned_and_registered(&hal, &stream);
     async_reads(&hal, &stream);
     coalescing(&hal);
@@ -63,6 +64,40 @@ fn pinned_copy_floor(
         }
         d().cuStreamSynchronize(stream.raw()).unwrap();
     })
+}
+
+/// Allocating and freeing pinned memory: `alloc_pinned` (a new mapping, faulted in and
+/// registered) against the driver's `cuMemHostAlloc` and `cuMemFreeHost` of as many bytes.
+fn pinned_allocation(hal: &CudaHal) {
+    for (bytes, size) in [
+        (64 << 10, "64 KiB"),
+        (64 * MIB, "64 MiB"),
+        (256 * MIB, "256 MiB"),
+    ] {
+        let t = median_us(3, 500, || {
+            let mut p = hal
+                .alloc_pinned::<u8>(bytes, PinnedFlags::default())
+                .unwrap();
+            p.host_mut().unwrap()[bytes - 1] = 1;
+        });
+        let floor = median_us(3, 500, || {
+            let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: an out-pointer to a local; the memory is written once and freed once.
+            unsafe {
+                d().cuMemHostAlloc(&mut ptr, bytes, 0).unwrap();
+                *ptr.cast::<u8>().add(bytes - 1) = 1;
+                d().cuMemFreeHost(ptr).unwrap();
+            }
+        });
+        row(
+            &format!("alloc_pinned + drop, {size}"),
+            t,
+            &format!("cuMemHostAlloc + cuMemFreeHost {size}"),
+            floor,
+            bytes as i64,
+            "-",
+        );
+    }
 }
 
 fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {

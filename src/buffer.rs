@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use crate::hal::{DeviceAlloc, HalInner};
 use crate::host_cache::{BorrowKind, CacheState};
 use crate::host_copies::{HostBytes, HOST_ALIGN};
-use crate::host_vec;
+use crate::host_pages;
 use crate::kernels::DevicePtr;
 use crate::streams::{HalStream, SideUses};
 use crate::{CudaHal, Error, Result, PHASES};
@@ -629,7 +629,7 @@ impl<T: Pod> Buffer<T> {
         // SAFETY: r is readable with no exclusive view (plan_read), and the lock keeps one
         // from starting during the copy.
         let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
-        Some(host_vec::copied(bytes))
+        Some(host_pages::copied(bytes))
     }
 
     /// Element `i` from a valid host copy (phase 2), or `None`.
@@ -652,7 +652,7 @@ impl<T: Pod> Buffer<T> {
         h.enter()?;
         self.raw.prepare_device_access(self.byte_range(), false)?;
         // Faulted in by the rayon pool: the driver would fault it in one thread.
-        let mut v = host_vec::prefaulted::<T>(self.len);
+        let mut v = host_pages::prefaulted::<T>(self.len);
         h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
         Ok(v)
     }
@@ -695,7 +695,7 @@ impl<T: Pod> Buffer<T> {
             (id, fresh)
         };
         let _end = EndDetachedView(&self.raw, id);
-        let mut v = host_vec::prefaulted::<T>(self.len);
+        let mut v = host_pages::prefaulted::<T>(self.len);
         if !fresh {
             self.raw.side.wait_on(&h.stream, 0, true)?;
             h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
@@ -843,7 +843,7 @@ impl<T: Pod> Buffer<T> {
         // Elements aligned past a page cannot be viewed in the host copy: downloaded as
         // without phase 2.
         if PHASES.host_cache && self.check_host_align().is_ok() {
-            self.view(|s| host_vec::copied(bytemuck::cast_slice(s)))
+            self.view(|s| host_pages::copied(bytemuck::cast_slice(s)))
         } else {
             self.download_vec()
         }

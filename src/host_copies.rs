@@ -13,6 +13,7 @@ use std::ops::Range;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use crate::host_pages::Mapping;
 use crate::{Error, Result};
 
 /// Alignment of a host copy: a page, so that views of any `Pod` type up to that alignment
@@ -32,9 +33,8 @@ const MAPPED_BYTES: usize = 256 << 10;
 pub(crate) struct HostBytes {
     pub(crate) ptr: *mut u8,
     layout: Layout,
-    /// Mapped with `mmap` (bytes `layout.size()` rounded up to pages), else from the
-    /// allocator with `layout`.
-    mapped: bool,
+    /// The mapping `ptr` points into, else `ptr` is from the allocator with `layout`.
+    mapping: Option<Mapping>,
     /// Never written since it was allocated zeroed (a reused copy holds an earlier
     /// buffer's bytes).
     zeroed: bool,
@@ -52,27 +52,14 @@ impl HostBytes {
         let layout = Layout::from_size_align(len.max(1), HOST_ALIGN)
             .map_err(|e| Error::InvalidArgument(format!("host copy of {len} bytes: {e}")))?;
         let refused = || Error::InvalidArgument(format!("host memory for a {len}-byte cache"));
-        let mapped = layout.size() >= MAPPED_BYTES;
-        let ptr = if mapped {
-            // SAFETY: a new private anonymous mapping: no file, no address asked for; the
-            // kernel gives page-aligned zero pages, or MAP_FAILED.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    layout.size(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(refused());
-            }
-            p.cast::<u8>()
-        } else {
+        let mapping = match layout.size() >= MAPPED_BYTES {
+            true => Some(Mapping::new(layout.size()).ok_or_else(refused)?),
+            false => None,
+        };
+        let ptr = match &mapping {
+            Some(m) => m.as_ptr(),
             // SAFETY: layout has non-zero size.
-            unsafe { std::alloc::alloc_zeroed(layout) }
+            None => unsafe { std::alloc::alloc_zeroed(layout) },
         };
         if ptr.is_null() {
             return Err(refused());
@@ -80,7 +67,7 @@ impl HostBytes {
         Ok(HostBytes {
             ptr,
             layout,
-            mapped,
+            mapping,
             zeroed: true,
         })
     }
@@ -129,15 +116,8 @@ impl HostBytes {
 
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        if self.mapped {
-            // SAFETY: ptr is the start of a mapping of layout.size() bytes (the kernel
-            // unmaps the whole pages), unmapped once; no reference to its bytes outlives
-            // the HostBytes.
-            let r = unsafe { libc::munmap(self.ptr.cast(), self.layout.size()) };
-            if r != 0 {
-                log::warn!("unmapping a host copy: {}", std::io::Error::last_os_error());
-            }
-        } else {
+        // (A mapping unmaps itself.)
+        if self.mapping.is_none() {
             // SAFETY: ptr was allocated with exactly this layout and is freed once.
             unsafe { std::alloc::dealloc(self.ptr, self.layout) };
         }
@@ -387,7 +367,7 @@ mod tests {
         );
         drop(b);
         let small = HostBytes::new(MAPPED_BYTES - 1).unwrap();
-        assert!(!small.mapped && small.ptr as usize % HOST_ALIGN == 0);
+        assert!(small.mapping.is_none() && small.ptr as usize % HOST_ALIGN == 0);
     }
 
     #[test]

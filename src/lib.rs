@@ -44,7 +44,7 @@ mod hal;
 mod hal_trait;
 pub mod host_cache;
 mod host_copies;
-mod host_vec;
+mod host_pages;
 mod kernels;
 mod ledger;
 mod managed;

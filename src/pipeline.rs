@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 
 use crate::driver::{api, is_page_locked, Event};
-use crate::host_vec::par_copy;
+use crate::host_pages::par_copy;
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};

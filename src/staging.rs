@@ -4,7 +4,7 @@
 //! threads for large transfers) take chunks round-robin; each owns two pinned slots and
 //! double-buffers: while the copy engine moves one slot, the worker fills or drains the
 //! other with a host memcpy. Slots come from a bounded pool allocated once and reused, so
-//! no `cuMemHostAlloc` happens per copy. Each slot carries an event recorded after its last
+//! no pinned allocation happens per copy. Each slot carries an event recorded after its last
 //! copy, so an upload returns as soon as the caller's bytes are in pinned memory.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -86,7 +86,7 @@ pub struct StagingStats {
     pub waits: u64,
 }
 
-/// One chunk of a pinned block: slots allocated together share one `cuMemHostAlloc`.
+/// One chunk of a pinned block: slots allocated together share one pinned allocation.
 struct Slot {
     block: Arc<PinnedMemory>,
     offset: usize,
@@ -220,8 +220,8 @@ impl StagingPool {
             if can_grow > 0 {
                 guard.1 += can_grow;
                 drop(guard);
-                // Allocate outside the lock, and all new slots in one block: cuMemHostAlloc
-                // takes milliseconds and its cost is mostly per call and per page.
+                // Allocate outside the lock, and all new slots in one block: pinning takes
+                // milliseconds, and costs per call and per page.
                 let chunk = self.cfg.chunk_bytes;
                 let made =
                     PinnedMemory::new(chunk * can_grow, PinnedFlags::default()).and_then(|mem| {

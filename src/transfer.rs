@@ -6,7 +6,7 @@ use bytemuck::Pod;
 
 use crate::driver::{api, Event};
 use crate::hal::HalInner;
-use crate::host_vec;
+use crate::host_pages;
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
@@ -21,7 +21,8 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// 256 MiB by default, so above 128 MiB) lands in its result directly, page-locked for the
 /// copy with `cuMemHostRegister`, rather than pinning a block that would fill the pool (and
 /// be freed, and pinned again, as other transfers need room) or one of its own size on
-/// every read (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host). Dropping
+/// every read (1 GiB took about 850 ms to pin with `cuMemHostAlloc` on the H100 host, 48 ms
+/// as a registered mapping on the H200 host, and as long again to free). Dropping
 /// such a read early waits for its copy.
 ///
 /// ```
@@ -131,7 +132,7 @@ impl<T: Pod> PendingRead<T> {
                 let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
                 match (r, landing.take()) {
                     (Ok(()), Some(Landing::Pinned(b))) => {
-                        let v = host_vec::copied(&b.mem.as_slice()[..len * size_of::<T>()]);
+                        let v = host_pages::copied(&b.mem.as_slice()[..len * size_of::<T>()]);
                         hal.pinned.give(b);
                         Ok(v)
                     }
@@ -224,10 +225,10 @@ impl<T> Drop for PendingRead<T> {
 /// through the pinned pool instead). The context is current.
 ///
 /// Its pages are new: they are faulted in first by the rayon pool, in 2 MiB pages where
-/// the kernel gives them ([`host_vec::prefaulted`]), since the driver faults them in one
+/// the kernel gives them ([`host_pages::prefaulted`]), since the driver faults them in one
 /// thread (a 256 MiB read took 92 ms so on an H200 host, against 5 ms for the copy).
 fn register_result<T: Pod>(len: usize) -> Option<Vec<T>> {
-    let mut v = host_vec::prefaulted::<T>(len);
+    let mut v = host_pages::prefaulted::<T>(len);
     let bytes = std::mem::size_of_val(v.as_slice());
     // SAFETY: `v` owns `bytes` bytes; it is unregistered before it is freed or handed to
     // the caller (`Landing::release`), and its heap memory does not move with the Vec.
@@ -371,7 +372,7 @@ impl<T: Pod> Buffer<T> {
     /// the pinned memory is reused, not zeroed), with no device allocation. Where the pinned
     /// pool keeps two blocks of that size, from one block with one copy; else chunk by
     /// chunk through the staging slots, so that a large upload pins no memory of its own
-    /// (a `cuMemHostAlloc` of 1 GiB took about 850 ms on the H100 host).
+    /// (pinning 1 GiB takes tens of milliseconds, and as long again to free).
     pub(crate) fn upload_layout(
         &self,
         offset: usize,

@@ -97,6 +97,67 @@ fn pinned_buffers_round_trip_with_every_flag_set() {
     ));
 }
 
+/// Pinned memory is a new mapping registered with the driver: page-locked while it lives,
+/// and unregistered when dropped, on any thread, which keeps its own current context.
+#[test]
+fn pinned_memory_is_unregistered_when_dropped_on_any_thread() {
+    use cuda_hal::driver::PinnedMemory;
+    let Some(_device) = gpu() else { return };
+    let hal = CudaHal::new(0).unwrap();
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    let host_type = |addr: usize| {
+        let mut kind = 0u32;
+        // SAFETY: one attribute, an unsigned int, into a local.
+        let r = unsafe {
+            d.cuPointerGetAttribute(
+                (&mut kind as *mut u32).cast(),
+                cuda_hal::cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                addr as u64,
+            )
+        };
+        r.is_ok() && kind == cuda_hal::cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0
+    };
+    let dev = hal.alloc::<u8>("dev", 8 * MIB).unwrap();
+    for round in 0..6u8 {
+        // Binds the HAL's context on this thread.
+        hal.synchronize().unwrap();
+        let flags = PinnedFlags {
+            portable: round % 2 == 1,
+            ..PinnedFlags::default()
+        };
+        let mut m = PinnedMemory::new(8 * MIB, flags).unwrap();
+        m.as_mut_slice().fill(round);
+        let addr = m.as_ptr() as usize;
+        assert!(host_type(addr), "round {round}: page-locked");
+        // SAFETY: both ranges are 8 MiB and live; the copy is waited for below.
+        unsafe {
+            d.cuMemcpyHtoD(
+                dev.device_ptr_mut().unwrap().addr,
+                m.as_ptr().cast(),
+                8 * MIB,
+            )
+        }
+        .unwrap();
+        assert_eq!(dev.get_at(8 * MIB - 1).unwrap(), round);
+        // Dropped on a thread with no context current: unregistered all the same, and the
+        // thread still has none. (The same addresses are often mapped again by the next
+        // round, whose registration the driver would refuse if this one were left.)
+        std::thread::spawn(move || {
+            drop(m);
+            let mut current = std::ptr::null_mut();
+            // SAFETY: an out-pointer to a local.
+            unsafe { d.cuCtxGetCurrent(&mut current) }.unwrap();
+            assert!(current.is_null(), "the drop left a context current");
+        })
+        .join()
+        .unwrap();
+        assert!(
+            !host_type(addr),
+            "round {round}: still registered after the drop"
+        );
+    }
+}
+
 #[test]
 fn registered_host_memory_round_trips() {
     let Some(hal) = gpu() else { return };

@@ -1,6 +1,7 @@
 use std::ffi::c_void;
 
 use super::{api, PrimaryContext};
+use crate::host_pages::{self, Mapping};
 use crate::Result;
 
 /// Flags for [`PinnedMemory`]. The default is plain page-locked memory that the CPU reads
@@ -35,9 +36,28 @@ impl PinnedFlags {
         }
         f
     }
+
+    /// The flags of `cuMemHostRegister` for memory that is not write-combined.
+    fn register_bits(self) -> u32 {
+        let mut f = 0;
+        if self.portable {
+            f |= cuda_sys::CU_MEMHOSTREGISTER_PORTABLE;
+        }
+        if self.device_mapped {
+            f |= cuda_sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        }
+        f
+    }
 }
 
-/// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
+/// Page-locked host memory, freed on drop: a new anonymous mapping registered with
+/// `cuMemHostRegister`, or for write-combined memory (which only the driver allocates) a
+/// `cuMemHostAlloc`.
+///
+/// The mapping is faulted in by the rayon pool, in 2 MiB pages where the kernel gives
+/// them, before the driver pins it: on the H200 host 256 MiB took 10.8 ms to allocate and
+/// 4.6 ms to free so, against 135 ms and 39 ms for `cuMemHostAlloc` and `cuMemFreeHost`
+/// (1 GiB: 48 ms and 22 ms, against 519 ms and 149 ms).
 ///
 /// ```
 /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
@@ -53,8 +73,11 @@ impl PinnedFlags {
 pub struct PinnedMemory {
     ptr: *mut u8,
     len: usize,
-    /// Keeps the context alive: the driver frees pinned memory with its context.
-    _ctx: PrimaryContext,
+    /// The registered mapping `ptr` points to, or `None` for memory of `cuMemHostAlloc`.
+    mapping: Option<Mapping>,
+    /// Keeps the context alive: the driver frees pinned memory with its context (and
+    /// unregisters a mapping in it).
+    ctx: PrimaryContext,
 }
 
 // SAFETY: the allocation is owned exclusively by this value; the driver allows freeing it
@@ -80,13 +103,39 @@ impl PinnedMemory {
     /// ```
     pub fn new(len: usize, flags: PinnedFlags) -> Result<Self> {
         let ctx = PrimaryContext::retain_current()?;
+        let d = api()?;
+        // (Where the OS refuses a mapping, the driver is asked.)
+        if let Some(mut mapping) = (!flags.write_combined).then(|| Mapping::new(len)).flatten() {
+            let bytes = mapping.as_mut_slice();
+            if bytes.len() >= host_pages::HUGE_PAGES_MIN {
+                // Smaller ones the driver faults in as it pins them, about as fast.
+                host_pages::advise_huge_pages(bytes);
+                host_pages::prefault(bytes);
+            }
+            // SAFETY: the mapping's bytes are this process's, and stay mapped until the
+            // drop has unregistered them (a failed registration drops the mapping).
+            unsafe {
+                d.cuMemHostRegister(
+                    bytes.as_mut_ptr().cast(),
+                    bytes.len(),
+                    flags.register_bits(),
+                )?
+            };
+            return Ok(PinnedMemory {
+                ptr: mapping.as_ptr(),
+                len,
+                mapping: Some(mapping),
+                ctx,
+            });
+        }
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
-        unsafe { api()?.cuMemHostAlloc(&mut ptr, len.max(1), flags.bits())? };
+        unsafe { d.cuMemHostAlloc(&mut ptr, len.max(1), flags.bits())? };
         Ok(PinnedMemory {
             ptr: ptr.cast(),
             len,
-            _ctx: ctx,
+            mapping: None,
+            ctx,
         })
     }
 
@@ -174,11 +223,33 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        if let Ok(d) = api() {
+        let Ok(d) = api() else { return };
+        let Some(mapping) = self.mapping.take() else {
             // SAFETY: ptr came from cuMemHostAlloc and is freed once.
             if let Err(e) = unsafe { d.cuMemFreeHost(self.ptr.cast()) } {
                 log::warn!("cuMemFreeHost failed: {e}");
             }
+            return;
+        };
+        // Unregistered in its context, pushed for the call: the thread's own current
+        // context stays as it was.
+        // SAFETY: the context is retained and `ptr` is the mapping `new` registered. (Waiting
+        // for copies that still use the memory is its owner's part, as it was before
+        // `cuMemFreeHost`.)
+        let unregistered = unsafe {
+            d.cuCtxPushCurrent(self.ctx.raw()).and_then(|()| {
+                let r = d.cuMemHostUnregister(self.ptr.cast());
+                let mut popped = std::ptr::null_mut();
+                r.and(d.cuCtxPopCurrent(&mut popped))
+            })
+        };
+        if let Err(e) = unregistered {
+            // Left mapped: the driver may still take its pages for registered memory.
+            log::warn!(
+                "cuMemHostUnregister failed: {e}; {} bytes are leaked",
+                mapping.len()
+            );
+            std::mem::forget(mapping);
         }
     }
 }
