@@ -232,17 +232,20 @@ impl Drop for PinnedMemory {
             return;
         };
         // Unregistered in its context, pushed for the call: the thread's own current
-        // context stays as it was.
-        // SAFETY: the context is retained and `ptr` is the mapping `new` registered. (Waiting
-        // for copies that still use the memory is its owner's part, as it was before
-        // `cuMemFreeHost`.)
-        let unregistered = unsafe {
-            d.cuCtxPushCurrent(self.ctx.raw()).and_then(|()| {
-                let r = d.cuMemHostUnregister(self.ptr.cast());
-                let mut popped = std::ptr::null_mut();
-                r.and(d.cuCtxPopCurrent(&mut popped))
-            })
-        };
+        // context stays as it was. Where the push fails, the context current on the thread
+        // is tried (often this one): a registration left behind is never undone.
+        // SAFETY: the context is retained, so alive.
+        let pushed = unsafe { d.cuCtxPushCurrent(self.ctx.raw()) };
+        // SAFETY: `ptr` is the mapping `new` registered. (Waiting for copies that still use
+        // the memory is its owner's part, as it was before `cuMemFreeHost`.)
+        let unregistered = unsafe { d.cuMemHostUnregister(self.ptr.cast()) };
+        if pushed.is_ok() {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context pushed above, into a local.
+            if let Err(e) = unsafe { d.cuCtxPopCurrent(&mut popped) } {
+                log::warn!("restoring the thread's context after unregistering pinned memory: {e}");
+            }
+        }
         if let Err(e) = unregistered {
             // Left mapped: the driver may still take its pages for registered memory.
             log::warn!(
