@@ -293,7 +293,7 @@ fn driver_api_tokens(
                 match self.#field {
                     Some(driver_fn__) => {
                         crate::fault::before(#symbol)?;
-                        crate::error::check(driver_fn__(#(#arg_names),*), #symbol)
+                        crate::fault::after(#symbol, crate::error::check(driver_fn__(#(#arg_names),*), #symbol))
                     }
                     None => Err(crate::error::Error::MissingSymbol { symbol: #symbol }),
                 }

@@ -163,19 +163,37 @@ impl Error {
         }
     }
 
-    /// A sticky driver error (a device fault that broke the context for the process) as
-    /// [`Error::ContextPoisoned`]; any other error as it is.
-    pub(crate) fn sticky_as_poisoned(self) -> Self {
+    /// The sticky driver error inside, when the error says the context is broken.
+    pub(crate) fn poisoning(&self) -> Option<&cuda_sys::Error> {
         match self {
-            Error::Cuda(e) if e.is_sticky() => Error::ContextPoisoned { cause: e },
-            other => other,
+            Error::ContextPoisoned { cause } => Some(cause),
+            Error::Cuda(e) if e.is_sticky() => Some(e),
+            _ => None,
         }
     }
 }
 
+/// A driver error as the crate reports it: a sticky one (a device fault that broke the
+/// context for the process) is [`Error::ContextPoisoned`] wherever it surfaces, any other
+/// [`Error::Cuda`].
+///
+/// ```
+/// use cuda_hal::cuda_sys::{self, CUresult};
+/// use cuda_hal::Error;
+/// let fault = cuda_sys::Error::from_code(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, "cuStreamCreate");
+/// assert!(matches!(Error::from(fault), Error::ContextPoisoned { .. }));
+/// let refused = cuda_sys::Error::from_code(CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemsetD8_v2");
+/// assert!(matches!(Error::from(refused), Error::Cuda(_)));
+/// ```
 impl From<cuda_sys::Error> for Error {
     fn from(e: cuda_sys::Error) -> Self {
-        Error::Cuda(e)
+        if e.is_sticky() {
+            // Every HAL on the context refuses its next operation from now on.
+            crate::driver::note_sticky(&e);
+            Error::ContextPoisoned { cause: e }
+        } else {
+            Error::Cuda(e)
+        }
     }
 }
 

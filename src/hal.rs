@@ -8,7 +8,9 @@ use parking_lot::Mutex;
 
 use crate::allocs::{Allocs, Granted};
 use crate::buffer::Buffer;
-use crate::driver::{api, DeviceInfo, Event, MemPool, PoolStats, PrimaryContext, Stream};
+use crate::driver::{
+    api, DeviceInfo, Event, MemPool, Poisoning, PoolStats, PrimaryContext, Stream,
+};
 use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
 use crate::pinned::{PinnedPool, PinnedPoolStats};
@@ -196,9 +198,9 @@ pub(crate) struct HalInner {
     pool: MemPool,
     pub(crate) stream: std::sync::Arc<Stream>,
     pub(crate) ledger: Ledger,
-    /// The sticky error that poisoned the context: the first one is kept. Checked by every
-    /// operation, so a lock-free read.
-    poisoned: once_cell::sync::OnceCell<cuda_sys::Error>,
+    /// The sticky error that poisoned the context, shared by every HAL on it. Checked by
+    /// every operation, so a lock-free read.
+    poisoned: Arc<Poisoning>,
     timings: Mutex<Timings>,
     /// Peer access and reused events: boxed, off the allocation path's lines.
     pub(crate) aside: Box<Aside>,
@@ -246,11 +248,15 @@ impl CudaHal {
     /// ```
     pub fn with_config(ordinal: usize, config: HalConfig) -> Result<Self> {
         // On a device whose context a fault broke earlier in the process, the driver still
-        // hands the context out, and the first call in it fails.
-        Self::open(ordinal, config).map_err(Error::sticky_as_poisoned)
+        // hands the context out, and the first call in it fails with the sticky error
+        // (`ContextPoisoned`). A HAL on a context that a live one found broken is refused
+        // without asking the driver.
+        let hal = Self::open(ordinal, config)?;
+        hal.inner.usable()?;
+        Ok(hal)
     }
 
-    /// [`CudaHal::with_config`], its driver errors as they came.
+    /// [`CudaHal::with_config`] but for the check that no live HAL found the context broken.
     fn open(ordinal: usize, config: HalConfig) -> Result<Self> {
         let info = DeviceInfo::query(ordinal)?;
         let ctx = PrimaryContext::retain(ordinal)?;
@@ -274,7 +280,7 @@ impl CudaHal {
                 pool,
                 stream,
                 ledger: Ledger::default(),
-                poisoned: once_cell::sync::OnceCell::new(),
+                poisoned: Poisoning::of(ctx.raw()),
                 timings: Mutex::new(Timings::default()),
                 aside: Box::new(Aside {
                     peers: Mutex::new(Vec::new()),
@@ -465,7 +471,7 @@ impl CudaHal {
     /// assert!(hal.poisoned().is_none());
     /// ```
     pub fn poisoned(&self) -> Option<cuda_sys::Error> {
-        self.inner.poisoned.get().cloned()
+        self.inner.poisoned.cause().cloned()
     }
 
     /// A buffer of `len` elements with unspecified contents.
@@ -677,7 +683,7 @@ impl HalInner {
     /// Checks the context is usable (not poisoned by a device fault).
     #[inline]
     fn usable(&self) -> Result<()> {
-        match self.poisoned.get() {
+        match self.poisoned.cause() {
             Some(cause) => Err(Error::ContextPoisoned {
                 cause: cause.clone(),
             }),
@@ -687,15 +693,19 @@ impl HalInner {
 
     /// Passes `r` through, recording a sticky driver error as poisoning the context.
     pub(crate) fn guard<T>(&self, r: Result<T>) -> Result<T> {
-        match r {
-            Err(Error::Cuda(e)) if e.is_sticky() => {
-                log::error!("CUDA context of device {} poisoned: {e}", self.info.ordinal);
-                // A later sticky error is a consequence of the first: keep that one.
-                let _ = self.poisoned.set(e.clone());
-                Err(Error::ContextPoisoned { cause: e })
-            }
-            other => other,
+        let Err(e) = r else { return r };
+        let Some(cause) = e.poisoning() else {
+            return Err(e);
+        };
+        if self.poisoned.set(cause) {
+            log::error!(
+                "CUDA context of device {} poisoned: {cause}",
+                self.info.ordinal
+            );
         }
+        Err(Error::ContextPoisoned {
+            cause: cause.clone(),
+        })
     }
 
     /// Allocates `bytes` (> 0): [`HalInner::alloc_with`], the allocation returned as is.

@@ -11,6 +11,17 @@
 //!   are dropped, and the device's free memory is back (within 4 MiB) once the HAL is
 //!   (but for managed memory: see [`Checks`]).
 //!
+//! Each scenario then runs once per call `k` with a sticky error (`CUDA_ERROR_ILLEGAL_ADDRESS`,
+//! as after a device fault) striking at call `k`: that call and every later one fail, as
+//! [`once_stuck`] says (device work fails before the driver sees it; waits and releases are
+//! made, then reported as failed). After every such run:
+//! - no panic and no hang; an error the scenario returned is `ContextPoisoned`, and the HAL
+//!   is poisoned then;
+//! - the HAL is poisoned once it reaches the driver: `synchronize`, an allocation and a new
+//!   HAL on the context are each refused with `ContextPoisoned`;
+//! - once the injection stops, nothing is left: the device's free memory is back (within
+//!   4 MiB) after the HAL goes, and a new HAL works.
+//!
 //! Each scenario runs in a HAL with the block cache and in one without, where every free
 //! reaches the driver. gpu-run.sh runs the binary again under memcheck's leak check.
 //!
@@ -26,8 +37,8 @@ use std::sync::Mutex;
 use common::{Rng, MIB};
 use cuda_hal::cuda_sys::{fault, CUresult};
 use cuda_hal::{
-    ops, ArenaLayout, CudaHal, GrowableBuffer, HalConfig, LaunchDims, PinnedFlags, PipelineMode,
-    Result, StagingConfig,
+    ops, ArenaLayout, CudaHal, Error, GrowableBuffer, HalConfig, LaunchDims, PinnedFlags,
+    PipelineMode, Result, StagingConfig,
 };
 
 /// The injection state is global: one scenario at a time.
@@ -49,6 +60,64 @@ fn injected_code(symbol: &'static str) -> CUresult {
         CUresult::CUDA_ERROR_OUT_OF_MEMORY
     } else {
         CUresult::CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+/// How call `symbol` behaves once a sticky error struck: the thread's context stack, device
+/// queries and error texts are not the context's work and go ahead; waits and releases are
+/// made and fail; everything else fails before the driver sees it.
+fn once_stuck(symbol: &'static str) -> fault::OnceStuck {
+    let unaffected = [
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuDeviceGet",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxGetCurrent",
+        "cuCtxSetCurrent",
+        "cuCtxPushCurrent",
+        "cuCtxPopCurrent",
+        "cuCtxGetDevice",
+        "cuGetError",
+    ];
+    let made_then_failed = [
+        "Synchronize",
+        "Query",
+        "Destroy",
+        "Free",
+        "Unload",
+        "Release",
+        "Unregister",
+    ];
+    if unaffected.iter().any(|s| symbol.starts_with(s)) {
+        fault::OnceStuck::Unaffected
+    } else if made_then_failed.iter().any(|s| symbol.contains(s)) {
+        fault::OnceStuck::RunsThenFails
+    } else {
+        fault::OnceStuck::Fails
+    }
+}
+
+/// Aborts the process if a run takes longer than a minute (a hang), saying which.
+struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+
+impl Watchdog {
+    fn start(what: String) -> Self {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                wait.recv_timeout(std::time::Duration::from_secs(60))
+            {
+                eprintln!("{what}: no answer after 60 s (a hang)");
+                std::process::abort();
+            }
+        });
+        Watchdog(Some(done))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.0.take());
     }
 }
 
@@ -122,6 +191,78 @@ fn run(
 
 const PROVER_TABLES: [&str; 3] = ["prover-twiddles", "prover-shift-powers", "prover-poseidon2"];
 
+/// Runs `scenario` on a new HAL with a sticky error striking at call `fail_at`, and checks
+/// what the module's doc says. The entry point it struck, if it struck in the scenario, or
+/// what went wrong.
+fn run_stuck(
+    ctx: &cuda_hal::driver::PrimaryContext,
+    check: Checks,
+    config: &HalConfig,
+    name: &str,
+    fail_at: u64,
+    scenario: &dyn Fn(&CudaHal) -> Result<()>,
+) -> std::result::Result<Option<&'static str>, String> {
+    let _watchdog = Watchdog::start(format!("{name}, sticky from call {fail_at}"));
+    let free_before = free_device_bytes(ctx);
+    let hal = CudaHal::with_config(0, config.clone()).unwrap();
+    fault::arm_sticky(fail_at, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, once_stuck);
+    let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&hal)));
+    let in_scenario = fault::disarm();
+    // Armed again for the checks, struck at once: the context stays broken for them.
+    fault::arm_sticky(1, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, once_stuck);
+    let checked = catch_unwind(AssertUnwindSafe(|| {
+        let returned = outcome.map_err(|_| "the scenario panicked".to_string())?;
+        if let Err(e) = returned {
+            if !matches!(e, Error::ContextPoisoned { .. }) {
+                return Err(format!("returned {e}, not ContextPoisoned"));
+            }
+            if hal.poisoned().is_none() {
+                return Err(format!("returned {e}, but the HAL is not poisoned"));
+            }
+        }
+        match hal.synchronize() {
+            Err(Error::ContextPoisoned { .. }) => {}
+            other => return Err(format!("synchronize: {other:?}")),
+        }
+        if hal.poisoned().is_none() {
+            return Err("not poisoned after a sticky error".into());
+        }
+        match hal.alloc::<u32>("late", 1000) {
+            Err(Error::ContextPoisoned { .. }) => {}
+            other => return Err(format!("an allocation: {:?}", other.map(|_| ()))),
+        }
+        match CudaHal::with_config(0, config.clone()) {
+            Err(Error::ContextPoisoned { .. }) => {}
+            other => return Err(format!("a new HAL: {:?}", other.map(|_| ()))),
+        }
+        drop(hal);
+        Ok(())
+    }));
+    fault::disarm();
+    let what = format!(
+        "{name}, sticky from call {fail_at} ({:?})",
+        in_scenario.failed
+    );
+    match checked {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return Err(format!("{what}: {why}")),
+        Err(_) => {
+            return Err(format!(
+                "{what}: panicked in the checks (or dropping the HAL)"
+            ))
+        }
+    }
+    still_works(&CudaHal::with_config(0, config.clone()).unwrap());
+    let free_after = free_device_bytes(ctx);
+    if check.free_memory && free_after + 4 * MIB < free_before {
+        return Err(format!(
+            "{what}: {} MiB of device memory not given back",
+            (free_before - free_after) / MIB
+        ));
+    }
+    Ok(in_scenario.failed)
+}
+
 /// Runs `scenario` with each of its driver calls failing in turn, in a HAL with the block
 /// cache (frees keep their blocks) and in one without (every free reaches the driver).
 fn every_call_fails_in_turn(name: &str, scenario: impl Fn(&CudaHal) -> Result<()>) {
@@ -134,7 +275,10 @@ fn every_call_fails_in_turn_checking(
     name: &str,
     scenario: impl Fn(&CudaHal) -> Result<()>,
 ) {
-    let Some(_device) = common::gpu() else { return };
+    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
+    if common::gpu().is_none() {
+        return;
+    }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     let no_cache = HalConfig {
@@ -176,6 +320,24 @@ fn every_call_of(
         failed - errors
     );
     assert!(failed > 0, "{name}: no call failed");
+    // Every run, then every finding at once.
+    let (mut struck, mut findings) = (0, Vec::new());
+    for k in 1..=calls {
+        match run_stuck(ctx, check, config, name, k, scenario) {
+            Ok(s) => struck += usize::from(s.is_some()),
+            Err(finding) => {
+                println!("FINDING: {finding}");
+                findings.push(finding);
+            }
+        }
+    }
+    println!("{name}: a sticky error struck at {struck} of the {calls} calls in turn");
+    assert!(
+        findings.is_empty(),
+        "{name}: {} findings: {findings:#?}",
+        findings.len()
+    );
+    assert!(struck > 0, "{name}: no sticky error struck");
 }
 
 #[test]
@@ -334,7 +496,10 @@ fn copies_between_hals() {
 /// instead), the batches go through the staging slots.
 #[test]
 fn reads_and_batches_past_the_pinned_pool() {
-    let Some(_device) = common::gpu() else { return };
+    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
+    if common::gpu().is_none() {
+        return;
+    }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     let config = HalConfig {

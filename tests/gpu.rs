@@ -1085,6 +1085,10 @@ fn poison_child() {
     }
     let hal = CudaHal::new(0).unwrap();
     let other = hal.clone();
+    // Another HAL of the device: the same primary context, which the fault breaks too.
+    let separate = CudaHal::new(0).unwrap();
+    let cached = separate.alloc::<u32>("cached", 4).unwrap();
+    drop(cached);
     let keep = hal.copy_from("keep", &[1u32; 4]).unwrap();
     // SAFETY: deliberately not: poke_address writes to address 0x10 to fault the context, in a child
     // process of its own that only checks the HAL reports it.
@@ -1112,6 +1116,13 @@ fn poison_child() {
         other.synchronize(),
         Err(Error::ContextPoisoned { .. })
     ));
+    // The other HAL knows of the fault (before 2026-11-26 it did not), and refuses at once,
+    // even an allocation its block cache could serve without the driver.
+    assert!(separate.poisoned().is_some(), "another HAL on the context");
+    assert!(matches!(
+        separate.alloc::<u32>("cached", 4),
+        Err(Error::ContextPoisoned { .. })
+    ));
     // A new HAL while the faulted context is still held: the driver hands the context out
     // and the first call in it fails. Before, that was the raw driver error of the stream's
     // creation, not the poisoning.
@@ -1120,7 +1131,7 @@ fn poison_child() {
         Err(e) => panic!("expected ContextPoisoned, got {e}"),
         Ok(_) => panic!("a new HAL on a faulted context"),
     }
-    drop((keep, hal, other));
+    drop((keep, hal, other, separate));
     // The driver keeps a fault for the rest of the process ("the process must be terminated
     // and relaunched"): a new HAL here is a typed error, never a panic or a hang.
     match CudaHal::new(0) {

@@ -8284,9 +8284,12 @@ impl DriverApi {
         match self.cuArray3DCreate_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuArray3DCreate_v2")?;
-                crate::error::check(
-                    driver_fn__(pHandle, pAllocateArray),
+                crate::fault::after(
                     "cuArray3DCreate_v2",
+                    crate::error::check(
+                        driver_fn__(pHandle, pAllocateArray),
+                        "cuArray3DCreate_v2",
+                    ),
                 )
             }
             None => {
@@ -8309,9 +8312,12 @@ impl DriverApi {
         match self.cuArray3DGetDescriptor_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuArray3DGetDescriptor_v2")?;
-                crate::error::check(
-                    driver_fn__(pArrayDescriptor, hArray),
+                crate::fault::after(
                     "cuArray3DGetDescriptor_v2",
+                    crate::error::check(
+                        driver_fn__(pArrayDescriptor, hArray),
+                        "cuArray3DGetDescriptor_v2",
+                    ),
                 )
             }
             None => {
@@ -8334,9 +8340,12 @@ impl DriverApi {
         match self.cuArrayCreate_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayCreate_v2")?;
-                crate::error::check(
-                    driver_fn__(pHandle, pAllocateArray),
+                crate::fault::after(
                     "cuArrayCreate_v2",
+                    crate::error::check(
+                        driver_fn__(pHandle, pAllocateArray),
+                        "cuArrayCreate_v2",
+                    ),
                 )
             }
             None => {
@@ -8358,7 +8367,10 @@ impl DriverApi {
         match self.cuArrayDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayDestroy")?;
-                crate::error::check(driver_fn__(hArray), "cuArrayDestroy")
+                crate::fault::after(
+                    "cuArrayDestroy",
+                    crate::error::check(driver_fn__(hArray), "cuArrayDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8380,9 +8392,12 @@ impl DriverApi {
         match self.cuArrayGetDescriptor_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayGetDescriptor_v2")?;
-                crate::error::check(
-                    driver_fn__(pArrayDescriptor, hArray),
+                crate::fault::after(
                     "cuArrayGetDescriptor_v2",
+                    crate::error::check(
+                        driver_fn__(pArrayDescriptor, hArray),
+                        "cuArrayGetDescriptor_v2",
+                    ),
                 )
             }
             None => {
@@ -8406,9 +8421,12 @@ impl DriverApi {
         match self.cuArrayGetMemoryRequirements {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayGetMemoryRequirements")?;
-                crate::error::check(
-                    driver_fn__(memoryRequirements, array, device),
+                crate::fault::after(
                     "cuArrayGetMemoryRequirements",
+                    crate::error::check(
+                        driver_fn__(memoryRequirements, array, device),
+                        "cuArrayGetMemoryRequirements",
+                    ),
                 )
             }
             None => {
@@ -8432,9 +8450,12 @@ impl DriverApi {
         match self.cuArrayGetPlane {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayGetPlane")?;
-                crate::error::check(
-                    driver_fn__(pPlaneArray, hArray, planeIdx),
+                crate::fault::after(
                     "cuArrayGetPlane",
+                    crate::error::check(
+                        driver_fn__(pPlaneArray, hArray, planeIdx),
+                        "cuArrayGetPlane",
+                    ),
                 )
             }
             None => {
@@ -8457,9 +8478,12 @@ impl DriverApi {
         match self.cuArrayGetSparseProperties {
             Some(driver_fn__) => {
                 crate::fault::before("cuArrayGetSparseProperties")?;
-                crate::error::check(
-                    driver_fn__(sparseProperties, array),
+                crate::fault::after(
                     "cuArrayGetSparseProperties",
+                    crate::error::check(
+                        driver_fn__(sparseProperties, array),
+                        "cuArrayGetSparseProperties",
+                    ),
                 )
             }
             None => {
@@ -8482,9 +8506,12 @@ impl DriverApi {
         match self.cuCheckpointProcessCheckpoint {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessCheckpoint")?;
-                crate::error::check(
-                    driver_fn__(pid, args),
+                crate::fault::after(
                     "cuCheckpointProcessCheckpoint",
+                    crate::error::check(
+                        driver_fn__(pid, args),
+                        "cuCheckpointProcessCheckpoint",
+                    ),
                 )
             }
             None => {
@@ -8507,9 +8534,12 @@ impl DriverApi {
         match self.cuCheckpointProcessGetRestoreThreadId {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessGetRestoreThreadId")?;
-                crate::error::check(
-                    driver_fn__(pid, tid),
+                crate::fault::after(
                     "cuCheckpointProcessGetRestoreThreadId",
+                    crate::error::check(
+                        driver_fn__(pid, tid),
+                        "cuCheckpointProcessGetRestoreThreadId",
+                    ),
                 )
             }
             None => {
@@ -8532,9 +8562,12 @@ impl DriverApi {
         match self.cuCheckpointProcessGetState {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessGetState")?;
-                crate::error::check(
-                    driver_fn__(pid, state),
+                crate::fault::after(
                     "cuCheckpointProcessGetState",
+                    crate::error::check(
+                        driver_fn__(pid, state),
+                        "cuCheckpointProcessGetState",
+                    ),
                 )
             }
             None => {
@@ -8557,7 +8590,13 @@ impl DriverApi {
         match self.cuCheckpointProcessLock {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessLock")?;
-                crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessLock")
+                crate::fault::after(
+                    "cuCheckpointProcessLock",
+                    crate::error::check(
+                        driver_fn__(pid, args),
+                        "cuCheckpointProcessLock",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8579,7 +8618,13 @@ impl DriverApi {
         match self.cuCheckpointProcessRestore {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessRestore")?;
-                crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessRestore")
+                crate::fault::after(
+                    "cuCheckpointProcessRestore",
+                    crate::error::check(
+                        driver_fn__(pid, args),
+                        "cuCheckpointProcessRestore",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8601,7 +8646,13 @@ impl DriverApi {
         match self.cuCheckpointProcessUnlock {
             Some(driver_fn__) => {
                 crate::fault::before("cuCheckpointProcessUnlock")?;
-                crate::error::check(driver_fn__(pid, args), "cuCheckpointProcessUnlock")
+                crate::fault::after(
+                    "cuCheckpointProcessUnlock",
+                    crate::error::check(
+                        driver_fn__(pid, args),
+                        "cuCheckpointProcessUnlock",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8624,9 +8675,12 @@ impl DriverApi {
         match self.cuCoredumpGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuCoredumpGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(attrib, value, size),
+                crate::fault::after(
                     "cuCoredumpGetAttribute",
+                    crate::error::check(
+                        driver_fn__(attrib, value, size),
+                        "cuCoredumpGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -8650,9 +8704,12 @@ impl DriverApi {
         match self.cuCoredumpGetAttributeGlobal {
             Some(driver_fn__) => {
                 crate::fault::before("cuCoredumpGetAttributeGlobal")?;
-                crate::error::check(
-                    driver_fn__(attrib, value, size),
+                crate::fault::after(
                     "cuCoredumpGetAttributeGlobal",
+                    crate::error::check(
+                        driver_fn__(attrib, value, size),
+                        "cuCoredumpGetAttributeGlobal",
+                    ),
                 )
             }
             None => {
@@ -8676,9 +8733,12 @@ impl DriverApi {
         match self.cuCoredumpSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuCoredumpSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(attrib, value, size),
+                crate::fault::after(
                     "cuCoredumpSetAttribute",
+                    crate::error::check(
+                        driver_fn__(attrib, value, size),
+                        "cuCoredumpSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -8702,9 +8762,12 @@ impl DriverApi {
         match self.cuCoredumpSetAttributeGlobal {
             Some(driver_fn__) => {
                 crate::fault::before("cuCoredumpSetAttributeGlobal")?;
-                crate::error::check(
-                    driver_fn__(attrib, value, size),
+                crate::fault::after(
                     "cuCoredumpSetAttributeGlobal",
+                    crate::error::check(
+                        driver_fn__(attrib, value, size),
+                        "cuCoredumpSetAttributeGlobal",
+                    ),
                 )
             }
             None => {
@@ -8727,7 +8790,10 @@ impl DriverApi {
         match self.cuCtxAttach {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxAttach")?;
-                crate::error::check(driver_fn__(pctx, flags), "cuCtxAttach")
+                crate::fault::after(
+                    "cuCtxAttach",
+                    crate::error::check(driver_fn__(pctx, flags), "cuCtxAttach"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8751,9 +8817,12 @@ impl DriverApi {
         match self.cuCtxCreate_v4 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxCreate_v4")?;
-                crate::error::check(
-                    driver_fn__(pctx, ctxCreateParams, flags, dev),
+                crate::fault::after(
                     "cuCtxCreate_v4",
+                    crate::error::check(
+                        driver_fn__(pctx, ctxCreateParams, flags, dev),
+                        "cuCtxCreate_v4",
+                    ),
                 )
             }
             None => {
@@ -8775,7 +8844,10 @@ impl DriverApi {
         match self.cuCtxDestroy_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxDestroy_v2")?;
-                crate::error::check(driver_fn__(ctx), "cuCtxDestroy_v2")
+                crate::fault::after(
+                    "cuCtxDestroy_v2",
+                    crate::error::check(driver_fn__(ctx), "cuCtxDestroy_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8793,7 +8865,10 @@ impl DriverApi {
         match self.cuCtxDetach {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxDetach")?;
-                crate::error::check(driver_fn__(ctx), "cuCtxDetach")
+                crate::fault::after(
+                    "cuCtxDetach",
+                    crate::error::check(driver_fn__(ctx), "cuCtxDetach"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8814,7 +8889,13 @@ impl DriverApi {
         match self.cuCtxDisablePeerAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxDisablePeerAccess")?;
-                crate::error::check(driver_fn__(peerContext), "cuCtxDisablePeerAccess")
+                crate::fault::after(
+                    "cuCtxDisablePeerAccess",
+                    crate::error::check(
+                        driver_fn__(peerContext),
+                        "cuCtxDisablePeerAccess",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8836,9 +8917,12 @@ impl DriverApi {
         match self.cuCtxEnablePeerAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxEnablePeerAccess")?;
-                crate::error::check(
-                    driver_fn__(peerContext, Flags),
+                crate::fault::after(
                     "cuCtxEnablePeerAccess",
+                    crate::error::check(
+                        driver_fn__(peerContext, Flags),
+                        "cuCtxEnablePeerAccess",
+                    ),
                 )
             }
             None => {
@@ -8861,7 +8945,10 @@ impl DriverApi {
         match self.cuCtxFromGreenCtx {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxFromGreenCtx")?;
-                crate::error::check(driver_fn__(pContext, hCtx), "cuCtxFromGreenCtx")
+                crate::fault::after(
+                    "cuCtxFromGreenCtx",
+                    crate::error::check(driver_fn__(pContext, hCtx), "cuCtxFromGreenCtx"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8883,7 +8970,10 @@ impl DriverApi {
         match self.cuCtxGetApiVersion {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetApiVersion")?;
-                crate::error::check(driver_fn__(ctx, version), "cuCtxGetApiVersion")
+                crate::fault::after(
+                    "cuCtxGetApiVersion",
+                    crate::error::check(driver_fn__(ctx, version), "cuCtxGetApiVersion"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8904,7 +8994,10 @@ impl DriverApi {
         match self.cuCtxGetCacheConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetCacheConfig")?;
-                crate::error::check(driver_fn__(pconfig), "cuCtxGetCacheConfig")
+                crate::fault::after(
+                    "cuCtxGetCacheConfig",
+                    crate::error::check(driver_fn__(pconfig), "cuCtxGetCacheConfig"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8925,7 +9018,10 @@ impl DriverApi {
         match self.cuCtxGetCurrent {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetCurrent")?;
-                crate::error::check(driver_fn__(pctx), "cuCtxGetCurrent")
+                crate::fault::after(
+                    "cuCtxGetCurrent",
+                    crate::error::check(driver_fn__(pctx), "cuCtxGetCurrent"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8948,9 +9044,12 @@ impl DriverApi {
         match self.cuCtxGetDevResource {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetDevResource")?;
-                crate::error::check(
-                    driver_fn__(hCtx, resource, type_),
+                crate::fault::after(
                     "cuCtxGetDevResource",
+                    crate::error::check(
+                        driver_fn__(hCtx, resource, type_),
+                        "cuCtxGetDevResource",
+                    ),
                 )
             }
             None => {
@@ -8972,7 +9071,10 @@ impl DriverApi {
         match self.cuCtxGetDevice {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetDevice")?;
-                crate::error::check(driver_fn__(device), "cuCtxGetDevice")
+                crate::fault::after(
+                    "cuCtxGetDevice",
+                    crate::error::check(driver_fn__(device), "cuCtxGetDevice"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -8994,7 +9096,10 @@ impl DriverApi {
         match self.cuCtxGetDevice_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetDevice_v2")?;
-                crate::error::check(driver_fn__(device, ctx), "cuCtxGetDevice_v2")
+                crate::fault::after(
+                    "cuCtxGetDevice_v2",
+                    crate::error::check(driver_fn__(device, ctx), "cuCtxGetDevice_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9016,9 +9121,12 @@ impl DriverApi {
         match self.cuCtxGetExecAffinity {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetExecAffinity")?;
-                crate::error::check(
-                    driver_fn__(pExecAffinity, type_),
+                crate::fault::after(
                     "cuCtxGetExecAffinity",
+                    crate::error::check(
+                        driver_fn__(pExecAffinity, type_),
+                        "cuCtxGetExecAffinity",
+                    ),
                 )
             }
             None => {
@@ -9040,7 +9148,10 @@ impl DriverApi {
         match self.cuCtxGetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetFlags")?;
-                crate::error::check(driver_fn__(flags), "cuCtxGetFlags")
+                crate::fault::after(
+                    "cuCtxGetFlags",
+                    crate::error::check(driver_fn__(flags), "cuCtxGetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9062,7 +9173,10 @@ impl DriverApi {
         match self.cuCtxGetId {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetId")?;
-                crate::error::check(driver_fn__(ctx, ctxId), "cuCtxGetId")
+                crate::fault::after(
+                    "cuCtxGetId",
+                    crate::error::check(driver_fn__(ctx, ctxId), "cuCtxGetId"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9084,7 +9198,10 @@ impl DriverApi {
         match self.cuCtxGetLimit {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetLimit")?;
-                crate::error::check(driver_fn__(pvalue, limit), "cuCtxGetLimit")
+                crate::fault::after(
+                    "cuCtxGetLimit",
+                    crate::error::check(driver_fn__(pvalue, limit), "cuCtxGetLimit"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9105,7 +9222,10 @@ impl DriverApi {
         match self.cuCtxGetSharedMemConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetSharedMemConfig")?;
-                crate::error::check(driver_fn__(pConfig), "cuCtxGetSharedMemConfig")
+                crate::fault::after(
+                    "cuCtxGetSharedMemConfig",
+                    crate::error::check(driver_fn__(pConfig), "cuCtxGetSharedMemConfig"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9127,9 +9247,12 @@ impl DriverApi {
         match self.cuCtxGetStreamPriorityRange {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxGetStreamPriorityRange")?;
-                crate::error::check(
-                    driver_fn__(leastPriority, greatestPriority),
+                crate::fault::after(
                     "cuCtxGetStreamPriorityRange",
+                    crate::error::check(
+                        driver_fn__(leastPriority, greatestPriority),
+                        "cuCtxGetStreamPriorityRange",
+                    ),
                 )
             }
             None => {
@@ -9151,7 +9274,10 @@ impl DriverApi {
         match self.cuCtxPopCurrent_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxPopCurrent_v2")?;
-                crate::error::check(driver_fn__(pctx), "cuCtxPopCurrent_v2")
+                crate::fault::after(
+                    "cuCtxPopCurrent_v2",
+                    crate::error::check(driver_fn__(pctx), "cuCtxPopCurrent_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9172,7 +9298,10 @@ impl DriverApi {
         match self.cuCtxPushCurrent_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxPushCurrent_v2")?;
-                crate::error::check(driver_fn__(ctx), "cuCtxPushCurrent_v2")
+                crate::fault::after(
+                    "cuCtxPushCurrent_v2",
+                    crate::error::check(driver_fn__(ctx), "cuCtxPushCurrent_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9194,7 +9323,10 @@ impl DriverApi {
         match self.cuCtxRecordEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxRecordEvent")?;
-                crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxRecordEvent")
+                crate::fault::after(
+                    "cuCtxRecordEvent",
+                    crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxRecordEvent"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9212,7 +9344,10 @@ impl DriverApi {
         match self.cuCtxResetPersistingL2Cache {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxResetPersistingL2Cache")?;
-                crate::error::check(driver_fn__(), "cuCtxResetPersistingL2Cache")
+                crate::fault::after(
+                    "cuCtxResetPersistingL2Cache",
+                    crate::error::check(driver_fn__(), "cuCtxResetPersistingL2Cache"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9233,7 +9368,10 @@ impl DriverApi {
         match self.cuCtxSetCacheConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSetCacheConfig")?;
-                crate::error::check(driver_fn__(config), "cuCtxSetCacheConfig")
+                crate::fault::after(
+                    "cuCtxSetCacheConfig",
+                    crate::error::check(driver_fn__(config), "cuCtxSetCacheConfig"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9254,7 +9392,10 @@ impl DriverApi {
         match self.cuCtxSetCurrent {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSetCurrent")?;
-                crate::error::check(driver_fn__(ctx), "cuCtxSetCurrent")
+                crate::fault::after(
+                    "cuCtxSetCurrent",
+                    crate::error::check(driver_fn__(ctx), "cuCtxSetCurrent"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9275,7 +9416,10 @@ impl DriverApi {
         match self.cuCtxSetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSetFlags")?;
-                crate::error::check(driver_fn__(flags), "cuCtxSetFlags")
+                crate::fault::after(
+                    "cuCtxSetFlags",
+                    crate::error::check(driver_fn__(flags), "cuCtxSetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9297,7 +9441,10 @@ impl DriverApi {
         match self.cuCtxSetLimit {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSetLimit")?;
-                crate::error::check(driver_fn__(limit, value), "cuCtxSetLimit")
+                crate::fault::after(
+                    "cuCtxSetLimit",
+                    crate::error::check(driver_fn__(limit, value), "cuCtxSetLimit"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9318,7 +9465,10 @@ impl DriverApi {
         match self.cuCtxSetSharedMemConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSetSharedMemConfig")?;
-                crate::error::check(driver_fn__(config), "cuCtxSetSharedMemConfig")
+                crate::fault::after(
+                    "cuCtxSetSharedMemConfig",
+                    crate::error::check(driver_fn__(config), "cuCtxSetSharedMemConfig"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9336,7 +9486,10 @@ impl DriverApi {
         match self.cuCtxSynchronize {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSynchronize")?;
-                crate::error::check(driver_fn__(), "cuCtxSynchronize")
+                crate::fault::after(
+                    "cuCtxSynchronize",
+                    crate::error::check(driver_fn__(), "cuCtxSynchronize"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9357,7 +9510,10 @@ impl DriverApi {
         match self.cuCtxSynchronize_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxSynchronize_v2")?;
-                crate::error::check(driver_fn__(ctx), "cuCtxSynchronize_v2")
+                crate::fault::after(
+                    "cuCtxSynchronize_v2",
+                    crate::error::check(driver_fn__(ctx), "cuCtxSynchronize_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9379,7 +9535,10 @@ impl DriverApi {
         match self.cuCtxWaitEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuCtxWaitEvent")?;
-                crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxWaitEvent")
+                crate::fault::after(
+                    "cuCtxWaitEvent",
+                    crate::error::check(driver_fn__(hCtx, hEvent), "cuCtxWaitEvent"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9400,7 +9559,10 @@ impl DriverApi {
         match self.cuDestroyExternalMemory {
             Some(driver_fn__) => {
                 crate::fault::before("cuDestroyExternalMemory")?;
-                crate::error::check(driver_fn__(extMem), "cuDestroyExternalMemory")
+                crate::fault::after(
+                    "cuDestroyExternalMemory",
+                    crate::error::check(driver_fn__(extMem), "cuDestroyExternalMemory"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9421,7 +9583,13 @@ impl DriverApi {
         match self.cuDestroyExternalSemaphore {
             Some(driver_fn__) => {
                 crate::fault::before("cuDestroyExternalSemaphore")?;
-                crate::error::check(driver_fn__(extSem), "cuDestroyExternalSemaphore")
+                crate::fault::after(
+                    "cuDestroyExternalSemaphore",
+                    crate::error::check(
+                        driver_fn__(extSem),
+                        "cuDestroyExternalSemaphore",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9444,9 +9612,12 @@ impl DriverApi {
         match self.cuDevResourceGenerateDesc {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevResourceGenerateDesc")?;
-                crate::error::check(
-                    driver_fn__(phDesc, resources, nbResources),
+                crate::fault::after(
                     "cuDevResourceGenerateDesc",
+                    crate::error::check(
+                        driver_fn__(phDesc, resources, nbResources),
+                        "cuDevResourceGenerateDesc",
+                    ),
                 )
             }
             None => {
@@ -9473,9 +9644,19 @@ impl DriverApi {
         match self.cuDevSmResourceSplitByCount {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevSmResourceSplitByCount")?;
-                crate::error::check(
-                    driver_fn__(result, nbGroups, input, remaining, useFlags, minCount),
+                crate::fault::after(
                     "cuDevSmResourceSplitByCount",
+                    crate::error::check(
+                        driver_fn__(
+                            result,
+                            nbGroups,
+                            input,
+                            remaining,
+                            useFlags,
+                            minCount,
+                        ),
+                        "cuDevSmResourceSplitByCount",
+                    ),
                 )
             }
             None => {
@@ -9499,9 +9680,12 @@ impl DriverApi {
         match self.cuDeviceCanAccessPeer {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceCanAccessPeer")?;
-                crate::error::check(
-                    driver_fn__(canAccessPeer, dev, peerDev),
+                crate::fault::after(
                     "cuDeviceCanAccessPeer",
+                    crate::error::check(
+                        driver_fn__(canAccessPeer, dev, peerDev),
+                        "cuDeviceCanAccessPeer",
+                    ),
                 )
             }
             None => {
@@ -9525,9 +9709,12 @@ impl DriverApi {
         match self.cuDeviceComputeCapability {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceComputeCapability")?;
-                crate::error::check(
-                    driver_fn__(major, minor, dev),
+                crate::fault::after(
                     "cuDeviceComputeCapability",
+                    crate::error::check(
+                        driver_fn__(major, minor, dev),
+                        "cuDeviceComputeCapability",
+                    ),
                 )
             }
             None => {
@@ -9550,7 +9737,10 @@ impl DriverApi {
         match self.cuDeviceGet {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGet")?;
-                crate::error::check(driver_fn__(device, ordinal), "cuDeviceGet")
+                crate::fault::after(
+                    "cuDeviceGet",
+                    crate::error::check(driver_fn__(device, ordinal), "cuDeviceGet"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9573,7 +9763,13 @@ impl DriverApi {
         match self.cuDeviceGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetAttribute")?;
-                crate::error::check(driver_fn__(pi, attrib, dev), "cuDeviceGetAttribute")
+                crate::fault::after(
+                    "cuDeviceGetAttribute",
+                    crate::error::check(
+                        driver_fn__(pi, attrib, dev),
+                        "cuDeviceGetAttribute",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9595,7 +9791,13 @@ impl DriverApi {
         match self.cuDeviceGetByPCIBusId {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetByPCIBusId")?;
-                crate::error::check(driver_fn__(dev, pciBusId), "cuDeviceGetByPCIBusId")
+                crate::fault::after(
+                    "cuDeviceGetByPCIBusId",
+                    crate::error::check(
+                        driver_fn__(dev, pciBusId),
+                        "cuDeviceGetByPCIBusId",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9616,7 +9818,10 @@ impl DriverApi {
         match self.cuDeviceGetCount {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetCount")?;
-                crate::error::check(driver_fn__(count), "cuDeviceGetCount")
+                crate::fault::after(
+                    "cuDeviceGetCount",
+                    crate::error::check(driver_fn__(count), "cuDeviceGetCount"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9638,9 +9843,12 @@ impl DriverApi {
         match self.cuDeviceGetDefaultMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetDefaultMemPool")?;
-                crate::error::check(
-                    driver_fn__(pool_out, dev),
+                crate::fault::after(
                     "cuDeviceGetDefaultMemPool",
+                    crate::error::check(
+                        driver_fn__(pool_out, dev),
+                        "cuDeviceGetDefaultMemPool",
+                    ),
                 )
             }
             None => {
@@ -9664,9 +9872,12 @@ impl DriverApi {
         match self.cuDeviceGetDevResource {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetDevResource")?;
-                crate::error::check(
-                    driver_fn__(device, resource, type_),
+                crate::fault::after(
                     "cuDeviceGetDevResource",
+                    crate::error::check(
+                        driver_fn__(device, resource, type_),
+                        "cuDeviceGetDevResource",
+                    ),
                 )
             }
             None => {
@@ -9690,9 +9901,12 @@ impl DriverApi {
         match self.cuDeviceGetExecAffinitySupport {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetExecAffinitySupport")?;
-                crate::error::check(
-                    driver_fn__(pi, type_, dev),
+                crate::fault::after(
                     "cuDeviceGetExecAffinitySupport",
+                    crate::error::check(
+                        driver_fn__(pi, type_, dev),
+                        "cuDeviceGetExecAffinitySupport",
+                    ),
                 )
             }
             None => {
@@ -9716,9 +9930,12 @@ impl DriverApi {
         match self.cuDeviceGetGraphMemAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetGraphMemAttribute")?;
-                crate::error::check(
-                    driver_fn__(device, attr, value),
+                crate::fault::after(
                     "cuDeviceGetGraphMemAttribute",
+                    crate::error::check(
+                        driver_fn__(device, attr, value),
+                        "cuDeviceGetGraphMemAttribute",
+                    ),
                 )
             }
             None => {
@@ -9743,9 +9960,12 @@ impl DriverApi {
         match self.cuDeviceGetHostAtomicCapabilities {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetHostAtomicCapabilities")?;
-                crate::error::check(
-                    driver_fn__(capabilities, operations, count, dev),
+                crate::fault::after(
                     "cuDeviceGetHostAtomicCapabilities",
+                    crate::error::check(
+                        driver_fn__(capabilities, operations, count, dev),
+                        "cuDeviceGetHostAtomicCapabilities",
+                    ),
                 )
             }
             None => {
@@ -9769,9 +9989,12 @@ impl DriverApi {
         match self.cuDeviceGetLuid {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetLuid")?;
-                crate::error::check(
-                    driver_fn__(luid, deviceNodeMask, dev),
+                crate::fault::after(
                     "cuDeviceGetLuid",
+                    crate::error::check(
+                        driver_fn__(luid, deviceNodeMask, dev),
+                        "cuDeviceGetLuid",
+                    ),
                 )
             }
             None => {
@@ -9794,7 +10017,10 @@ impl DriverApi {
         match self.cuDeviceGetMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetMemPool")?;
-                crate::error::check(driver_fn__(pool, dev), "cuDeviceGetMemPool")
+                crate::fault::after(
+                    "cuDeviceGetMemPool",
+                    crate::error::check(driver_fn__(pool, dev), "cuDeviceGetMemPool"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9817,7 +10043,10 @@ impl DriverApi {
         match self.cuDeviceGetName {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetName")?;
-                crate::error::check(driver_fn__(name, len, dev), "cuDeviceGetName")
+                crate::fault::after(
+                    "cuDeviceGetName",
+                    crate::error::check(driver_fn__(name, len, dev), "cuDeviceGetName"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9840,9 +10069,12 @@ impl DriverApi {
         match self.cuDeviceGetNvSciSyncAttributes {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetNvSciSyncAttributes")?;
-                crate::error::check(
-                    driver_fn__(nvSciSyncAttrList, dev, flags),
+                crate::fault::after(
                     "cuDeviceGetNvSciSyncAttributes",
+                    crate::error::check(
+                        driver_fn__(nvSciSyncAttrList, dev, flags),
+                        "cuDeviceGetNvSciSyncAttributes",
+                    ),
                 )
             }
             None => {
@@ -9868,9 +10100,18 @@ impl DriverApi {
         match self.cuDeviceGetP2PAtomicCapabilities {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetP2PAtomicCapabilities")?;
-                crate::error::check(
-                    driver_fn__(capabilities, operations, count, srcDevice, dstDevice),
+                crate::fault::after(
                     "cuDeviceGetP2PAtomicCapabilities",
+                    crate::error::check(
+                        driver_fn__(
+                            capabilities,
+                            operations,
+                            count,
+                            srcDevice,
+                            dstDevice,
+                        ),
+                        "cuDeviceGetP2PAtomicCapabilities",
+                    ),
                 )
             }
             None => {
@@ -9895,9 +10136,12 @@ impl DriverApi {
         match self.cuDeviceGetP2PAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetP2PAttribute")?;
-                crate::error::check(
-                    driver_fn__(value, attrib, srcDevice, dstDevice),
+                crate::fault::after(
                     "cuDeviceGetP2PAttribute",
+                    crate::error::check(
+                        driver_fn__(value, attrib, srcDevice, dstDevice),
+                        "cuDeviceGetP2PAttribute",
+                    ),
                 )
             }
             None => {
@@ -9921,9 +10165,12 @@ impl DriverApi {
         match self.cuDeviceGetPCIBusId {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetPCIBusId")?;
-                crate::error::check(
-                    driver_fn__(pciBusId, len, dev),
+                crate::fault::after(
                     "cuDeviceGetPCIBusId",
+                    crate::error::check(
+                        driver_fn__(pciBusId, len, dev),
+                        "cuDeviceGetPCIBusId",
+                    ),
                 )
             }
             None => {
@@ -9946,7 +10193,10 @@ impl DriverApi {
         match self.cuDeviceGetProperties {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetProperties")?;
-                crate::error::check(driver_fn__(prop, dev), "cuDeviceGetProperties")
+                crate::fault::after(
+                    "cuDeviceGetProperties",
+                    crate::error::check(driver_fn__(prop, dev), "cuDeviceGetProperties"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -9970,9 +10220,12 @@ impl DriverApi {
         match self.cuDeviceGetTexture1DLinearMaxWidth {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetTexture1DLinearMaxWidth")?;
-                crate::error::check(
-                    driver_fn__(maxWidthInElements, format, numChannels, dev),
+                crate::fault::after(
                     "cuDeviceGetTexture1DLinearMaxWidth",
+                    crate::error::check(
+                        driver_fn__(maxWidthInElements, format, numChannels, dev),
+                        "cuDeviceGetTexture1DLinearMaxWidth",
+                    ),
                 )
             }
             None => {
@@ -9995,7 +10248,10 @@ impl DriverApi {
         match self.cuDeviceGetUuid_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGetUuid_v2")?;
-                crate::error::check(driver_fn__(uuid, dev), "cuDeviceGetUuid_v2")
+                crate::fault::after(
+                    "cuDeviceGetUuid_v2",
+                    crate::error::check(driver_fn__(uuid, dev), "cuDeviceGetUuid_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10016,7 +10272,10 @@ impl DriverApi {
         match self.cuDeviceGraphMemTrim {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceGraphMemTrim")?;
-                crate::error::check(driver_fn__(device), "cuDeviceGraphMemTrim")
+                crate::fault::after(
+                    "cuDeviceGraphMemTrim",
+                    crate::error::check(driver_fn__(device), "cuDeviceGraphMemTrim"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10039,9 +10298,12 @@ impl DriverApi {
         match self.cuDevicePrimaryCtxGetState {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevicePrimaryCtxGetState")?;
-                crate::error::check(
-                    driver_fn__(dev, flags, active),
+                crate::fault::after(
                     "cuDevicePrimaryCtxGetState",
+                    crate::error::check(
+                        driver_fn__(dev, flags, active),
+                        "cuDevicePrimaryCtxGetState",
+                    ),
                 )
             }
             None => {
@@ -10063,7 +10325,10 @@ impl DriverApi {
         match self.cuDevicePrimaryCtxRelease_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevicePrimaryCtxRelease_v2")?;
-                crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxRelease_v2")
+                crate::fault::after(
+                    "cuDevicePrimaryCtxRelease_v2",
+                    crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxRelease_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10084,7 +10349,10 @@ impl DriverApi {
         match self.cuDevicePrimaryCtxReset_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevicePrimaryCtxReset_v2")?;
-                crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxReset_v2")
+                crate::fault::after(
+                    "cuDevicePrimaryCtxReset_v2",
+                    crate::error::check(driver_fn__(dev), "cuDevicePrimaryCtxReset_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10106,7 +10374,13 @@ impl DriverApi {
         match self.cuDevicePrimaryCtxRetain {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevicePrimaryCtxRetain")?;
-                crate::error::check(driver_fn__(pctx, dev), "cuDevicePrimaryCtxRetain")
+                crate::fault::after(
+                    "cuDevicePrimaryCtxRetain",
+                    crate::error::check(
+                        driver_fn__(pctx, dev),
+                        "cuDevicePrimaryCtxRetain",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10128,9 +10402,12 @@ impl DriverApi {
         match self.cuDevicePrimaryCtxSetFlags_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuDevicePrimaryCtxSetFlags_v2")?;
-                crate::error::check(
-                    driver_fn__(dev, flags),
+                crate::fault::after(
                     "cuDevicePrimaryCtxSetFlags_v2",
+                    crate::error::check(
+                        driver_fn__(dev, flags),
+                        "cuDevicePrimaryCtxSetFlags_v2",
+                    ),
                 )
             }
             None => {
@@ -10155,9 +10432,12 @@ impl DriverApi {
         match self.cuDeviceRegisterAsyncNotification {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceRegisterAsyncNotification")?;
-                crate::error::check(
-                    driver_fn__(device, callbackFunc, userData, callback),
+                crate::fault::after(
                     "cuDeviceRegisterAsyncNotification",
+                    crate::error::check(
+                        driver_fn__(device, callbackFunc, userData, callback),
+                        "cuDeviceRegisterAsyncNotification",
+                    ),
                 )
             }
             None => {
@@ -10181,9 +10461,12 @@ impl DriverApi {
         match self.cuDeviceSetGraphMemAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceSetGraphMemAttribute")?;
-                crate::error::check(
-                    driver_fn__(device, attr, value),
+                crate::fault::after(
                     "cuDeviceSetGraphMemAttribute",
+                    crate::error::check(
+                        driver_fn__(device, attr, value),
+                        "cuDeviceSetGraphMemAttribute",
+                    ),
                 )
             }
             None => {
@@ -10206,7 +10489,10 @@ impl DriverApi {
         match self.cuDeviceSetMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceSetMemPool")?;
-                crate::error::check(driver_fn__(dev, pool), "cuDeviceSetMemPool")
+                crate::fault::after(
+                    "cuDeviceSetMemPool",
+                    crate::error::check(driver_fn__(dev, pool), "cuDeviceSetMemPool"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10228,7 +10514,10 @@ impl DriverApi {
         match self.cuDeviceTotalMem_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceTotalMem_v2")?;
-                crate::error::check(driver_fn__(bytes, dev), "cuDeviceTotalMem_v2")
+                crate::fault::after(
+                    "cuDeviceTotalMem_v2",
+                    crate::error::check(driver_fn__(bytes, dev), "cuDeviceTotalMem_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10250,9 +10539,12 @@ impl DriverApi {
         match self.cuDeviceUnregisterAsyncNotification {
             Some(driver_fn__) => {
                 crate::fault::before("cuDeviceUnregisterAsyncNotification")?;
-                crate::error::check(
-                    driver_fn__(device, callback),
+                crate::fault::after(
                     "cuDeviceUnregisterAsyncNotification",
+                    crate::error::check(
+                        driver_fn__(device, callback),
+                        "cuDeviceUnregisterAsyncNotification",
+                    ),
                 )
             }
             None => {
@@ -10274,7 +10566,10 @@ impl DriverApi {
         match self.cuDriverGetVersion {
             Some(driver_fn__) => {
                 crate::fault::before("cuDriverGetVersion")?;
-                crate::error::check(driver_fn__(driverVersion), "cuDriverGetVersion")
+                crate::fault::after(
+                    "cuDriverGetVersion",
+                    crate::error::check(driver_fn__(driverVersion), "cuDriverGetVersion"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10296,7 +10591,10 @@ impl DriverApi {
         match self.cuEventCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventCreate")?;
-                crate::error::check(driver_fn__(phEvent, Flags), "cuEventCreate")
+                crate::fault::after(
+                    "cuEventCreate",
+                    crate::error::check(driver_fn__(phEvent, Flags), "cuEventCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10317,7 +10615,10 @@ impl DriverApi {
         match self.cuEventDestroy_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventDestroy_v2")?;
-                crate::error::check(driver_fn__(hEvent), "cuEventDestroy_v2")
+                crate::fault::after(
+                    "cuEventDestroy_v2",
+                    crate::error::check(driver_fn__(hEvent), "cuEventDestroy_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10340,9 +10641,12 @@ impl DriverApi {
         match self.cuEventElapsedTime_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventElapsedTime_v2")?;
-                crate::error::check(
-                    driver_fn__(pMilliseconds, hStart, hEnd),
+                crate::fault::after(
                     "cuEventElapsedTime_v2",
+                    crate::error::check(
+                        driver_fn__(pMilliseconds, hStart, hEnd),
+                        "cuEventElapsedTime_v2",
+                    ),
                 )
             }
             None => {
@@ -10364,7 +10668,10 @@ impl DriverApi {
         match self.cuEventQuery {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventQuery")?;
-                crate::error::check(driver_fn__(hEvent), "cuEventQuery")
+                crate::fault::after(
+                    "cuEventQuery",
+                    crate::error::check(driver_fn__(hEvent), "cuEventQuery"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10386,7 +10693,10 @@ impl DriverApi {
         match self.cuEventRecord {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventRecord")?;
-                crate::error::check(driver_fn__(hEvent, hStream), "cuEventRecord")
+                crate::fault::after(
+                    "cuEventRecord",
+                    crate::error::check(driver_fn__(hEvent, hStream), "cuEventRecord"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10409,9 +10719,12 @@ impl DriverApi {
         match self.cuEventRecordWithFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventRecordWithFlags")?;
-                crate::error::check(
-                    driver_fn__(hEvent, hStream, flags),
+                crate::fault::after(
                     "cuEventRecordWithFlags",
+                    crate::error::check(
+                        driver_fn__(hEvent, hStream, flags),
+                        "cuEventRecordWithFlags",
+                    ),
                 )
             }
             None => {
@@ -10433,7 +10746,10 @@ impl DriverApi {
         match self.cuEventSynchronize {
             Some(driver_fn__) => {
                 crate::fault::before("cuEventSynchronize")?;
-                crate::error::check(driver_fn__(hEvent), "cuEventSynchronize")
+                crate::fault::after(
+                    "cuEventSynchronize",
+                    crate::error::check(driver_fn__(hEvent), "cuEventSynchronize"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10456,9 +10772,12 @@ impl DriverApi {
         match self.cuExternalMemoryGetMappedBuffer {
             Some(driver_fn__) => {
                 crate::fault::before("cuExternalMemoryGetMappedBuffer")?;
-                crate::error::check(
-                    driver_fn__(devPtr, extMem, bufferDesc),
+                crate::fault::after(
                     "cuExternalMemoryGetMappedBuffer",
+                    crate::error::check(
+                        driver_fn__(devPtr, extMem, bufferDesc),
+                        "cuExternalMemoryGetMappedBuffer",
+                    ),
                 )
             }
             None => {
@@ -10482,9 +10801,12 @@ impl DriverApi {
         match self.cuExternalMemoryGetMappedMipmappedArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuExternalMemoryGetMappedMipmappedArray")?;
-                crate::error::check(
-                    driver_fn__(mipmap, extMem, mipmapDesc),
+                crate::fault::after(
                     "cuExternalMemoryGetMappedMipmappedArray",
+                    crate::error::check(
+                        driver_fn__(mipmap, extMem, mipmapDesc),
+                        "cuExternalMemoryGetMappedMipmappedArray",
+                    ),
                 )
             }
             None => {
@@ -10507,9 +10829,12 @@ impl DriverApi {
         match self.cuFlushGPUDirectRDMAWrites {
             Some(driver_fn__) => {
                 crate::fault::before("cuFlushGPUDirectRDMAWrites")?;
-                crate::error::check(
-                    driver_fn__(target, scope),
+                crate::fault::after(
                     "cuFlushGPUDirectRDMAWrites",
+                    crate::error::check(
+                        driver_fn__(target, scope),
+                        "cuFlushGPUDirectRDMAWrites",
+                    ),
                 )
             }
             None => {
@@ -10533,7 +10858,13 @@ impl DriverApi {
         match self.cuFuncGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncGetAttribute")?;
-                crate::error::check(driver_fn__(pi, attrib, hfunc), "cuFuncGetAttribute")
+                crate::fault::after(
+                    "cuFuncGetAttribute",
+                    crate::error::check(
+                        driver_fn__(pi, attrib, hfunc),
+                        "cuFuncGetAttribute",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10555,7 +10886,10 @@ impl DriverApi {
         match self.cuFuncGetModule {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncGetModule")?;
-                crate::error::check(driver_fn__(hmod, hfunc), "cuFuncGetModule")
+                crate::fault::after(
+                    "cuFuncGetModule",
+                    crate::error::check(driver_fn__(hmod, hfunc), "cuFuncGetModule"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10577,7 +10911,10 @@ impl DriverApi {
         match self.cuFuncGetName {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncGetName")?;
-                crate::error::check(driver_fn__(name, hfunc), "cuFuncGetName")
+                crate::fault::after(
+                    "cuFuncGetName",
+                    crate::error::check(driver_fn__(name, hfunc), "cuFuncGetName"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10601,9 +10938,12 @@ impl DriverApi {
         match self.cuFuncGetParamInfo {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncGetParamInfo")?;
-                crate::error::check(
-                    driver_fn__(func, paramIndex, paramOffset, paramSize),
+                crate::fault::after(
                     "cuFuncGetParamInfo",
+                    crate::error::check(
+                        driver_fn__(func, paramIndex, paramOffset, paramSize),
+                        "cuFuncGetParamInfo",
+                    ),
                 )
             }
             None => {
@@ -10626,7 +10966,10 @@ impl DriverApi {
         match self.cuFuncIsLoaded {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncIsLoaded")?;
-                crate::error::check(driver_fn__(state, function), "cuFuncIsLoaded")
+                crate::fault::after(
+                    "cuFuncIsLoaded",
+                    crate::error::check(driver_fn__(state, function), "cuFuncIsLoaded"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10647,7 +10990,10 @@ impl DriverApi {
         match self.cuFuncLoad {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncLoad")?;
-                crate::error::check(driver_fn__(function), "cuFuncLoad")
+                crate::fault::after(
+                    "cuFuncLoad",
+                    crate::error::check(driver_fn__(function), "cuFuncLoad"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10670,9 +11016,12 @@ impl DriverApi {
         match self.cuFuncSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(hfunc, attrib, value),
+                crate::fault::after(
                     "cuFuncSetAttribute",
+                    crate::error::check(
+                        driver_fn__(hfunc, attrib, value),
+                        "cuFuncSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -10697,7 +11046,13 @@ impl DriverApi {
         match self.cuFuncSetBlockShape {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncSetBlockShape")?;
-                crate::error::check(driver_fn__(hfunc, x, y, z), "cuFuncSetBlockShape")
+                crate::fault::after(
+                    "cuFuncSetBlockShape",
+                    crate::error::check(
+                        driver_fn__(hfunc, x, y, z),
+                        "cuFuncSetBlockShape",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10719,7 +11074,13 @@ impl DriverApi {
         match self.cuFuncSetCacheConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncSetCacheConfig")?;
-                crate::error::check(driver_fn__(hfunc, config), "cuFuncSetCacheConfig")
+                crate::fault::after(
+                    "cuFuncSetCacheConfig",
+                    crate::error::check(
+                        driver_fn__(hfunc, config),
+                        "cuFuncSetCacheConfig",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10741,9 +11102,12 @@ impl DriverApi {
         match self.cuFuncSetSharedMemConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncSetSharedMemConfig")?;
-                crate::error::check(
-                    driver_fn__(hfunc, config),
+                crate::fault::after(
                     "cuFuncSetSharedMemConfig",
+                    crate::error::check(
+                        driver_fn__(hfunc, config),
+                        "cuFuncSetSharedMemConfig",
+                    ),
                 )
             }
             None => {
@@ -10766,7 +11130,10 @@ impl DriverApi {
         match self.cuFuncSetSharedSize {
             Some(driver_fn__) => {
                 crate::fault::before("cuFuncSetSharedSize")?;
-                crate::error::check(driver_fn__(hfunc, bytes), "cuFuncSetSharedSize")
+                crate::fault::after(
+                    "cuFuncSetSharedSize",
+                    crate::error::check(driver_fn__(hfunc, bytes), "cuFuncSetSharedSize"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10788,7 +11155,10 @@ impl DriverApi {
         match self.cuGetErrorName {
             Some(driver_fn__) => {
                 crate::fault::before("cuGetErrorName")?;
-                crate::error::check(driver_fn__(error, pStr), "cuGetErrorName")
+                crate::fault::after(
+                    "cuGetErrorName",
+                    crate::error::check(driver_fn__(error, pStr), "cuGetErrorName"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10810,7 +11180,10 @@ impl DriverApi {
         match self.cuGetErrorString {
             Some(driver_fn__) => {
                 crate::fault::before("cuGetErrorString")?;
-                crate::error::check(driver_fn__(error, pStr), "cuGetErrorString")
+                crate::fault::after(
+                    "cuGetErrorString",
+                    crate::error::check(driver_fn__(error, pStr), "cuGetErrorString"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -10832,9 +11205,12 @@ impl DriverApi {
         match self.cuGetExportTable {
             Some(driver_fn__) => {
                 crate::fault::before("cuGetExportTable")?;
-                crate::error::check(
-                    driver_fn__(ppExportTable, pExportTableId),
+                crate::fault::after(
                     "cuGetExportTable",
+                    crate::error::check(
+                        driver_fn__(ppExportTable, pExportTableId),
+                        "cuGetExportTable",
+                    ),
                 )
             }
             None => {
@@ -10860,9 +11236,12 @@ impl DriverApi {
         match self.cuGetProcAddress_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGetProcAddress_v2")?;
-                crate::error::check(
-                    driver_fn__(symbol, pfn, cudaVersion, flags, symbolStatus),
+                crate::fault::after(
                     "cuGetProcAddress_v2",
+                    crate::error::check(
+                        driver_fn__(symbol, pfn, cudaVersion, flags, symbolStatus),
+                        "cuGetProcAddress_v2",
+                    ),
                 )
             }
             None => {
@@ -10888,15 +11267,18 @@ impl DriverApi {
         match self.cuGraphAddBatchMemOpNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddBatchMemOpNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddBatchMemOpNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddBatchMemOpNode",
+                    ),
                 )
             }
             None => {
@@ -10922,15 +11304,18 @@ impl DriverApi {
         match self.cuGraphAddChildGraphNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddChildGraphNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        childGraph,
-                    ),
+                crate::fault::after(
                     "cuGraphAddChildGraphNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            childGraph,
+                        ),
+                        "cuGraphAddChildGraphNode",
+                    ),
                 )
             }
             None => {
@@ -10956,9 +11341,12 @@ impl DriverApi {
         match self.cuGraphAddDependencies_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddDependencies_v2")?;
-                crate::error::check(
-                    driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                crate::fault::after(
                     "cuGraphAddDependencies_v2",
+                    crate::error::check(
+                        driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                        "cuGraphAddDependencies_v2",
+                    ),
                 )
             }
             None => {
@@ -10983,9 +11371,12 @@ impl DriverApi {
         match self.cuGraphAddEmptyNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddEmptyNode")?;
-                crate::error::check(
-                    driver_fn__(phGraphNode, hGraph, dependencies, numDependencies),
+                crate::fault::after(
                     "cuGraphAddEmptyNode",
+                    crate::error::check(
+                        driver_fn__(phGraphNode, hGraph, dependencies, numDependencies),
+                        "cuGraphAddEmptyNode",
+                    ),
                 )
             }
             None => {
@@ -11011,15 +11402,18 @@ impl DriverApi {
         match self.cuGraphAddEventRecordNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddEventRecordNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        event,
-                    ),
+                crate::fault::after(
                     "cuGraphAddEventRecordNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            event,
+                        ),
+                        "cuGraphAddEventRecordNode",
+                    ),
                 )
             }
             None => {
@@ -11045,15 +11439,18 @@ impl DriverApi {
         match self.cuGraphAddEventWaitNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddEventWaitNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        event,
-                    ),
+                crate::fault::after(
                     "cuGraphAddEventWaitNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            event,
+                        ),
+                        "cuGraphAddEventWaitNode",
+                    ),
                 )
             }
             None => {
@@ -11079,15 +11476,18 @@ impl DriverApi {
         match self.cuGraphAddExternalSemaphoresSignalNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddExternalSemaphoresSignalNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddExternalSemaphoresSignalNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddExternalSemaphoresSignalNode",
+                    ),
                 )
             }
             None => {
@@ -11113,15 +11513,18 @@ impl DriverApi {
         match self.cuGraphAddExternalSemaphoresWaitNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddExternalSemaphoresWaitNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddExternalSemaphoresWaitNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddExternalSemaphoresWaitNode",
+                    ),
                 )
             }
             None => {
@@ -11147,15 +11550,18 @@ impl DriverApi {
         match self.cuGraphAddHostNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddHostNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddHostNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddHostNode",
+                    ),
                 )
             }
             None => {
@@ -11181,15 +11587,18 @@ impl DriverApi {
         match self.cuGraphAddKernelNode_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddKernelNode_v2")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddKernelNode_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddKernelNode_v2",
+                    ),
                 )
             }
             None => {
@@ -11215,15 +11624,18 @@ impl DriverApi {
         match self.cuGraphAddMemAllocNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddMemAllocNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddMemAllocNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddMemAllocNode",
+                    ),
                 )
             }
             None => {
@@ -11249,15 +11661,18 @@ impl DriverApi {
         match self.cuGraphAddMemFreeNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddMemFreeNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        dptr,
-                    ),
+                crate::fault::after(
                     "cuGraphAddMemFreeNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            dptr,
+                        ),
+                        "cuGraphAddMemFreeNode",
+                    ),
                 )
             }
             None => {
@@ -11284,16 +11699,19 @@ impl DriverApi {
         match self.cuGraphAddMemcpyNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddMemcpyNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        copyParams,
-                        ctx,
-                    ),
+                crate::fault::after(
                     "cuGraphAddMemcpyNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            copyParams,
+                            ctx,
+                        ),
+                        "cuGraphAddMemcpyNode",
+                    ),
                 )
             }
             None => {
@@ -11320,16 +11738,19 @@ impl DriverApi {
         match self.cuGraphAddMemsetNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddMemsetNode")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        numDependencies,
-                        memsetParams,
-                        ctx,
-                    ),
+                crate::fault::after(
                     "cuGraphAddMemsetNode",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            numDependencies,
+                            memsetParams,
+                            ctx,
+                        ),
+                        "cuGraphAddMemsetNode",
+                    ),
                 )
             }
             None => {
@@ -11356,16 +11777,19 @@ impl DriverApi {
         match self.cuGraphAddNode_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphAddNode_v2")?;
-                crate::error::check(
-                    driver_fn__(
-                        phGraphNode,
-                        hGraph,
-                        dependencies,
-                        dependencyData,
-                        numDependencies,
-                        nodeParams,
-                    ),
+                crate::fault::after(
                     "cuGraphAddNode_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            phGraphNode,
+                            hGraph,
+                            dependencies,
+                            dependencyData,
+                            numDependencies,
+                            nodeParams,
+                        ),
+                        "cuGraphAddNode_v2",
+                    ),
                 )
             }
             None => {
@@ -11388,9 +11812,12 @@ impl DriverApi {
         match self.cuGraphBatchMemOpNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphBatchMemOpNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams_out),
+                crate::fault::after(
                     "cuGraphBatchMemOpNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams_out),
+                        "cuGraphBatchMemOpNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -11413,9 +11840,12 @@ impl DriverApi {
         match self.cuGraphBatchMemOpNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphBatchMemOpNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphBatchMemOpNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphBatchMemOpNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11438,9 +11868,12 @@ impl DriverApi {
         match self.cuGraphChildGraphNodeGetGraph {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphChildGraphNodeGetGraph")?;
-                crate::error::check(
-                    driver_fn__(hNode, phGraph),
+                crate::fault::after(
                     "cuGraphChildGraphNodeGetGraph",
+                    crate::error::check(
+                        driver_fn__(hNode, phGraph),
+                        "cuGraphChildGraphNodeGetGraph",
+                    ),
                 )
             }
             None => {
@@ -11463,9 +11896,12 @@ impl DriverApi {
         match self.cuGraphClone {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphClone")?;
-                crate::error::check(
-                    driver_fn__(phGraphClone, originalGraph),
+                crate::fault::after(
                     "cuGraphClone",
+                    crate::error::check(
+                        driver_fn__(phGraphClone, originalGraph),
+                        "cuGraphClone",
+                    ),
                 )
             }
             None => {
@@ -11491,9 +11927,12 @@ impl DriverApi {
         match self.cuGraphConditionalHandleCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphConditionalHandleCreate")?;
-                crate::error::check(
-                    driver_fn__(pHandle_out, hGraph, ctx, defaultLaunchValue, flags),
+                crate::fault::after(
                     "cuGraphConditionalHandleCreate",
+                    crate::error::check(
+                        driver_fn__(pHandle_out, hGraph, ctx, defaultLaunchValue, flags),
+                        "cuGraphConditionalHandleCreate",
+                    ),
                 )
             }
             None => {
@@ -11516,7 +11955,10 @@ impl DriverApi {
         match self.cuGraphCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphCreate")?;
-                crate::error::check(driver_fn__(phGraph, flags), "cuGraphCreate")
+                crate::fault::after(
+                    "cuGraphCreate",
+                    crate::error::check(driver_fn__(phGraph, flags), "cuGraphCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -11539,9 +11981,12 @@ impl DriverApi {
         match self.cuGraphDebugDotPrint {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphDebugDotPrint")?;
-                crate::error::check(
-                    driver_fn__(hGraph, path, flags),
+                crate::fault::after(
                     "cuGraphDebugDotPrint",
+                    crate::error::check(
+                        driver_fn__(hGraph, path, flags),
+                        "cuGraphDebugDotPrint",
+                    ),
                 )
             }
             None => {
@@ -11563,7 +12008,10 @@ impl DriverApi {
         match self.cuGraphDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphDestroy")?;
-                crate::error::check(driver_fn__(hGraph), "cuGraphDestroy")
+                crate::fault::after(
+                    "cuGraphDestroy",
+                    crate::error::check(driver_fn__(hGraph), "cuGraphDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -11584,7 +12032,10 @@ impl DriverApi {
         match self.cuGraphDestroyNode {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphDestroyNode")?;
-                crate::error::check(driver_fn__(hNode), "cuGraphDestroyNode")
+                crate::fault::after(
+                    "cuGraphDestroyNode",
+                    crate::error::check(driver_fn__(hNode), "cuGraphDestroyNode"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -11606,9 +12057,12 @@ impl DriverApi {
         match self.cuGraphEventRecordNodeGetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphEventRecordNodeGetEvent")?;
-                crate::error::check(
-                    driver_fn__(hNode, event_out),
+                crate::fault::after(
                     "cuGraphEventRecordNodeGetEvent",
+                    crate::error::check(
+                        driver_fn__(hNode, event_out),
+                        "cuGraphEventRecordNodeGetEvent",
+                    ),
                 )
             }
             None => {
@@ -11631,9 +12085,12 @@ impl DriverApi {
         match self.cuGraphEventRecordNodeSetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphEventRecordNodeSetEvent")?;
-                crate::error::check(
-                    driver_fn__(hNode, event),
+                crate::fault::after(
                     "cuGraphEventRecordNodeSetEvent",
+                    crate::error::check(
+                        driver_fn__(hNode, event),
+                        "cuGraphEventRecordNodeSetEvent",
+                    ),
                 )
             }
             None => {
@@ -11656,9 +12113,12 @@ impl DriverApi {
         match self.cuGraphEventWaitNodeGetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphEventWaitNodeGetEvent")?;
-                crate::error::check(
-                    driver_fn__(hNode, event_out),
+                crate::fault::after(
                     "cuGraphEventWaitNodeGetEvent",
+                    crate::error::check(
+                        driver_fn__(hNode, event_out),
+                        "cuGraphEventWaitNodeGetEvent",
+                    ),
                 )
             }
             None => {
@@ -11681,9 +12141,12 @@ impl DriverApi {
         match self.cuGraphEventWaitNodeSetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphEventWaitNodeSetEvent")?;
-                crate::error::check(
-                    driver_fn__(hNode, event),
+                crate::fault::after(
                     "cuGraphEventWaitNodeSetEvent",
+                    crate::error::check(
+                        driver_fn__(hNode, event),
+                        "cuGraphEventWaitNodeSetEvent",
+                    ),
                 )
             }
             None => {
@@ -11707,9 +12170,12 @@ impl DriverApi {
         match self.cuGraphExecBatchMemOpNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecBatchMemOpNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecBatchMemOpNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecBatchMemOpNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11733,9 +12199,12 @@ impl DriverApi {
         match self.cuGraphExecChildGraphNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecChildGraphNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, childGraph),
+                crate::fault::after(
                     "cuGraphExecChildGraphNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, childGraph),
+                        "cuGraphExecChildGraphNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11757,7 +12226,10 @@ impl DriverApi {
         match self.cuGraphExecDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecDestroy")?;
-                crate::error::check(driver_fn__(hGraphExec), "cuGraphExecDestroy")
+                crate::fault::after(
+                    "cuGraphExecDestroy",
+                    crate::error::check(driver_fn__(hGraphExec), "cuGraphExecDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -11780,9 +12252,12 @@ impl DriverApi {
         match self.cuGraphExecEventRecordNodeSetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecEventRecordNodeSetEvent")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, event),
+                crate::fault::after(
                     "cuGraphExecEventRecordNodeSetEvent",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, event),
+                        "cuGraphExecEventRecordNodeSetEvent",
+                    ),
                 )
             }
             None => {
@@ -11806,9 +12281,12 @@ impl DriverApi {
         match self.cuGraphExecEventWaitNodeSetEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecEventWaitNodeSetEvent")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, event),
+                crate::fault::after(
                     "cuGraphExecEventWaitNodeSetEvent",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, event),
+                        "cuGraphExecEventWaitNodeSetEvent",
+                    ),
                 )
             }
             None => {
@@ -11834,9 +12312,12 @@ impl DriverApi {
                 crate::fault::before(
                     "cuGraphExecExternalSemaphoresSignalNodeSetParams",
                 )?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11860,9 +12341,12 @@ impl DriverApi {
         match self.cuGraphExecExternalSemaphoresWaitNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecExternalSemaphoresWaitNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11885,9 +12369,12 @@ impl DriverApi {
         match self.cuGraphExecGetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecGetFlags")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, flags),
+                crate::fault::after(
                     "cuGraphExecGetFlags",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, flags),
+                        "cuGraphExecGetFlags",
+                    ),
                 )
             }
             None => {
@@ -11911,9 +12398,12 @@ impl DriverApi {
         match self.cuGraphExecHostNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecHostNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecHostNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecHostNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11937,9 +12427,12 @@ impl DriverApi {
         match self.cuGraphExecKernelNodeSetParams_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecKernelNodeSetParams_v2")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecKernelNodeSetParams_v2",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecKernelNodeSetParams_v2",
+                    ),
                 )
             }
             None => {
@@ -11964,9 +12457,12 @@ impl DriverApi {
         match self.cuGraphExecMemcpyNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecMemcpyNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, copyParams, ctx),
+                crate::fault::after(
                     "cuGraphExecMemcpyNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, copyParams, ctx),
+                        "cuGraphExecMemcpyNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -11991,9 +12487,12 @@ impl DriverApi {
         match self.cuGraphExecMemsetNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecMemsetNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, memsetParams, ctx),
+                crate::fault::after(
                     "cuGraphExecMemsetNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, memsetParams, ctx),
+                        "cuGraphExecMemsetNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12017,9 +12516,12 @@ impl DriverApi {
         match self.cuGraphExecNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExecNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, nodeParams),
+                        "cuGraphExecNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12043,9 +12545,12 @@ impl DriverApi {
         match self.cuGraphExecUpdate_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExecUpdate_v2")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hGraph, resultInfo),
+                crate::fault::after(
                     "cuGraphExecUpdate_v2",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hGraph, resultInfo),
+                        "cuGraphExecUpdate_v2",
+                    ),
                 )
             }
             None => {
@@ -12068,9 +12573,12 @@ impl DriverApi {
         match self.cuGraphExternalSemaphoresSignalNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExternalSemaphoresSignalNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, params_out),
+                crate::fault::after(
                     "cuGraphExternalSemaphoresSignalNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, params_out),
+                        "cuGraphExternalSemaphoresSignalNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12093,9 +12601,12 @@ impl DriverApi {
         match self.cuGraphExternalSemaphoresSignalNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExternalSemaphoresSignalNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExternalSemaphoresSignalNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphExternalSemaphoresSignalNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12118,9 +12629,12 @@ impl DriverApi {
         match self.cuGraphExternalSemaphoresWaitNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExternalSemaphoresWaitNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, params_out),
+                crate::fault::after(
                     "cuGraphExternalSemaphoresWaitNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, params_out),
+                        "cuGraphExternalSemaphoresWaitNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12143,9 +12657,12 @@ impl DriverApi {
         match self.cuGraphExternalSemaphoresWaitNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphExternalSemaphoresWaitNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphExternalSemaphoresWaitNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphExternalSemaphoresWaitNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12171,9 +12688,12 @@ impl DriverApi {
         match self.cuGraphGetEdges_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphGetEdges_v2")?;
-                crate::error::check(
-                    driver_fn__(hGraph, from, to, edgeData, numEdges),
+                crate::fault::after(
                     "cuGraphGetEdges_v2",
+                    crate::error::check(
+                        driver_fn__(hGraph, from, to, edgeData, numEdges),
+                        "cuGraphGetEdges_v2",
+                    ),
                 )
             }
             None => {
@@ -12197,9 +12717,12 @@ impl DriverApi {
         match self.cuGraphGetNodes {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphGetNodes")?;
-                crate::error::check(
-                    driver_fn__(hGraph, nodes, numNodes),
+                crate::fault::after(
                     "cuGraphGetNodes",
+                    crate::error::check(
+                        driver_fn__(hGraph, nodes, numNodes),
+                        "cuGraphGetNodes",
+                    ),
                 )
             }
             None => {
@@ -12223,9 +12746,12 @@ impl DriverApi {
         match self.cuGraphGetRootNodes {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphGetRootNodes")?;
-                crate::error::check(
-                    driver_fn__(hGraph, rootNodes, numRootNodes),
+                crate::fault::after(
                     "cuGraphGetRootNodes",
+                    crate::error::check(
+                        driver_fn__(hGraph, rootNodes, numRootNodes),
+                        "cuGraphGetRootNodes",
+                    ),
                 )
             }
             None => {
@@ -12248,9 +12774,12 @@ impl DriverApi {
         match self.cuGraphHostNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphHostNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphHostNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphHostNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12273,9 +12802,12 @@ impl DriverApi {
         match self.cuGraphHostNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphHostNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphHostNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphHostNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12299,9 +12831,12 @@ impl DriverApi {
         match self.cuGraphInstantiateWithFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphInstantiateWithFlags")?;
-                crate::error::check(
-                    driver_fn__(phGraphExec, hGraph, flags),
+                crate::fault::after(
                     "cuGraphInstantiateWithFlags",
+                    crate::error::check(
+                        driver_fn__(phGraphExec, hGraph, flags),
+                        "cuGraphInstantiateWithFlags",
+                    ),
                 )
             }
             None => {
@@ -12325,9 +12860,12 @@ impl DriverApi {
         match self.cuGraphInstantiateWithParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphInstantiateWithParams")?;
-                crate::error::check(
-                    driver_fn__(phGraphExec, hGraph, instantiateParams),
+                crate::fault::after(
                     "cuGraphInstantiateWithParams",
+                    crate::error::check(
+                        driver_fn__(phGraphExec, hGraph, instantiateParams),
+                        "cuGraphInstantiateWithParams",
+                    ),
                 )
             }
             None => {
@@ -12350,9 +12888,12 @@ impl DriverApi {
         match self.cuGraphKernelNodeCopyAttributes {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphKernelNodeCopyAttributes")?;
-                crate::error::check(
-                    driver_fn__(dst, src),
+                crate::fault::after(
                     "cuGraphKernelNodeCopyAttributes",
+                    crate::error::check(
+                        driver_fn__(dst, src),
+                        "cuGraphKernelNodeCopyAttributes",
+                    ),
                 )
             }
             None => {
@@ -12376,9 +12917,12 @@ impl DriverApi {
         match self.cuGraphKernelNodeGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphKernelNodeGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(hNode, attr, value_out),
+                crate::fault::after(
                     "cuGraphKernelNodeGetAttribute",
+                    crate::error::check(
+                        driver_fn__(hNode, attr, value_out),
+                        "cuGraphKernelNodeGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -12401,9 +12945,12 @@ impl DriverApi {
         match self.cuGraphKernelNodeGetParams_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphKernelNodeGetParams_v2")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphKernelNodeGetParams_v2",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphKernelNodeGetParams_v2",
+                    ),
                 )
             }
             None => {
@@ -12427,9 +12974,12 @@ impl DriverApi {
         match self.cuGraphKernelNodeSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphKernelNodeSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(hNode, attr, value),
+                crate::fault::after(
                     "cuGraphKernelNodeSetAttribute",
+                    crate::error::check(
+                        driver_fn__(hNode, attr, value),
+                        "cuGraphKernelNodeSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -12452,9 +13002,12 @@ impl DriverApi {
         match self.cuGraphKernelNodeSetParams_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphKernelNodeSetParams_v2")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphKernelNodeSetParams_v2",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphKernelNodeSetParams_v2",
+                    ),
                 )
             }
             None => {
@@ -12477,7 +13030,13 @@ impl DriverApi {
         match self.cuGraphLaunch {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphLaunch")?;
-                crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphLaunch")
+                crate::fault::after(
+                    "cuGraphLaunch",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hStream),
+                        "cuGraphLaunch",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -12499,9 +13058,12 @@ impl DriverApi {
         match self.cuGraphMemAllocNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemAllocNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, params_out),
+                crate::fault::after(
                     "cuGraphMemAllocNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, params_out),
+                        "cuGraphMemAllocNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12524,9 +13086,12 @@ impl DriverApi {
         match self.cuGraphMemFreeNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemFreeNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, dptr_out),
+                crate::fault::after(
                     "cuGraphMemFreeNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, dptr_out),
+                        "cuGraphMemFreeNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12549,9 +13114,12 @@ impl DriverApi {
         match self.cuGraphMemcpyNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemcpyNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphMemcpyNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphMemcpyNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12574,9 +13142,12 @@ impl DriverApi {
         match self.cuGraphMemcpyNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemcpyNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphMemcpyNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphMemcpyNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12599,9 +13170,12 @@ impl DriverApi {
         match self.cuGraphMemsetNodeGetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemsetNodeGetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphMemsetNodeGetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphMemsetNodeGetParams",
+                    ),
                 )
             }
             None => {
@@ -12624,9 +13198,12 @@ impl DriverApi {
         match self.cuGraphMemsetNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphMemsetNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphMemsetNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphMemsetNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12650,9 +13227,12 @@ impl DriverApi {
         match self.cuGraphNodeFindInClone {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeFindInClone")?;
-                crate::error::check(
-                    driver_fn__(phNode, hOriginalNode, hClonedGraph),
+                crate::fault::after(
                     "cuGraphNodeFindInClone",
+                    crate::error::check(
+                        driver_fn__(phNode, hOriginalNode, hClonedGraph),
+                        "cuGraphNodeFindInClone",
+                    ),
                 )
             }
             None => {
@@ -12677,9 +13257,12 @@ impl DriverApi {
         match self.cuGraphNodeGetDependencies_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeGetDependencies_v2")?;
-                crate::error::check(
-                    driver_fn__(hNode, dependencies, edgeData, numDependencies),
+                crate::fault::after(
                     "cuGraphNodeGetDependencies_v2",
+                    crate::error::check(
+                        driver_fn__(hNode, dependencies, edgeData, numDependencies),
+                        "cuGraphNodeGetDependencies_v2",
+                    ),
                 )
             }
             None => {
@@ -12704,9 +13287,12 @@ impl DriverApi {
         match self.cuGraphNodeGetDependentNodes_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeGetDependentNodes_v2")?;
-                crate::error::check(
-                    driver_fn__(hNode, dependentNodes, edgeData, numDependentNodes),
+                crate::fault::after(
                     "cuGraphNodeGetDependentNodes_v2",
+                    crate::error::check(
+                        driver_fn__(hNode, dependentNodes, edgeData, numDependentNodes),
+                        "cuGraphNodeGetDependentNodes_v2",
+                    ),
                 )
             }
             None => {
@@ -12730,9 +13316,12 @@ impl DriverApi {
         match self.cuGraphNodeGetEnabled {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeGetEnabled")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, isEnabled),
+                crate::fault::after(
                     "cuGraphNodeGetEnabled",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, isEnabled),
+                        "cuGraphNodeGetEnabled",
+                    ),
                 )
             }
             None => {
@@ -12755,7 +13344,10 @@ impl DriverApi {
         match self.cuGraphNodeGetType {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeGetType")?;
-                crate::error::check(driver_fn__(hNode, type_), "cuGraphNodeGetType")
+                crate::fault::after(
+                    "cuGraphNodeGetType",
+                    crate::error::check(driver_fn__(hNode, type_), "cuGraphNodeGetType"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -12778,9 +13370,12 @@ impl DriverApi {
         match self.cuGraphNodeSetEnabled {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeSetEnabled")?;
-                crate::error::check(
-                    driver_fn__(hGraphExec, hNode, isEnabled),
+                crate::fault::after(
                     "cuGraphNodeSetEnabled",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hNode, isEnabled),
+                        "cuGraphNodeSetEnabled",
+                    ),
                 )
             }
             None => {
@@ -12803,9 +13398,12 @@ impl DriverApi {
         match self.cuGraphNodeSetParams {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphNodeSetParams")?;
-                crate::error::check(
-                    driver_fn__(hNode, nodeParams),
+                crate::fault::after(
                     "cuGraphNodeSetParams",
+                    crate::error::check(
+                        driver_fn__(hNode, nodeParams),
+                        "cuGraphNodeSetParams",
+                    ),
                 )
             }
             None => {
@@ -12829,9 +13427,12 @@ impl DriverApi {
         match self.cuGraphReleaseUserObject {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphReleaseUserObject")?;
-                crate::error::check(
-                    driver_fn__(graph, object, count),
+                crate::fault::after(
                     "cuGraphReleaseUserObject",
+                    crate::error::check(
+                        driver_fn__(graph, object, count),
+                        "cuGraphReleaseUserObject",
+                    ),
                 )
             }
             None => {
@@ -12857,9 +13458,12 @@ impl DriverApi {
         match self.cuGraphRemoveDependencies_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphRemoveDependencies_v2")?;
-                crate::error::check(
-                    driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                crate::fault::after(
                     "cuGraphRemoveDependencies_v2",
+                    crate::error::check(
+                        driver_fn__(hGraph, from, to, edgeData, numDependencies),
+                        "cuGraphRemoveDependencies_v2",
+                    ),
                 )
             }
             None => {
@@ -12884,9 +13488,12 @@ impl DriverApi {
         match self.cuGraphRetainUserObject {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphRetainUserObject")?;
-                crate::error::check(
-                    driver_fn__(graph, object, count, flags),
+                crate::fault::after(
                     "cuGraphRetainUserObject",
+                    crate::error::check(
+                        driver_fn__(graph, object, count, flags),
+                        "cuGraphRetainUserObject",
+                    ),
                 )
             }
             None => {
@@ -12909,7 +13516,13 @@ impl DriverApi {
         match self.cuGraphUpload {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphUpload")?;
-                crate::error::check(driver_fn__(hGraphExec, hStream), "cuGraphUpload")
+                crate::fault::after(
+                    "cuGraphUpload",
+                    crate::error::check(
+                        driver_fn__(hGraphExec, hStream),
+                        "cuGraphUpload",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -12932,9 +13545,12 @@ impl DriverApi {
         match self.cuGraphicsMapResources {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsMapResources")?;
-                crate::error::check(
-                    driver_fn__(count, resources, hStream),
+                crate::fault::after(
                     "cuGraphicsMapResources",
+                    crate::error::check(
+                        driver_fn__(count, resources, hStream),
+                        "cuGraphicsMapResources",
+                    ),
                 )
             }
             None => {
@@ -12957,9 +13573,12 @@ impl DriverApi {
         match self.cuGraphicsResourceGetMappedMipmappedArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsResourceGetMappedMipmappedArray")?;
-                crate::error::check(
-                    driver_fn__(pMipmappedArray, resource),
+                crate::fault::after(
                     "cuGraphicsResourceGetMappedMipmappedArray",
+                    crate::error::check(
+                        driver_fn__(pMipmappedArray, resource),
+                        "cuGraphicsResourceGetMappedMipmappedArray",
+                    ),
                 )
             }
             None => {
@@ -12983,9 +13602,12 @@ impl DriverApi {
         match self.cuGraphicsResourceGetMappedPointer_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsResourceGetMappedPointer_v2")?;
-                crate::error::check(
-                    driver_fn__(pDevPtr, pSize, resource),
+                crate::fault::after(
                     "cuGraphicsResourceGetMappedPointer_v2",
+                    crate::error::check(
+                        driver_fn__(pDevPtr, pSize, resource),
+                        "cuGraphicsResourceGetMappedPointer_v2",
+                    ),
                 )
             }
             None => {
@@ -13008,9 +13630,12 @@ impl DriverApi {
         match self.cuGraphicsResourceSetMapFlags_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsResourceSetMapFlags_v2")?;
-                crate::error::check(
-                    driver_fn__(resource, flags),
+                crate::fault::after(
                     "cuGraphicsResourceSetMapFlags_v2",
+                    crate::error::check(
+                        driver_fn__(resource, flags),
+                        "cuGraphicsResourceSetMapFlags_v2",
+                    ),
                 )
             }
             None => {
@@ -13035,9 +13660,12 @@ impl DriverApi {
         match self.cuGraphicsSubResourceGetMappedArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsSubResourceGetMappedArray")?;
-                crate::error::check(
-                    driver_fn__(pArray, resource, arrayIndex, mipLevel),
+                crate::fault::after(
                     "cuGraphicsSubResourceGetMappedArray",
+                    crate::error::check(
+                        driver_fn__(pArray, resource, arrayIndex, mipLevel),
+                        "cuGraphicsSubResourceGetMappedArray",
+                    ),
                 )
             }
             None => {
@@ -13061,9 +13689,12 @@ impl DriverApi {
         match self.cuGraphicsUnmapResources {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsUnmapResources")?;
-                crate::error::check(
-                    driver_fn__(count, resources, hStream),
+                crate::fault::after(
                     "cuGraphicsUnmapResources",
+                    crate::error::check(
+                        driver_fn__(count, resources, hStream),
+                        "cuGraphicsUnmapResources",
+                    ),
                 )
             }
             None => {
@@ -13085,9 +13716,12 @@ impl DriverApi {
         match self.cuGraphicsUnregisterResource {
             Some(driver_fn__) => {
                 crate::fault::before("cuGraphicsUnregisterResource")?;
-                crate::error::check(
-                    driver_fn__(resource),
+                crate::fault::after(
                     "cuGraphicsUnregisterResource",
+                    crate::error::check(
+                        driver_fn__(resource),
+                        "cuGraphicsUnregisterResource",
+                    ),
                 )
             }
             None => {
@@ -13112,9 +13746,12 @@ impl DriverApi {
         match self.cuGreenCtxCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxCreate")?;
-                crate::error::check(
-                    driver_fn__(phCtx, desc, dev, flags),
+                crate::fault::after(
                     "cuGreenCtxCreate",
+                    crate::error::check(
+                        driver_fn__(phCtx, desc, dev, flags),
+                        "cuGreenCtxCreate",
+                    ),
                 )
             }
             None => {
@@ -13136,7 +13773,10 @@ impl DriverApi {
         match self.cuGreenCtxDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxDestroy")?;
-                crate::error::check(driver_fn__(hCtx), "cuGreenCtxDestroy")
+                crate::fault::after(
+                    "cuGreenCtxDestroy",
+                    crate::error::check(driver_fn__(hCtx), "cuGreenCtxDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13159,9 +13799,12 @@ impl DriverApi {
         match self.cuGreenCtxGetDevResource {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxGetDevResource")?;
-                crate::error::check(
-                    driver_fn__(hCtx, resource, type_),
+                crate::fault::after(
                     "cuGreenCtxGetDevResource",
+                    crate::error::check(
+                        driver_fn__(hCtx, resource, type_),
+                        "cuGreenCtxGetDevResource",
+                    ),
                 )
             }
             None => {
@@ -13184,7 +13827,13 @@ impl DriverApi {
         match self.cuGreenCtxGetId {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxGetId")?;
-                crate::error::check(driver_fn__(greenCtx, greenCtxId), "cuGreenCtxGetId")
+                crate::fault::after(
+                    "cuGreenCtxGetId",
+                    crate::error::check(
+                        driver_fn__(greenCtx, greenCtxId),
+                        "cuGreenCtxGetId",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13206,7 +13855,13 @@ impl DriverApi {
         match self.cuGreenCtxRecordEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxRecordEvent")?;
-                crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxRecordEvent")
+                crate::fault::after(
+                    "cuGreenCtxRecordEvent",
+                    crate::error::check(
+                        driver_fn__(hCtx, hEvent),
+                        "cuGreenCtxRecordEvent",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13230,9 +13885,12 @@ impl DriverApi {
         match self.cuGreenCtxStreamCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxStreamCreate")?;
-                crate::error::check(
-                    driver_fn__(phStream, greenCtx, flags, priority),
+                crate::fault::after(
                     "cuGreenCtxStreamCreate",
+                    crate::error::check(
+                        driver_fn__(phStream, greenCtx, flags, priority),
+                        "cuGreenCtxStreamCreate",
+                    ),
                 )
             }
             None => {
@@ -13255,7 +13913,10 @@ impl DriverApi {
         match self.cuGreenCtxWaitEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuGreenCtxWaitEvent")?;
-                crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxWaitEvent")
+                crate::fault::after(
+                    "cuGreenCtxWaitEvent",
+                    crate::error::check(driver_fn__(hCtx, hEvent), "cuGreenCtxWaitEvent"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13277,9 +13938,12 @@ impl DriverApi {
         match self.cuImportExternalMemory {
             Some(driver_fn__) => {
                 crate::fault::before("cuImportExternalMemory")?;
-                crate::error::check(
-                    driver_fn__(extMem_out, memHandleDesc),
+                crate::fault::after(
                     "cuImportExternalMemory",
+                    crate::error::check(
+                        driver_fn__(extMem_out, memHandleDesc),
+                        "cuImportExternalMemory",
+                    ),
                 )
             }
             None => {
@@ -13302,9 +13966,12 @@ impl DriverApi {
         match self.cuImportExternalSemaphore {
             Some(driver_fn__) => {
                 crate::fault::before("cuImportExternalSemaphore")?;
-                crate::error::check(
-                    driver_fn__(extSem_out, semHandleDesc),
+                crate::fault::after(
                     "cuImportExternalSemaphore",
+                    crate::error::check(
+                        driver_fn__(extSem_out, semHandleDesc),
+                        "cuImportExternalSemaphore",
+                    ),
                 )
             }
             None => {
@@ -13326,7 +13993,10 @@ impl DriverApi {
         match self.cuInit {
             Some(driver_fn__) => {
                 crate::fault::before("cuInit")?;
-                crate::error::check(driver_fn__(Flags), "cuInit")
+                crate::fault::after(
+                    "cuInit",
+                    crate::error::check(driver_fn__(Flags), "cuInit"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13347,7 +14017,10 @@ impl DriverApi {
         match self.cuIpcCloseMemHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuIpcCloseMemHandle")?;
-                crate::error::check(driver_fn__(dptr), "cuIpcCloseMemHandle")
+                crate::fault::after(
+                    "cuIpcCloseMemHandle",
+                    crate::error::check(driver_fn__(dptr), "cuIpcCloseMemHandle"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13369,7 +14042,13 @@ impl DriverApi {
         match self.cuIpcGetEventHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuIpcGetEventHandle")?;
-                crate::error::check(driver_fn__(pHandle, event), "cuIpcGetEventHandle")
+                crate::fault::after(
+                    "cuIpcGetEventHandle",
+                    crate::error::check(
+                        driver_fn__(pHandle, event),
+                        "cuIpcGetEventHandle",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13391,7 +14070,10 @@ impl DriverApi {
         match self.cuIpcGetMemHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuIpcGetMemHandle")?;
-                crate::error::check(driver_fn__(pHandle, dptr), "cuIpcGetMemHandle")
+                crate::fault::after(
+                    "cuIpcGetMemHandle",
+                    crate::error::check(driver_fn__(pHandle, dptr), "cuIpcGetMemHandle"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13413,7 +14095,13 @@ impl DriverApi {
         match self.cuIpcOpenEventHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuIpcOpenEventHandle")?;
-                crate::error::check(driver_fn__(phEvent, handle), "cuIpcOpenEventHandle")
+                crate::fault::after(
+                    "cuIpcOpenEventHandle",
+                    crate::error::check(
+                        driver_fn__(phEvent, handle),
+                        "cuIpcOpenEventHandle",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13436,9 +14124,12 @@ impl DriverApi {
         match self.cuIpcOpenMemHandle_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuIpcOpenMemHandle_v2")?;
-                crate::error::check(
-                    driver_fn__(pdptr, handle, Flags),
+                crate::fault::after(
                     "cuIpcOpenMemHandle_v2",
+                    crate::error::check(
+                        driver_fn__(pdptr, handle, Flags),
+                        "cuIpcOpenMemHandle_v2",
+                    ),
                 )
             }
             None => {
@@ -13463,9 +14154,12 @@ impl DriverApi {
         match self.cuKernelGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(pi, attrib, kernel, dev),
+                crate::fault::after(
                     "cuKernelGetAttribute",
+                    crate::error::check(
+                        driver_fn__(pi, attrib, kernel, dev),
+                        "cuKernelGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -13488,7 +14182,13 @@ impl DriverApi {
         match self.cuKernelGetFunction {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelGetFunction")?;
-                crate::error::check(driver_fn__(pFunc, kernel), "cuKernelGetFunction")
+                crate::fault::after(
+                    "cuKernelGetFunction",
+                    crate::error::check(
+                        driver_fn__(pFunc, kernel),
+                        "cuKernelGetFunction",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13510,7 +14210,10 @@ impl DriverApi {
         match self.cuKernelGetLibrary {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelGetLibrary")?;
-                crate::error::check(driver_fn__(pLib, kernel), "cuKernelGetLibrary")
+                crate::fault::after(
+                    "cuKernelGetLibrary",
+                    crate::error::check(driver_fn__(pLib, kernel), "cuKernelGetLibrary"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13532,7 +14235,10 @@ impl DriverApi {
         match self.cuKernelGetName {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelGetName")?;
-                crate::error::check(driver_fn__(name, hfunc), "cuKernelGetName")
+                crate::fault::after(
+                    "cuKernelGetName",
+                    crate::error::check(driver_fn__(name, hfunc), "cuKernelGetName"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13556,9 +14262,12 @@ impl DriverApi {
         match self.cuKernelGetParamInfo {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelGetParamInfo")?;
-                crate::error::check(
-                    driver_fn__(kernel, paramIndex, paramOffset, paramSize),
+                crate::fault::after(
                     "cuKernelGetParamInfo",
+                    crate::error::check(
+                        driver_fn__(kernel, paramIndex, paramOffset, paramSize),
+                        "cuKernelGetParamInfo",
+                    ),
                 )
             }
             None => {
@@ -13583,9 +14292,12 @@ impl DriverApi {
         match self.cuKernelSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(attrib, val, kernel, dev),
+                crate::fault::after(
                     "cuKernelSetAttribute",
+                    crate::error::check(
+                        driver_fn__(attrib, val, kernel, dev),
+                        "cuKernelSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -13609,9 +14321,12 @@ impl DriverApi {
         match self.cuKernelSetCacheConfig {
             Some(driver_fn__) => {
                 crate::fault::before("cuKernelSetCacheConfig")?;
-                crate::error::check(
-                    driver_fn__(kernel, config, dev),
+                crate::fault::after(
                     "cuKernelSetCacheConfig",
+                    crate::error::check(
+                        driver_fn__(kernel, config, dev),
+                        "cuKernelSetCacheConfig",
+                    ),
                 )
             }
             None => {
@@ -13630,7 +14345,10 @@ impl DriverApi {
         match self.cuLaunch {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunch")?;
-                crate::error::check(driver_fn__(f), "cuLaunch")
+                crate::fault::after(
+                    "cuLaunch",
+                    crate::error::check(driver_fn__(f), "cuLaunch"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13660,20 +14378,23 @@ impl DriverApi {
         match self.cuLaunchCooperativeKernel {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchCooperativeKernel")?;
-                crate::error::check(
-                    driver_fn__(
-                        f,
-                        gridDimX,
-                        gridDimY,
-                        gridDimZ,
-                        blockDimX,
-                        blockDimY,
-                        blockDimZ,
-                        sharedMemBytes,
-                        hStream,
-                        kernelParams,
-                    ),
+                crate::fault::after(
                     "cuLaunchCooperativeKernel",
+                    crate::error::check(
+                        driver_fn__(
+                            f,
+                            gridDimX,
+                            gridDimY,
+                            gridDimZ,
+                            blockDimX,
+                            blockDimY,
+                            blockDimZ,
+                            sharedMemBytes,
+                            hStream,
+                            kernelParams,
+                        ),
+                        "cuLaunchCooperativeKernel",
+                    ),
                 )
             }
             None => {
@@ -13697,9 +14418,12 @@ impl DriverApi {
         match self.cuLaunchCooperativeKernelMultiDevice {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchCooperativeKernelMultiDevice")?;
-                crate::error::check(
-                    driver_fn__(launchParamsList, numDevices, flags),
+                crate::fault::after(
                     "cuLaunchCooperativeKernelMultiDevice",
+                    crate::error::check(
+                        driver_fn__(launchParamsList, numDevices, flags),
+                        "cuLaunchCooperativeKernelMultiDevice",
+                    ),
                 )
             }
             None => {
@@ -13723,9 +14447,12 @@ impl DriverApi {
         match self.cuLaunchGrid {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchGrid")?;
-                crate::error::check(
-                    driver_fn__(f, grid_width, grid_height),
+                crate::fault::after(
                     "cuLaunchGrid",
+                    crate::error::check(
+                        driver_fn__(f, grid_width, grid_height),
+                        "cuLaunchGrid",
+                    ),
                 )
             }
             None => {
@@ -13750,9 +14477,12 @@ impl DriverApi {
         match self.cuLaunchGridAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchGridAsync")?;
-                crate::error::check(
-                    driver_fn__(f, grid_width, grid_height, hStream),
+                crate::fault::after(
                     "cuLaunchGridAsync",
+                    crate::error::check(
+                        driver_fn__(f, grid_width, grid_height, hStream),
+                        "cuLaunchGridAsync",
+                    ),
                 )
             }
             None => {
@@ -13776,9 +14506,12 @@ impl DriverApi {
         match self.cuLaunchHostFunc {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchHostFunc")?;
-                crate::error::check(
-                    driver_fn__(hStream, fn_, userData),
+                crate::fault::after(
                     "cuLaunchHostFunc",
+                    crate::error::check(
+                        driver_fn__(hStream, fn_, userData),
+                        "cuLaunchHostFunc",
+                    ),
                 )
             }
             None => {
@@ -13810,21 +14543,24 @@ impl DriverApi {
         match self.cuLaunchKernel {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchKernel")?;
-                crate::error::check(
-                    driver_fn__(
-                        f,
-                        gridDimX,
-                        gridDimY,
-                        gridDimZ,
-                        blockDimX,
-                        blockDimY,
-                        blockDimZ,
-                        sharedMemBytes,
-                        hStream,
-                        kernelParams,
-                        extra,
-                    ),
+                crate::fault::after(
                     "cuLaunchKernel",
+                    crate::error::check(
+                        driver_fn__(
+                            f,
+                            gridDimX,
+                            gridDimY,
+                            gridDimZ,
+                            blockDimX,
+                            blockDimY,
+                            blockDimZ,
+                            sharedMemBytes,
+                            hStream,
+                            kernelParams,
+                            extra,
+                        ),
+                        "cuLaunchKernel",
+                    ),
                 )
             }
             None => {
@@ -13849,9 +14585,12 @@ impl DriverApi {
         match self.cuLaunchKernelEx {
             Some(driver_fn__) => {
                 crate::fault::before("cuLaunchKernelEx")?;
-                crate::error::check(
-                    driver_fn__(config, f, kernelParams, extra),
+                crate::fault::after(
                     "cuLaunchKernelEx",
+                    crate::error::check(
+                        driver_fn__(config, f, kernelParams, extra),
+                        "cuLaunchKernelEx",
+                    ),
                 )
             }
             None => {
@@ -13875,9 +14614,12 @@ impl DriverApi {
         match self.cuLibraryEnumerateKernels {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryEnumerateKernels")?;
-                crate::error::check(
-                    driver_fn__(kernels, numKernels, lib),
+                crate::fault::after(
                     "cuLibraryEnumerateKernels",
+                    crate::error::check(
+                        driver_fn__(kernels, numKernels, lib),
+                        "cuLibraryEnumerateKernels",
+                    ),
                 )
             }
             None => {
@@ -13902,9 +14644,12 @@ impl DriverApi {
         match self.cuLibraryGetGlobal {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetGlobal")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytes, library, name),
+                crate::fault::after(
                     "cuLibraryGetGlobal",
+                    crate::error::check(
+                        driver_fn__(dptr, bytes, library, name),
+                        "cuLibraryGetGlobal",
+                    ),
                 )
             }
             None => {
@@ -13928,9 +14673,12 @@ impl DriverApi {
         match self.cuLibraryGetKernel {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetKernel")?;
-                crate::error::check(
-                    driver_fn__(pKernel, library, name),
+                crate::fault::after(
                     "cuLibraryGetKernel",
+                    crate::error::check(
+                        driver_fn__(pKernel, library, name),
+                        "cuLibraryGetKernel",
+                    ),
                 )
             }
             None => {
@@ -13953,7 +14701,13 @@ impl DriverApi {
         match self.cuLibraryGetKernelCount {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetKernelCount")?;
-                crate::error::check(driver_fn__(count, lib), "cuLibraryGetKernelCount")
+                crate::fault::after(
+                    "cuLibraryGetKernelCount",
+                    crate::error::check(
+                        driver_fn__(count, lib),
+                        "cuLibraryGetKernelCount",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -13977,9 +14731,12 @@ impl DriverApi {
         match self.cuLibraryGetManaged {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetManaged")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytes, library, name),
+                crate::fault::after(
                     "cuLibraryGetManaged",
+                    crate::error::check(
+                        driver_fn__(dptr, bytes, library, name),
+                        "cuLibraryGetManaged",
+                    ),
                 )
             }
             None => {
@@ -14002,7 +14759,10 @@ impl DriverApi {
         match self.cuLibraryGetModule {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetModule")?;
-                crate::error::check(driver_fn__(pMod, library), "cuLibraryGetModule")
+                crate::fault::after(
+                    "cuLibraryGetModule",
+                    crate::error::check(driver_fn__(pMod, library), "cuLibraryGetModule"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14025,9 +14785,12 @@ impl DriverApi {
         match self.cuLibraryGetUnifiedFunction {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryGetUnifiedFunction")?;
-                crate::error::check(
-                    driver_fn__(fptr, library, symbol),
+                crate::fault::after(
                     "cuLibraryGetUnifiedFunction",
+                    crate::error::check(
+                        driver_fn__(fptr, library, symbol),
+                        "cuLibraryGetUnifiedFunction",
+                    ),
                 )
             }
             None => {
@@ -14056,18 +14819,21 @@ impl DriverApi {
         match self.cuLibraryLoadData {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryLoadData")?;
-                crate::error::check(
-                    driver_fn__(
-                        library,
-                        code,
-                        jitOptions,
-                        jitOptionsValues,
-                        numJitOptions,
-                        libraryOptions,
-                        libraryOptionValues,
-                        numLibraryOptions,
-                    ),
+                crate::fault::after(
                     "cuLibraryLoadData",
+                    crate::error::check(
+                        driver_fn__(
+                            library,
+                            code,
+                            jitOptions,
+                            jitOptionsValues,
+                            numJitOptions,
+                            libraryOptions,
+                            libraryOptionValues,
+                            numLibraryOptions,
+                        ),
+                        "cuLibraryLoadData",
+                    ),
                 )
             }
             None => {
@@ -14096,18 +14862,21 @@ impl DriverApi {
         match self.cuLibraryLoadFromFile {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryLoadFromFile")?;
-                crate::error::check(
-                    driver_fn__(
-                        library,
-                        fileName,
-                        jitOptions,
-                        jitOptionsValues,
-                        numJitOptions,
-                        libraryOptions,
-                        libraryOptionValues,
-                        numLibraryOptions,
-                    ),
+                crate::fault::after(
                     "cuLibraryLoadFromFile",
+                    crate::error::check(
+                        driver_fn__(
+                            library,
+                            fileName,
+                            jitOptions,
+                            jitOptionsValues,
+                            numJitOptions,
+                            libraryOptions,
+                            libraryOptionValues,
+                            numLibraryOptions,
+                        ),
+                        "cuLibraryLoadFromFile",
+                    ),
                 )
             }
             None => {
@@ -14129,7 +14898,10 @@ impl DriverApi {
         match self.cuLibraryUnload {
             Some(driver_fn__) => {
                 crate::fault::before("cuLibraryUnload")?;
-                crate::error::check(driver_fn__(library), "cuLibraryUnload")
+                crate::fault::after(
+                    "cuLibraryUnload",
+                    crate::error::check(driver_fn__(library), "cuLibraryUnload"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14157,18 +14929,21 @@ impl DriverApi {
         match self.cuLinkAddData_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuLinkAddData_v2")?;
-                crate::error::check(
-                    driver_fn__(
-                        state,
-                        type_,
-                        data,
-                        size,
-                        name,
-                        numOptions,
-                        options,
-                        optionValues,
-                    ),
+                crate::fault::after(
                     "cuLinkAddData_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            state,
+                            type_,
+                            data,
+                            size,
+                            name,
+                            numOptions,
+                            options,
+                            optionValues,
+                        ),
+                        "cuLinkAddData_v2",
+                    ),
                 )
             }
             None => {
@@ -14195,9 +14970,19 @@ impl DriverApi {
         match self.cuLinkAddFile_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuLinkAddFile_v2")?;
-                crate::error::check(
-                    driver_fn__(state, type_, path, numOptions, options, optionValues),
+                crate::fault::after(
                     "cuLinkAddFile_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            state,
+                            type_,
+                            path,
+                            numOptions,
+                            options,
+                            optionValues,
+                        ),
+                        "cuLinkAddFile_v2",
+                    ),
                 )
             }
             None => {
@@ -14221,9 +15006,12 @@ impl DriverApi {
         match self.cuLinkComplete {
             Some(driver_fn__) => {
                 crate::fault::before("cuLinkComplete")?;
-                crate::error::check(
-                    driver_fn__(state, cubinOut, sizeOut),
+                crate::fault::after(
                     "cuLinkComplete",
+                    crate::error::check(
+                        driver_fn__(state, cubinOut, sizeOut),
+                        "cuLinkComplete",
+                    ),
                 )
             }
             None => {
@@ -14248,9 +15036,12 @@ impl DriverApi {
         match self.cuLinkCreate_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuLinkCreate_v2")?;
-                crate::error::check(
-                    driver_fn__(numOptions, options, optionValues, stateOut),
+                crate::fault::after(
                     "cuLinkCreate_v2",
+                    crate::error::check(
+                        driver_fn__(numOptions, options, optionValues, stateOut),
+                        "cuLinkCreate_v2",
+                    ),
                 )
             }
             None => {
@@ -14272,7 +15063,10 @@ impl DriverApi {
         match self.cuLinkDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuLinkDestroy")?;
-                crate::error::check(driver_fn__(state), "cuLinkDestroy")
+                crate::fault::after(
+                    "cuLinkDestroy",
+                    crate::error::check(driver_fn__(state), "cuLinkDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14294,7 +15088,13 @@ impl DriverApi {
         match self.cuLogsCurrent {
             Some(driver_fn__) => {
                 crate::fault::before("cuLogsCurrent")?;
-                crate::error::check(driver_fn__(iterator_out, flags), "cuLogsCurrent")
+                crate::fault::after(
+                    "cuLogsCurrent",
+                    crate::error::check(
+                        driver_fn__(iterator_out, flags),
+                        "cuLogsCurrent",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14317,9 +15117,12 @@ impl DriverApi {
         match self.cuLogsDumpToFile {
             Some(driver_fn__) => {
                 crate::fault::before("cuLogsDumpToFile")?;
-                crate::error::check(
-                    driver_fn__(iterator, pathToFile, flags),
+                crate::fault::after(
                     "cuLogsDumpToFile",
+                    crate::error::check(
+                        driver_fn__(iterator, pathToFile, flags),
+                        "cuLogsDumpToFile",
+                    ),
                 )
             }
             None => {
@@ -14344,9 +15147,12 @@ impl DriverApi {
         match self.cuLogsDumpToMemory {
             Some(driver_fn__) => {
                 crate::fault::before("cuLogsDumpToMemory")?;
-                crate::error::check(
-                    driver_fn__(iterator, buffer, size, flags),
+                crate::fault::after(
                     "cuLogsDumpToMemory",
+                    crate::error::check(
+                        driver_fn__(iterator, buffer, size, flags),
+                        "cuLogsDumpToMemory",
+                    ),
                 )
             }
             None => {
@@ -14370,9 +15176,12 @@ impl DriverApi {
         match self.cuLogsRegisterCallback {
             Some(driver_fn__) => {
                 crate::fault::before("cuLogsRegisterCallback")?;
-                crate::error::check(
-                    driver_fn__(callbackFunc, userData, callback_out),
+                crate::fault::after(
                     "cuLogsRegisterCallback",
+                    crate::error::check(
+                        driver_fn__(callbackFunc, userData, callback_out),
+                        "cuLogsRegisterCallback",
+                    ),
                 )
             }
             None => {
@@ -14394,7 +15203,13 @@ impl DriverApi {
         match self.cuLogsUnregisterCallback {
             Some(driver_fn__) => {
                 crate::fault::before("cuLogsUnregisterCallback")?;
-                crate::error::check(driver_fn__(callback), "cuLogsUnregisterCallback")
+                crate::fault::after(
+                    "cuLogsUnregisterCallback",
+                    crate::error::check(
+                        driver_fn__(callback),
+                        "cuLogsUnregisterCallback",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14416,7 +15231,10 @@ impl DriverApi {
         match self.cuMemAddressFree {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAddressFree")?;
-                crate::error::check(driver_fn__(ptr, size), "cuMemAddressFree")
+                crate::fault::after(
+                    "cuMemAddressFree",
+                    crate::error::check(driver_fn__(ptr, size), "cuMemAddressFree"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14441,9 +15259,12 @@ impl DriverApi {
         match self.cuMemAddressReserve {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAddressReserve")?;
-                crate::error::check(
-                    driver_fn__(ptr, size, alignment, addr, flags),
+                crate::fault::after(
                     "cuMemAddressReserve",
+                    crate::error::check(
+                        driver_fn__(ptr, size, alignment, addr, flags),
+                        "cuMemAddressReserve",
+                    ),
                 )
             }
             None => {
@@ -14468,9 +15289,12 @@ impl DriverApi {
         match self.cuMemAdvise_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAdvise_v2")?;
-                crate::error::check(
-                    driver_fn__(devPtr, count, advice, location),
+                crate::fault::after(
                     "cuMemAdvise_v2",
+                    crate::error::check(
+                        driver_fn__(devPtr, count, advice, location),
+                        "cuMemAdvise_v2",
+                    ),
                 )
             }
             None => {
@@ -14494,9 +15318,12 @@ impl DriverApi {
         match self.cuMemAllocAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAllocAsync")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytesize, hStream),
+                crate::fault::after(
                     "cuMemAllocAsync",
+                    crate::error::check(
+                        driver_fn__(dptr, bytesize, hStream),
+                        "cuMemAllocAsync",
+                    ),
                 )
             }
             None => {
@@ -14521,9 +15348,12 @@ impl DriverApi {
         match self.cuMemAllocFromPoolAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAllocFromPoolAsync")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytesize, pool, hStream),
+                crate::fault::after(
                     "cuMemAllocFromPoolAsync",
+                    crate::error::check(
+                        driver_fn__(dptr, bytesize, pool, hStream),
+                        "cuMemAllocFromPoolAsync",
+                    ),
                 )
             }
             None => {
@@ -14546,7 +15376,10 @@ impl DriverApi {
         match self.cuMemAllocHost_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAllocHost_v2")?;
-                crate::error::check(driver_fn__(pp, bytesize), "cuMemAllocHost_v2")
+                crate::fault::after(
+                    "cuMemAllocHost_v2",
+                    crate::error::check(driver_fn__(pp, bytesize), "cuMemAllocHost_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14569,9 +15402,12 @@ impl DriverApi {
         match self.cuMemAllocManaged {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAllocManaged")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytesize, flags),
+                crate::fault::after(
                     "cuMemAllocManaged",
+                    crate::error::check(
+                        driver_fn__(dptr, bytesize, flags),
+                        "cuMemAllocManaged",
+                    ),
                 )
             }
             None => {
@@ -14597,9 +15433,18 @@ impl DriverApi {
         match self.cuMemAllocPitch_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAllocPitch_v2")?;
-                crate::error::check(
-                    driver_fn__(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
+                crate::fault::after(
                     "cuMemAllocPitch_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            dptr,
+                            pPitch,
+                            WidthInBytes,
+                            Height,
+                            ElementSizeBytes,
+                        ),
+                        "cuMemAllocPitch_v2",
+                    ),
                 )
             }
             None => {
@@ -14622,7 +15467,10 @@ impl DriverApi {
         match self.cuMemAlloc_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemAlloc_v2")?;
-                crate::error::check(driver_fn__(dptr, bytesize), "cuMemAlloc_v2")
+                crate::fault::after(
+                    "cuMemAlloc_v2",
+                    crate::error::check(driver_fn__(dptr, bytesize), "cuMemAlloc_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14647,9 +15495,12 @@ impl DriverApi {
         match self.cuMemBatchDecompressAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemBatchDecompressAsync")?;
-                crate::error::check(
-                    driver_fn__(paramsArray, count, flags, errorIndex, stream),
+                crate::fault::after(
                     "cuMemBatchDecompressAsync",
+                    crate::error::check(
+                        driver_fn__(paramsArray, count, flags, errorIndex, stream),
+                        "cuMemBatchDecompressAsync",
+                    ),
                 )
             }
             None => {
@@ -14674,9 +15525,12 @@ impl DriverApi {
         match self.cuMemCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemCreate")?;
-                crate::error::check(
-                    driver_fn__(handle, size, prop, flags),
+                crate::fault::after(
                     "cuMemCreate",
+                    crate::error::check(
+                        driver_fn__(handle, size, prop, flags),
+                        "cuMemCreate",
+                    ),
                 )
             }
             None => {
@@ -14705,18 +15559,21 @@ impl DriverApi {
         match self.cuMemDiscardAndPrefetchBatchAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemDiscardAndPrefetchBatchAsync")?;
-                crate::error::check(
-                    driver_fn__(
-                        dptrs,
-                        sizes,
-                        count,
-                        prefetchLocs,
-                        prefetchLocIdxs,
-                        numPrefetchLocs,
-                        flags,
-                        hStream,
-                    ),
+                crate::fault::after(
                     "cuMemDiscardAndPrefetchBatchAsync",
+                    crate::error::check(
+                        driver_fn__(
+                            dptrs,
+                            sizes,
+                            count,
+                            prefetchLocs,
+                            prefetchLocIdxs,
+                            numPrefetchLocs,
+                            flags,
+                            hStream,
+                        ),
+                        "cuMemDiscardAndPrefetchBatchAsync",
+                    ),
                 )
             }
             None => {
@@ -14742,9 +15599,12 @@ impl DriverApi {
         match self.cuMemDiscardBatchAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemDiscardBatchAsync")?;
-                crate::error::check(
-                    driver_fn__(dptrs, sizes, count, flags, hStream),
+                crate::fault::after(
                     "cuMemDiscardBatchAsync",
+                    crate::error::check(
+                        driver_fn__(dptrs, sizes, count, flags, hStream),
+                        "cuMemDiscardBatchAsync",
+                    ),
                 )
             }
             None => {
@@ -14769,9 +15629,12 @@ impl DriverApi {
         match self.cuMemExportToShareableHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemExportToShareableHandle")?;
-                crate::error::check(
-                    driver_fn__(shareableHandle, handle, handleType, flags),
+                crate::fault::after(
                     "cuMemExportToShareableHandle",
+                    crate::error::check(
+                        driver_fn__(shareableHandle, handle, handleType, flags),
+                        "cuMemExportToShareableHandle",
+                    ),
                 )
             }
             None => {
@@ -14794,7 +15657,10 @@ impl DriverApi {
         match self.cuMemFreeAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemFreeAsync")?;
-                crate::error::check(driver_fn__(dptr, hStream), "cuMemFreeAsync")
+                crate::fault::after(
+                    "cuMemFreeAsync",
+                    crate::error::check(driver_fn__(dptr, hStream), "cuMemFreeAsync"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14815,7 +15681,10 @@ impl DriverApi {
         match self.cuMemFreeHost {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemFreeHost")?;
-                crate::error::check(driver_fn__(p), "cuMemFreeHost")
+                crate::fault::after(
+                    "cuMemFreeHost",
+                    crate::error::check(driver_fn__(p), "cuMemFreeHost"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14836,7 +15705,10 @@ impl DriverApi {
         match self.cuMemFree_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemFree_v2")?;
-                crate::error::check(driver_fn__(dptr), "cuMemFree_v2")
+                crate::fault::after(
+                    "cuMemFree_v2",
+                    crate::error::check(driver_fn__(dptr), "cuMemFree_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14859,7 +15731,13 @@ impl DriverApi {
         match self.cuMemGetAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetAccess")?;
-                crate::error::check(driver_fn__(flags, location, ptr), "cuMemGetAccess")
+                crate::fault::after(
+                    "cuMemGetAccess",
+                    crate::error::check(
+                        driver_fn__(flags, location, ptr),
+                        "cuMemGetAccess",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -14882,9 +15760,12 @@ impl DriverApi {
         match self.cuMemGetAddressRange_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetAddressRange_v2")?;
-                crate::error::check(
-                    driver_fn__(pbase, psize, dptr),
+                crate::fault::after(
                     "cuMemGetAddressRange_v2",
+                    crate::error::check(
+                        driver_fn__(pbase, psize, dptr),
+                        "cuMemGetAddressRange_v2",
+                    ),
                 )
             }
             None => {
@@ -14908,9 +15789,12 @@ impl DriverApi {
         match self.cuMemGetAllocationGranularity {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetAllocationGranularity")?;
-                crate::error::check(
-                    driver_fn__(granularity, prop, option),
+                crate::fault::after(
                     "cuMemGetAllocationGranularity",
+                    crate::error::check(
+                        driver_fn__(granularity, prop, option),
+                        "cuMemGetAllocationGranularity",
+                    ),
                 )
             }
             None => {
@@ -14933,9 +15817,12 @@ impl DriverApi {
         match self.cuMemGetAllocationPropertiesFromHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetAllocationPropertiesFromHandle")?;
-                crate::error::check(
-                    driver_fn__(prop, handle),
+                crate::fault::after(
                     "cuMemGetAllocationPropertiesFromHandle",
+                    crate::error::check(
+                        driver_fn__(prop, handle),
+                        "cuMemGetAllocationPropertiesFromHandle",
+                    ),
                 )
             }
             None => {
@@ -14959,9 +15846,12 @@ impl DriverApi {
         match self.cuMemGetDefaultMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetDefaultMemPool")?;
-                crate::error::check(
-                    driver_fn__(pool_out, location, type_),
+                crate::fault::after(
                     "cuMemGetDefaultMemPool",
+                    crate::error::check(
+                        driver_fn__(pool_out, location, type_),
+                        "cuMemGetDefaultMemPool",
+                    ),
                 )
             }
             None => {
@@ -14987,9 +15877,12 @@ impl DriverApi {
         match self.cuMemGetHandleForAddressRange {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetHandleForAddressRange")?;
-                crate::error::check(
-                    driver_fn__(handle, dptr, size, handleType, flags),
+                crate::fault::after(
                     "cuMemGetHandleForAddressRange",
+                    crate::error::check(
+                        driver_fn__(handle, dptr, size, handleType, flags),
+                        "cuMemGetHandleForAddressRange",
+                    ),
                 )
             }
             None => {
@@ -15012,7 +15905,10 @@ impl DriverApi {
         match self.cuMemGetInfo_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetInfo_v2")?;
-                crate::error::check(driver_fn__(free, total), "cuMemGetInfo_v2")
+                crate::fault::after(
+                    "cuMemGetInfo_v2",
+                    crate::error::check(driver_fn__(free, total), "cuMemGetInfo_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15035,9 +15931,12 @@ impl DriverApi {
         match self.cuMemGetMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemGetMemPool")?;
-                crate::error::check(
-                    driver_fn__(pool, location, type_),
+                crate::fault::after(
                     "cuMemGetMemPool",
+                    crate::error::check(
+                        driver_fn__(pool, location, type_),
+                        "cuMemGetMemPool",
+                    ),
                 )
             }
             None => {
@@ -15061,7 +15960,13 @@ impl DriverApi {
         match self.cuMemHostAlloc {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemHostAlloc")?;
-                crate::error::check(driver_fn__(pp, bytesize, Flags), "cuMemHostAlloc")
+                crate::fault::after(
+                    "cuMemHostAlloc",
+                    crate::error::check(
+                        driver_fn__(pp, bytesize, Flags),
+                        "cuMemHostAlloc",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15084,9 +15989,12 @@ impl DriverApi {
         match self.cuMemHostGetDevicePointer_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemHostGetDevicePointer_v2")?;
-                crate::error::check(
-                    driver_fn__(pdptr, p, Flags),
+                crate::fault::after(
                     "cuMemHostGetDevicePointer_v2",
+                    crate::error::check(
+                        driver_fn__(pdptr, p, Flags),
+                        "cuMemHostGetDevicePointer_v2",
+                    ),
                 )
             }
             None => {
@@ -15109,7 +16017,10 @@ impl DriverApi {
         match self.cuMemHostGetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemHostGetFlags")?;
-                crate::error::check(driver_fn__(pFlags, p), "cuMemHostGetFlags")
+                crate::fault::after(
+                    "cuMemHostGetFlags",
+                    crate::error::check(driver_fn__(pFlags, p), "cuMemHostGetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15132,9 +16043,12 @@ impl DriverApi {
         match self.cuMemHostRegister_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemHostRegister_v2")?;
-                crate::error::check(
-                    driver_fn__(p, bytesize, Flags),
+                crate::fault::after(
                     "cuMemHostRegister_v2",
+                    crate::error::check(
+                        driver_fn__(p, bytesize, Flags),
+                        "cuMemHostRegister_v2",
+                    ),
                 )
             }
             None => {
@@ -15156,7 +16070,10 @@ impl DriverApi {
         match self.cuMemHostUnregister {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemHostUnregister")?;
-                crate::error::check(driver_fn__(p), "cuMemHostUnregister")
+                crate::fault::after(
+                    "cuMemHostUnregister",
+                    crate::error::check(driver_fn__(p), "cuMemHostUnregister"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15179,9 +16096,12 @@ impl DriverApi {
         match self.cuMemImportFromShareableHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemImportFromShareableHandle")?;
-                crate::error::check(
-                    driver_fn__(handle, osHandle, shHandleType),
+                crate::fault::after(
                     "cuMemImportFromShareableHandle",
+                    crate::error::check(
+                        driver_fn__(handle, osHandle, shHandleType),
+                        "cuMemImportFromShareableHandle",
+                    ),
                 )
             }
             None => {
@@ -15207,9 +16127,12 @@ impl DriverApi {
         match self.cuMemMap {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemMap")?;
-                crate::error::check(
-                    driver_fn__(ptr, size, offset, handle, flags),
+                crate::fault::after(
                     "cuMemMap",
+                    crate::error::check(
+                        driver_fn__(ptr, size, offset, handle, flags),
+                        "cuMemMap",
+                    ),
                 )
             }
             None => {
@@ -15233,9 +16156,12 @@ impl DriverApi {
         match self.cuMemMapArrayAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemMapArrayAsync")?;
-                crate::error::check(
-                    driver_fn__(mapInfoList, count, hStream),
+                crate::fault::after(
                     "cuMemMapArrayAsync",
+                    crate::error::check(
+                        driver_fn__(mapInfoList, count, hStream),
+                        "cuMemMapArrayAsync",
+                    ),
                 )
             }
             None => {
@@ -15258,7 +16184,10 @@ impl DriverApi {
         match self.cuMemPoolCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolCreate")?;
-                crate::error::check(driver_fn__(pool, poolProps), "cuMemPoolCreate")
+                crate::fault::after(
+                    "cuMemPoolCreate",
+                    crate::error::check(driver_fn__(pool, poolProps), "cuMemPoolCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15279,7 +16208,10 @@ impl DriverApi {
         match self.cuMemPoolDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolDestroy")?;
-                crate::error::check(driver_fn__(pool), "cuMemPoolDestroy")
+                crate::fault::after(
+                    "cuMemPoolDestroy",
+                    crate::error::check(driver_fn__(pool), "cuMemPoolDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15301,9 +16233,12 @@ impl DriverApi {
         match self.cuMemPoolExportPointer {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolExportPointer")?;
-                crate::error::check(
-                    driver_fn__(shareData_out, ptr),
+                crate::fault::after(
                     "cuMemPoolExportPointer",
+                    crate::error::check(
+                        driver_fn__(shareData_out, ptr),
+                        "cuMemPoolExportPointer",
+                    ),
                 )
             }
             None => {
@@ -15328,9 +16263,12 @@ impl DriverApi {
         match self.cuMemPoolExportToShareableHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolExportToShareableHandle")?;
-                crate::error::check(
-                    driver_fn__(handle_out, pool, handleType, flags),
+                crate::fault::after(
                     "cuMemPoolExportToShareableHandle",
+                    crate::error::check(
+                        driver_fn__(handle_out, pool, handleType, flags),
+                        "cuMemPoolExportToShareableHandle",
+                    ),
                 )
             }
             None => {
@@ -15354,9 +16292,12 @@ impl DriverApi {
         match self.cuMemPoolGetAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolGetAccess")?;
-                crate::error::check(
-                    driver_fn__(flags, memPool, location),
+                crate::fault::after(
                     "cuMemPoolGetAccess",
+                    crate::error::check(
+                        driver_fn__(flags, memPool, location),
+                        "cuMemPoolGetAccess",
+                    ),
                 )
             }
             None => {
@@ -15380,9 +16321,12 @@ impl DriverApi {
         match self.cuMemPoolGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(pool, attr, value),
+                crate::fault::after(
                     "cuMemPoolGetAttribute",
+                    crate::error::check(
+                        driver_fn__(pool, attr, value),
+                        "cuMemPoolGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -15407,9 +16351,12 @@ impl DriverApi {
         match self.cuMemPoolImportFromShareableHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolImportFromShareableHandle")?;
-                crate::error::check(
-                    driver_fn__(pool_out, handle, handleType, flags),
+                crate::fault::after(
                     "cuMemPoolImportFromShareableHandle",
+                    crate::error::check(
+                        driver_fn__(pool_out, handle, handleType, flags),
+                        "cuMemPoolImportFromShareableHandle",
+                    ),
                 )
             }
             None => {
@@ -15433,9 +16380,12 @@ impl DriverApi {
         match self.cuMemPoolImportPointer {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolImportPointer")?;
-                crate::error::check(
-                    driver_fn__(ptr_out, pool, shareData),
+                crate::fault::after(
                     "cuMemPoolImportPointer",
+                    crate::error::check(
+                        driver_fn__(ptr_out, pool, shareData),
+                        "cuMemPoolImportPointer",
+                    ),
                 )
             }
             None => {
@@ -15459,7 +16409,13 @@ impl DriverApi {
         match self.cuMemPoolSetAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolSetAccess")?;
-                crate::error::check(driver_fn__(pool, map, count), "cuMemPoolSetAccess")
+                crate::fault::after(
+                    "cuMemPoolSetAccess",
+                    crate::error::check(
+                        driver_fn__(pool, map, count),
+                        "cuMemPoolSetAccess",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15482,9 +16438,12 @@ impl DriverApi {
         match self.cuMemPoolSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(pool, attr, value),
+                crate::fault::after(
                     "cuMemPoolSetAttribute",
+                    crate::error::check(
+                        driver_fn__(pool, attr, value),
+                        "cuMemPoolSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -15507,7 +16466,13 @@ impl DriverApi {
         match self.cuMemPoolTrimTo {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPoolTrimTo")?;
-                crate::error::check(driver_fn__(pool, minBytesToKeep), "cuMemPoolTrimTo")
+                crate::fault::after(
+                    "cuMemPoolTrimTo",
+                    crate::error::check(
+                        driver_fn__(pool, minBytesToKeep),
+                        "cuMemPoolTrimTo",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15532,9 +16497,12 @@ impl DriverApi {
         match self.cuMemPrefetchAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPrefetchAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(devPtr, count, location, flags, hStream),
+                crate::fault::after(
                     "cuMemPrefetchAsync_v2",
+                    crate::error::check(
+                        driver_fn__(devPtr, count, location, flags, hStream),
+                        "cuMemPrefetchAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -15563,18 +16531,21 @@ impl DriverApi {
         match self.cuMemPrefetchBatchAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemPrefetchBatchAsync")?;
-                crate::error::check(
-                    driver_fn__(
-                        dptrs,
-                        sizes,
-                        count,
-                        prefetchLocs,
-                        prefetchLocIdxs,
-                        numPrefetchLocs,
-                        flags,
-                        hStream,
-                    ),
+                crate::fault::after(
                     "cuMemPrefetchBatchAsync",
+                    crate::error::check(
+                        driver_fn__(
+                            dptrs,
+                            sizes,
+                            count,
+                            prefetchLocs,
+                            prefetchLocIdxs,
+                            numPrefetchLocs,
+                            flags,
+                            hStream,
+                        ),
+                        "cuMemPrefetchBatchAsync",
+                    ),
                 )
             }
             None => {
@@ -15600,9 +16571,12 @@ impl DriverApi {
         match self.cuMemRangeGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemRangeGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(data, dataSize, attribute, devPtr, count),
+                crate::fault::after(
                     "cuMemRangeGetAttribute",
+                    crate::error::check(
+                        driver_fn__(data, dataSize, attribute, devPtr, count),
+                        "cuMemRangeGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -15629,16 +16603,19 @@ impl DriverApi {
         match self.cuMemRangeGetAttributes {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemRangeGetAttributes")?;
-                crate::error::check(
-                    driver_fn__(
-                        data,
-                        dataSizes,
-                        attributes,
-                        numAttributes,
-                        devPtr,
-                        count,
-                    ),
+                crate::fault::after(
                     "cuMemRangeGetAttributes",
+                    crate::error::check(
+                        driver_fn__(
+                            data,
+                            dataSizes,
+                            attributes,
+                            numAttributes,
+                            devPtr,
+                            count,
+                        ),
+                        "cuMemRangeGetAttributes",
+                    ),
                 )
             }
             None => {
@@ -15660,7 +16637,10 @@ impl DriverApi {
         match self.cuMemRelease {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemRelease")?;
-                crate::error::check(driver_fn__(handle), "cuMemRelease")
+                crate::fault::after(
+                    "cuMemRelease",
+                    crate::error::check(driver_fn__(handle), "cuMemRelease"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15682,9 +16662,12 @@ impl DriverApi {
         match self.cuMemRetainAllocationHandle {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemRetainAllocationHandle")?;
-                crate::error::check(
-                    driver_fn__(handle, addr),
+                crate::fault::after(
                     "cuMemRetainAllocationHandle",
+                    crate::error::check(
+                        driver_fn__(handle, addr),
+                        "cuMemRetainAllocationHandle",
+                    ),
                 )
             }
             None => {
@@ -15709,9 +16692,12 @@ impl DriverApi {
         match self.cuMemSetAccess {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemSetAccess")?;
-                crate::error::check(
-                    driver_fn__(ptr, size, desc, count),
+                crate::fault::after(
                     "cuMemSetAccess",
+                    crate::error::check(
+                        driver_fn__(ptr, size, desc, count),
+                        "cuMemSetAccess",
+                    ),
                 )
             }
             None => {
@@ -15735,9 +16721,12 @@ impl DriverApi {
         match self.cuMemSetMemPool {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemSetMemPool")?;
-                crate::error::check(
-                    driver_fn__(location, type_, pool),
+                crate::fault::after(
                     "cuMemSetMemPool",
+                    crate::error::check(
+                        driver_fn__(location, type_, pool),
+                        "cuMemSetMemPool",
+                    ),
                 )
             }
             None => {
@@ -15760,7 +16749,10 @@ impl DriverApi {
         match self.cuMemUnmap {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemUnmap")?;
-                crate::error::check(driver_fn__(ptr, size), "cuMemUnmap")
+                crate::fault::after(
+                    "cuMemUnmap",
+                    crate::error::check(driver_fn__(ptr, size), "cuMemUnmap"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15783,7 +16775,10 @@ impl DriverApi {
         match self.cuMemcpy {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy")?;
-                crate::error::check(driver_fn__(dst, src, ByteCount), "cuMemcpy")
+                crate::fault::after(
+                    "cuMemcpy",
+                    crate::error::check(driver_fn__(dst, src, ByteCount), "cuMemcpy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15805,7 +16800,13 @@ impl DriverApi {
         match self.cuMemcpy2DAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy2DAsync_v2")?;
-                crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy2DAsync_v2")
+                crate::fault::after(
+                    "cuMemcpy2DAsync_v2",
+                    crate::error::check(
+                        driver_fn__(pCopy, hStream),
+                        "cuMemcpy2DAsync_v2",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15826,7 +16827,10 @@ impl DriverApi {
         match self.cuMemcpy2DUnaligned_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy2DUnaligned_v2")?;
-                crate::error::check(driver_fn__(pCopy), "cuMemcpy2DUnaligned_v2")
+                crate::fault::after(
+                    "cuMemcpy2DUnaligned_v2",
+                    crate::error::check(driver_fn__(pCopy), "cuMemcpy2DUnaligned_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15847,7 +16851,10 @@ impl DriverApi {
         match self.cuMemcpy2D_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy2D_v2")?;
-                crate::error::check(driver_fn__(pCopy), "cuMemcpy2D_v2")
+                crate::fault::after(
+                    "cuMemcpy2D_v2",
+                    crate::error::check(driver_fn__(pCopy), "cuMemcpy2D_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15869,7 +16876,13 @@ impl DriverApi {
         match self.cuMemcpy3DAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy3DAsync_v2")?;
-                crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DAsync_v2")
+                crate::fault::after(
+                    "cuMemcpy3DAsync_v2",
+                    crate::error::check(
+                        driver_fn__(pCopy, hStream),
+                        "cuMemcpy3DAsync_v2",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15893,9 +16906,12 @@ impl DriverApi {
         match self.cuMemcpy3DBatchAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy3DBatchAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(numOps, opList, flags, hStream),
+                crate::fault::after(
                     "cuMemcpy3DBatchAsync_v2",
+                    crate::error::check(
+                        driver_fn__(numOps, opList, flags, hStream),
+                        "cuMemcpy3DBatchAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -15917,7 +16933,10 @@ impl DriverApi {
         match self.cuMemcpy3DPeer {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy3DPeer")?;
-                crate::error::check(driver_fn__(pCopy), "cuMemcpy3DPeer")
+                crate::fault::after(
+                    "cuMemcpy3DPeer",
+                    crate::error::check(driver_fn__(pCopy), "cuMemcpy3DPeer"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15939,7 +16958,13 @@ impl DriverApi {
         match self.cuMemcpy3DPeerAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy3DPeerAsync")?;
-                crate::error::check(driver_fn__(pCopy, hStream), "cuMemcpy3DPeerAsync")
+                crate::fault::after(
+                    "cuMemcpy3DPeerAsync",
+                    crate::error::check(
+                        driver_fn__(pCopy, hStream),
+                        "cuMemcpy3DPeerAsync",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15960,7 +16985,10 @@ impl DriverApi {
         match self.cuMemcpy3D_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpy3D_v2")?;
-                crate::error::check(driver_fn__(pCopy), "cuMemcpy3D_v2")
+                crate::fault::after(
+                    "cuMemcpy3D_v2",
+                    crate::error::check(driver_fn__(pCopy), "cuMemcpy3D_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -15984,9 +17012,12 @@ impl DriverApi {
         match self.cuMemcpyAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyAsync")?;
-                crate::error::check(
-                    driver_fn__(dst, src, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyAsync",
+                    crate::error::check(
+                        driver_fn__(dst, src, ByteCount, hStream),
+                        "cuMemcpyAsync",
+                    ),
                 )
             }
             None => {
@@ -16012,9 +17043,12 @@ impl DriverApi {
         match self.cuMemcpyAtoA_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyAtoA_v2")?;
-                crate::error::check(
-                    driver_fn__(dstArray, dstOffset, srcArray, srcOffset, ByteCount),
+                crate::fault::after(
                     "cuMemcpyAtoA_v2",
+                    crate::error::check(
+                        driver_fn__(dstArray, dstOffset, srcArray, srcOffset, ByteCount),
+                        "cuMemcpyAtoA_v2",
+                    ),
                 )
             }
             None => {
@@ -16039,9 +17073,12 @@ impl DriverApi {
         match self.cuMemcpyAtoD_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyAtoD_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, srcArray, srcOffset, ByteCount),
+                crate::fault::after(
                     "cuMemcpyAtoD_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, srcArray, srcOffset, ByteCount),
+                        "cuMemcpyAtoD_v2",
+                    ),
                 )
             }
             None => {
@@ -16067,9 +17104,12 @@ impl DriverApi {
         match self.cuMemcpyAtoHAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyAtoHAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(dstHost, srcArray, srcOffset, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyAtoHAsync_v2",
+                    crate::error::check(
+                        driver_fn__(dstHost, srcArray, srcOffset, ByteCount, hStream),
+                        "cuMemcpyAtoHAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16094,9 +17134,12 @@ impl DriverApi {
         match self.cuMemcpyAtoH_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyAtoH_v2")?;
-                crate::error::check(
-                    driver_fn__(dstHost, srcArray, srcOffset, ByteCount),
+                crate::fault::after(
                     "cuMemcpyAtoH_v2",
+                    crate::error::check(
+                        driver_fn__(dstHost, srcArray, srcOffset, ByteCount),
+                        "cuMemcpyAtoH_v2",
+                    ),
                 )
             }
             None => {
@@ -16125,18 +17168,21 @@ impl DriverApi {
         match self.cuMemcpyBatchAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyBatchAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(
-                        dsts,
-                        srcs,
-                        sizes,
-                        count,
-                        attrs,
-                        attrsIdxs,
-                        numAttrs,
-                        hStream,
-                    ),
+                crate::fault::after(
                     "cuMemcpyBatchAsync_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            dsts,
+                            srcs,
+                            sizes,
+                            count,
+                            attrs,
+                            attrsIdxs,
+                            numAttrs,
+                            hStream,
+                        ),
+                        "cuMemcpyBatchAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16161,9 +17207,12 @@ impl DriverApi {
         match self.cuMemcpyDtoA_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyDtoA_v2")?;
-                crate::error::check(
-                    driver_fn__(dstArray, dstOffset, srcDevice, ByteCount),
+                crate::fault::after(
                     "cuMemcpyDtoA_v2",
+                    crate::error::check(
+                        driver_fn__(dstArray, dstOffset, srcDevice, ByteCount),
+                        "cuMemcpyDtoA_v2",
+                    ),
                 )
             }
             None => {
@@ -16188,9 +17237,12 @@ impl DriverApi {
         match self.cuMemcpyDtoDAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyDtoDAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, srcDevice, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyDtoDAsync_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, srcDevice, ByteCount, hStream),
+                        "cuMemcpyDtoDAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16214,9 +17266,12 @@ impl DriverApi {
         match self.cuMemcpyDtoD_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyDtoD_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, srcDevice, ByteCount),
+                crate::fault::after(
                     "cuMemcpyDtoD_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, srcDevice, ByteCount),
+                        "cuMemcpyDtoD_v2",
+                    ),
                 )
             }
             None => {
@@ -16241,9 +17296,12 @@ impl DriverApi {
         match self.cuMemcpyDtoHAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyDtoHAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(dstHost, srcDevice, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyDtoHAsync_v2",
+                    crate::error::check(
+                        driver_fn__(dstHost, srcDevice, ByteCount, hStream),
+                        "cuMemcpyDtoHAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16267,9 +17325,12 @@ impl DriverApi {
         match self.cuMemcpyDtoH_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyDtoH_v2")?;
-                crate::error::check(
-                    driver_fn__(dstHost, srcDevice, ByteCount),
+                crate::fault::after(
                     "cuMemcpyDtoH_v2",
+                    crate::error::check(
+                        driver_fn__(dstHost, srcDevice, ByteCount),
+                        "cuMemcpyDtoH_v2",
+                    ),
                 )
             }
             None => {
@@ -16295,9 +17356,12 @@ impl DriverApi {
         match self.cuMemcpyHtoAAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyHtoAAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(dstArray, dstOffset, srcHost, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyHtoAAsync_v2",
+                    crate::error::check(
+                        driver_fn__(dstArray, dstOffset, srcHost, ByteCount, hStream),
+                        "cuMemcpyHtoAAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16322,9 +17386,12 @@ impl DriverApi {
         match self.cuMemcpyHtoA_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyHtoA_v2")?;
-                crate::error::check(
-                    driver_fn__(dstArray, dstOffset, srcHost, ByteCount),
+                crate::fault::after(
                     "cuMemcpyHtoA_v2",
+                    crate::error::check(
+                        driver_fn__(dstArray, dstOffset, srcHost, ByteCount),
+                        "cuMemcpyHtoA_v2",
+                    ),
                 )
             }
             None => {
@@ -16349,9 +17416,12 @@ impl DriverApi {
         match self.cuMemcpyHtoDAsync_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyHtoDAsync_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, srcHost, ByteCount, hStream),
+                crate::fault::after(
                     "cuMemcpyHtoDAsync_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, srcHost, ByteCount, hStream),
+                        "cuMemcpyHtoDAsync_v2",
+                    ),
                 )
             }
             None => {
@@ -16375,9 +17445,12 @@ impl DriverApi {
         match self.cuMemcpyHtoD_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyHtoD_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, srcHost, ByteCount),
+                crate::fault::after(
                     "cuMemcpyHtoD_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, srcHost, ByteCount),
+                        "cuMemcpyHtoD_v2",
+                    ),
                 )
             }
             None => {
@@ -16403,9 +17476,18 @@ impl DriverApi {
         match self.cuMemcpyPeer {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyPeer")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstContext, srcDevice, srcContext, ByteCount),
+                crate::fault::after(
                     "cuMemcpyPeer",
+                    crate::error::check(
+                        driver_fn__(
+                            dstDevice,
+                            dstContext,
+                            srcDevice,
+                            srcContext,
+                            ByteCount,
+                        ),
+                        "cuMemcpyPeer",
+                    ),
                 )
             }
             None => {
@@ -16432,16 +17514,19 @@ impl DriverApi {
         match self.cuMemcpyPeerAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemcpyPeerAsync")?;
-                crate::error::check(
-                    driver_fn__(
-                        dstDevice,
-                        dstContext,
-                        srcDevice,
-                        srcContext,
-                        ByteCount,
-                        hStream,
-                    ),
+                crate::fault::after(
                     "cuMemcpyPeerAsync",
+                    crate::error::check(
+                        driver_fn__(
+                            dstDevice,
+                            dstContext,
+                            srcDevice,
+                            srcContext,
+                            ByteCount,
+                            hStream,
+                        ),
+                        "cuMemcpyPeerAsync",
+                    ),
                 )
             }
             None => {
@@ -16466,9 +17551,12 @@ impl DriverApi {
         match self.cuMemsetD16Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD16Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, us, N, hStream),
+                crate::fault::after(
                     "cuMemsetD16Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, us, N, hStream),
+                        "cuMemsetD16Async",
+                    ),
                 )
             }
             None => {
@@ -16492,7 +17580,10 @@ impl DriverApi {
         match self.cuMemsetD16_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD16_v2")?;
-                crate::error::check(driver_fn__(dstDevice, us, N), "cuMemsetD16_v2")
+                crate::fault::after(
+                    "cuMemsetD16_v2",
+                    crate::error::check(driver_fn__(dstDevice, us, N), "cuMemsetD16_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -16518,9 +17609,12 @@ impl DriverApi {
         match self.cuMemsetD2D16Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D16Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, us, Width, Height, hStream),
+                crate::fault::after(
                     "cuMemsetD2D16Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, us, Width, Height, hStream),
+                        "cuMemsetD2D16Async",
+                    ),
                 )
             }
             None => {
@@ -16546,9 +17640,12 @@ impl DriverApi {
         match self.cuMemsetD2D16_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D16_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, us, Width, Height),
+                crate::fault::after(
                     "cuMemsetD2D16_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, us, Width, Height),
+                        "cuMemsetD2D16_v2",
+                    ),
                 )
             }
             None => {
@@ -16575,9 +17672,12 @@ impl DriverApi {
         match self.cuMemsetD2D32Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D32Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, ui, Width, Height, hStream),
+                crate::fault::after(
                     "cuMemsetD2D32Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, ui, Width, Height, hStream),
+                        "cuMemsetD2D32Async",
+                    ),
                 )
             }
             None => {
@@ -16603,9 +17703,12 @@ impl DriverApi {
         match self.cuMemsetD2D32_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D32_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, ui, Width, Height),
+                crate::fault::after(
                     "cuMemsetD2D32_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, ui, Width, Height),
+                        "cuMemsetD2D32_v2",
+                    ),
                 )
             }
             None => {
@@ -16632,9 +17735,12 @@ impl DriverApi {
         match self.cuMemsetD2D8Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D8Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, uc, Width, Height, hStream),
+                crate::fault::after(
                     "cuMemsetD2D8Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, uc, Width, Height, hStream),
+                        "cuMemsetD2D8Async",
+                    ),
                 )
             }
             None => {
@@ -16660,9 +17766,12 @@ impl DriverApi {
         match self.cuMemsetD2D8_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD2D8_v2")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, dstPitch, uc, Width, Height),
+                crate::fault::after(
                     "cuMemsetD2D8_v2",
+                    crate::error::check(
+                        driver_fn__(dstDevice, dstPitch, uc, Width, Height),
+                        "cuMemsetD2D8_v2",
+                    ),
                 )
             }
             None => {
@@ -16687,9 +17796,12 @@ impl DriverApi {
         match self.cuMemsetD32Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD32Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, ui, N, hStream),
+                crate::fault::after(
                     "cuMemsetD32Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, ui, N, hStream),
+                        "cuMemsetD32Async",
+                    ),
                 )
             }
             None => {
@@ -16713,7 +17825,10 @@ impl DriverApi {
         match self.cuMemsetD32_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD32_v2")?;
-                crate::error::check(driver_fn__(dstDevice, ui, N), "cuMemsetD32_v2")
+                crate::fault::after(
+                    "cuMemsetD32_v2",
+                    crate::error::check(driver_fn__(dstDevice, ui, N), "cuMemsetD32_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -16737,9 +17852,12 @@ impl DriverApi {
         match self.cuMemsetD8Async {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD8Async")?;
-                crate::error::check(
-                    driver_fn__(dstDevice, uc, N, hStream),
+                crate::fault::after(
                     "cuMemsetD8Async",
+                    crate::error::check(
+                        driver_fn__(dstDevice, uc, N, hStream),
+                        "cuMemsetD8Async",
+                    ),
                 )
             }
             None => {
@@ -16763,7 +17881,10 @@ impl DriverApi {
         match self.cuMemsetD8_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuMemsetD8_v2")?;
-                crate::error::check(driver_fn__(dstDevice, uc, N), "cuMemsetD8_v2")
+                crate::fault::after(
+                    "cuMemsetD8_v2",
+                    crate::error::check(driver_fn__(dstDevice, uc, N), "cuMemsetD8_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -16786,9 +17907,12 @@ impl DriverApi {
         match self.cuMipmappedArrayCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuMipmappedArrayCreate")?;
-                crate::error::check(
-                    driver_fn__(pHandle, pMipmappedArrayDesc, numMipmapLevels),
+                crate::fault::after(
                     "cuMipmappedArrayCreate",
+                    crate::error::check(
+                        driver_fn__(pHandle, pMipmappedArrayDesc, numMipmapLevels),
+                        "cuMipmappedArrayCreate",
+                    ),
                 )
             }
             None => {
@@ -16810,9 +17934,12 @@ impl DriverApi {
         match self.cuMipmappedArrayDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuMipmappedArrayDestroy")?;
-                crate::error::check(
-                    driver_fn__(hMipmappedArray),
+                crate::fault::after(
                     "cuMipmappedArrayDestroy",
+                    crate::error::check(
+                        driver_fn__(hMipmappedArray),
+                        "cuMipmappedArrayDestroy",
+                    ),
                 )
             }
             None => {
@@ -16836,9 +17963,12 @@ impl DriverApi {
         match self.cuMipmappedArrayGetLevel {
             Some(driver_fn__) => {
                 crate::fault::before("cuMipmappedArrayGetLevel")?;
-                crate::error::check(
-                    driver_fn__(pLevelArray, hMipmappedArray, level),
+                crate::fault::after(
                     "cuMipmappedArrayGetLevel",
+                    crate::error::check(
+                        driver_fn__(pLevelArray, hMipmappedArray, level),
+                        "cuMipmappedArrayGetLevel",
+                    ),
                 )
             }
             None => {
@@ -16862,9 +17992,12 @@ impl DriverApi {
         match self.cuMipmappedArrayGetMemoryRequirements {
             Some(driver_fn__) => {
                 crate::fault::before("cuMipmappedArrayGetMemoryRequirements")?;
-                crate::error::check(
-                    driver_fn__(memoryRequirements, mipmap, device),
+                crate::fault::after(
                     "cuMipmappedArrayGetMemoryRequirements",
+                    crate::error::check(
+                        driver_fn__(memoryRequirements, mipmap, device),
+                        "cuMipmappedArrayGetMemoryRequirements",
+                    ),
                 )
             }
             None => {
@@ -16887,9 +18020,12 @@ impl DriverApi {
         match self.cuMipmappedArrayGetSparseProperties {
             Some(driver_fn__) => {
                 crate::fault::before("cuMipmappedArrayGetSparseProperties")?;
-                crate::error::check(
-                    driver_fn__(sparseProperties, mipmap),
+                crate::fault::after(
                     "cuMipmappedArrayGetSparseProperties",
+                    crate::error::check(
+                        driver_fn__(sparseProperties, mipmap),
+                        "cuMipmappedArrayGetSparseProperties",
+                    ),
                 )
             }
             None => {
@@ -16913,9 +18049,12 @@ impl DriverApi {
         match self.cuModuleEnumerateFunctions {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleEnumerateFunctions")?;
-                crate::error::check(
-                    driver_fn__(functions, numFunctions, mod_),
+                crate::fault::after(
                     "cuModuleEnumerateFunctions",
+                    crate::error::check(
+                        driver_fn__(functions, numFunctions, mod_),
+                        "cuModuleEnumerateFunctions",
+                    ),
                 )
             }
             None => {
@@ -16939,9 +18078,12 @@ impl DriverApi {
         match self.cuModuleGetFunction {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetFunction")?;
-                crate::error::check(
-                    driver_fn__(hfunc, hmod, name),
+                crate::fault::after(
                     "cuModuleGetFunction",
+                    crate::error::check(
+                        driver_fn__(hfunc, hmod, name),
+                        "cuModuleGetFunction",
+                    ),
                 )
             }
             None => {
@@ -16964,7 +18106,13 @@ impl DriverApi {
         match self.cuModuleGetFunctionCount {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetFunctionCount")?;
-                crate::error::check(driver_fn__(count, mod_), "cuModuleGetFunctionCount")
+                crate::fault::after(
+                    "cuModuleGetFunctionCount",
+                    crate::error::check(
+                        driver_fn__(count, mod_),
+                        "cuModuleGetFunctionCount",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -16988,9 +18136,12 @@ impl DriverApi {
         match self.cuModuleGetGlobal_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetGlobal_v2")?;
-                crate::error::check(
-                    driver_fn__(dptr, bytes, hmod, name),
+                crate::fault::after(
                     "cuModuleGetGlobal_v2",
+                    crate::error::check(
+                        driver_fn__(dptr, bytes, hmod, name),
+                        "cuModuleGetGlobal_v2",
+                    ),
                 )
             }
             None => {
@@ -17012,7 +18163,10 @@ impl DriverApi {
         match self.cuModuleGetLoadingMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetLoadingMode")?;
-                crate::error::check(driver_fn__(mode), "cuModuleGetLoadingMode")
+                crate::fault::after(
+                    "cuModuleGetLoadingMode",
+                    crate::error::check(driver_fn__(mode), "cuModuleGetLoadingMode"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17035,9 +18189,12 @@ impl DriverApi {
         match self.cuModuleGetSurfRef {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetSurfRef")?;
-                crate::error::check(
-                    driver_fn__(pSurfRef, hmod, name),
+                crate::fault::after(
                     "cuModuleGetSurfRef",
+                    crate::error::check(
+                        driver_fn__(pSurfRef, hmod, name),
+                        "cuModuleGetSurfRef",
+                    ),
                 )
             }
             None => {
@@ -17061,9 +18218,12 @@ impl DriverApi {
         match self.cuModuleGetTexRef {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleGetTexRef")?;
-                crate::error::check(
-                    driver_fn__(pTexRef, hmod, name),
+                crate::fault::after(
                     "cuModuleGetTexRef",
+                    crate::error::check(
+                        driver_fn__(pTexRef, hmod, name),
+                        "cuModuleGetTexRef",
+                    ),
                 )
             }
             None => {
@@ -17086,7 +18246,10 @@ impl DriverApi {
         match self.cuModuleLoad {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleLoad")?;
-                crate::error::check(driver_fn__(module, fname), "cuModuleLoad")
+                crate::fault::after(
+                    "cuModuleLoad",
+                    crate::error::check(driver_fn__(module, fname), "cuModuleLoad"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17108,7 +18271,10 @@ impl DriverApi {
         match self.cuModuleLoadData {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleLoadData")?;
-                crate::error::check(driver_fn__(module, image), "cuModuleLoadData")
+                crate::fault::after(
+                    "cuModuleLoadData",
+                    crate::error::check(driver_fn__(module, image), "cuModuleLoadData"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17133,9 +18299,12 @@ impl DriverApi {
         match self.cuModuleLoadDataEx {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleLoadDataEx")?;
-                crate::error::check(
-                    driver_fn__(module, image, numOptions, options, optionValues),
+                crate::fault::after(
                     "cuModuleLoadDataEx",
+                    crate::error::check(
+                        driver_fn__(module, image, numOptions, options, optionValues),
+                        "cuModuleLoadDataEx",
+                    ),
                 )
             }
             None => {
@@ -17158,9 +18327,12 @@ impl DriverApi {
         match self.cuModuleLoadFatBinary {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleLoadFatBinary")?;
-                crate::error::check(
-                    driver_fn__(module, fatCubin),
+                crate::fault::after(
                     "cuModuleLoadFatBinary",
+                    crate::error::check(
+                        driver_fn__(module, fatCubin),
+                        "cuModuleLoadFatBinary",
+                    ),
                 )
             }
             None => {
@@ -17182,7 +18354,10 @@ impl DriverApi {
         match self.cuModuleUnload {
             Some(driver_fn__) => {
                 crate::fault::before("cuModuleUnload")?;
-                crate::error::check(driver_fn__(hmod), "cuModuleUnload")
+                crate::fault::after(
+                    "cuModuleUnload",
+                    crate::error::check(driver_fn__(hmod), "cuModuleUnload"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17204,7 +18379,13 @@ impl DriverApi {
         match self.cuMulticastAddDevice {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastAddDevice")?;
-                crate::error::check(driver_fn__(mcHandle, dev), "cuMulticastAddDevice")
+                crate::fault::after(
+                    "cuMulticastAddDevice",
+                    crate::error::check(
+                        driver_fn__(mcHandle, dev),
+                        "cuMulticastAddDevice",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17229,9 +18410,12 @@ impl DriverApi {
         match self.cuMulticastBindAddr {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastBindAddr")?;
-                crate::error::check(
-                    driver_fn__(mcHandle, mcOffset, memptr, size, flags),
+                crate::fault::after(
                     "cuMulticastBindAddr",
+                    crate::error::check(
+                        driver_fn__(mcHandle, mcOffset, memptr, size, flags),
+                        "cuMulticastBindAddr",
+                    ),
                 )
             }
             None => {
@@ -17258,9 +18442,19 @@ impl DriverApi {
         match self.cuMulticastBindMem {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastBindMem")?;
-                crate::error::check(
-                    driver_fn__(mcHandle, mcOffset, memHandle, memOffset, size, flags),
+                crate::fault::after(
                     "cuMulticastBindMem",
+                    crate::error::check(
+                        driver_fn__(
+                            mcHandle,
+                            mcOffset,
+                            memHandle,
+                            memOffset,
+                            size,
+                            flags,
+                        ),
+                        "cuMulticastBindMem",
+                    ),
                 )
             }
             None => {
@@ -17283,7 +18477,10 @@ impl DriverApi {
         match self.cuMulticastCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastCreate")?;
-                crate::error::check(driver_fn__(mcHandle, prop), "cuMulticastCreate")
+                crate::fault::after(
+                    "cuMulticastCreate",
+                    crate::error::check(driver_fn__(mcHandle, prop), "cuMulticastCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17306,9 +18503,12 @@ impl DriverApi {
         match self.cuMulticastGetGranularity {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastGetGranularity")?;
-                crate::error::check(
-                    driver_fn__(granularity, prop, option),
+                crate::fault::after(
                     "cuMulticastGetGranularity",
+                    crate::error::check(
+                        driver_fn__(granularity, prop, option),
+                        "cuMulticastGetGranularity",
+                    ),
                 )
             }
             None => {
@@ -17333,9 +18533,12 @@ impl DriverApi {
         match self.cuMulticastUnbind {
             Some(driver_fn__) => {
                 crate::fault::before("cuMulticastUnbind")?;
-                crate::error::check(
-                    driver_fn__(mcHandle, dev, mcOffset, size),
+                crate::fault::after(
                     "cuMulticastUnbind",
+                    crate::error::check(
+                        driver_fn__(mcHandle, dev, mcOffset, size),
+                        "cuMulticastUnbind",
+                    ),
                 )
             }
             None => {
@@ -17360,9 +18563,12 @@ impl DriverApi {
         match self.cuOccupancyAvailableDynamicSMemPerBlock {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyAvailableDynamicSMemPerBlock")?;
-                crate::error::check(
-                    driver_fn__(dynamicSmemSize, func, numBlocks, blockSize),
+                crate::fault::after(
                     "cuOccupancyAvailableDynamicSMemPerBlock",
+                    crate::error::check(
+                        driver_fn__(dynamicSmemSize, func, numBlocks, blockSize),
+                        "cuOccupancyAvailableDynamicSMemPerBlock",
+                    ),
                 )
             }
             None => {
@@ -17387,9 +18593,12 @@ impl DriverApi {
         match self.cuOccupancyMaxActiveBlocksPerMultiprocessor {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-                crate::error::check(
-                    driver_fn__(numBlocks, func, blockSize, dynamicSMemSize),
+                crate::fault::after(
                     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                    crate::error::check(
+                        driver_fn__(numBlocks, func, blockSize, dynamicSMemSize),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                    ),
                 )
             }
             None => {
@@ -17417,9 +18626,12 @@ impl DriverApi {
                 crate::fault::before(
                     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
                 )?;
-                crate::error::check(
-                    driver_fn__(numBlocks, func, blockSize, dynamicSMemSize, flags),
+                crate::fault::after(
                     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                    crate::error::check(
+                        driver_fn__(numBlocks, func, blockSize, dynamicSMemSize, flags),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                    ),
                 )
             }
             None => {
@@ -17443,9 +18655,12 @@ impl DriverApi {
         match self.cuOccupancyMaxActiveClusters {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyMaxActiveClusters")?;
-                crate::error::check(
-                    driver_fn__(numClusters, func, config),
+                crate::fault::after(
                     "cuOccupancyMaxActiveClusters",
+                    crate::error::check(
+                        driver_fn__(numClusters, func, config),
+                        "cuOccupancyMaxActiveClusters",
+                    ),
                 )
             }
             None => {
@@ -17472,16 +18687,19 @@ impl DriverApi {
         match self.cuOccupancyMaxPotentialBlockSize {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyMaxPotentialBlockSize")?;
-                crate::error::check(
-                    driver_fn__(
-                        minGridSize,
-                        blockSize,
-                        func,
-                        blockSizeToDynamicSMemSize,
-                        dynamicSMemSize,
-                        blockSizeLimit,
-                    ),
+                crate::fault::after(
                     "cuOccupancyMaxPotentialBlockSize",
+                    crate::error::check(
+                        driver_fn__(
+                            minGridSize,
+                            blockSize,
+                            func,
+                            blockSizeToDynamicSMemSize,
+                            dynamicSMemSize,
+                            blockSizeLimit,
+                        ),
+                        "cuOccupancyMaxPotentialBlockSize",
+                    ),
                 )
             }
             None => {
@@ -17509,17 +18727,20 @@ impl DriverApi {
         match self.cuOccupancyMaxPotentialBlockSizeWithFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyMaxPotentialBlockSizeWithFlags")?;
-                crate::error::check(
-                    driver_fn__(
-                        minGridSize,
-                        blockSize,
-                        func,
-                        blockSizeToDynamicSMemSize,
-                        dynamicSMemSize,
-                        blockSizeLimit,
-                        flags,
-                    ),
+                crate::fault::after(
                     "cuOccupancyMaxPotentialBlockSizeWithFlags",
+                    crate::error::check(
+                        driver_fn__(
+                            minGridSize,
+                            blockSize,
+                            func,
+                            blockSizeToDynamicSMemSize,
+                            dynamicSMemSize,
+                            blockSizeLimit,
+                            flags,
+                        ),
+                        "cuOccupancyMaxPotentialBlockSizeWithFlags",
+                    ),
                 )
             }
             None => {
@@ -17543,9 +18764,12 @@ impl DriverApi {
         match self.cuOccupancyMaxPotentialClusterSize {
             Some(driver_fn__) => {
                 crate::fault::before("cuOccupancyMaxPotentialClusterSize")?;
-                crate::error::check(
-                    driver_fn__(clusterSize, func, config),
+                crate::fault::after(
                     "cuOccupancyMaxPotentialClusterSize",
+                    crate::error::check(
+                        driver_fn__(clusterSize, func, config),
+                        "cuOccupancyMaxPotentialClusterSize",
+                    ),
                 )
             }
             None => {
@@ -17568,7 +18792,10 @@ impl DriverApi {
         match self.cuParamSetSize {
             Some(driver_fn__) => {
                 crate::fault::before("cuParamSetSize")?;
-                crate::error::check(driver_fn__(hfunc, numbytes), "cuParamSetSize")
+                crate::fault::after(
+                    "cuParamSetSize",
+                    crate::error::check(driver_fn__(hfunc, numbytes), "cuParamSetSize"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17591,9 +18818,12 @@ impl DriverApi {
         match self.cuParamSetTexRef {
             Some(driver_fn__) => {
                 crate::fault::before("cuParamSetTexRef")?;
-                crate::error::check(
-                    driver_fn__(hfunc, texunit, hTexRef),
+                crate::fault::after(
                     "cuParamSetTexRef",
+                    crate::error::check(
+                        driver_fn__(hfunc, texunit, hTexRef),
+                        "cuParamSetTexRef",
+                    ),
                 )
             }
             None => {
@@ -17617,7 +18847,10 @@ impl DriverApi {
         match self.cuParamSetf {
             Some(driver_fn__) => {
                 crate::fault::before("cuParamSetf")?;
-                crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSetf")
+                crate::fault::after(
+                    "cuParamSetf",
+                    crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSetf"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17640,7 +18873,10 @@ impl DriverApi {
         match self.cuParamSeti {
             Some(driver_fn__) => {
                 crate::fault::before("cuParamSeti")?;
-                crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSeti")
+                crate::fault::after(
+                    "cuParamSeti",
+                    crate::error::check(driver_fn__(hfunc, offset, value), "cuParamSeti"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17664,9 +18900,12 @@ impl DriverApi {
         match self.cuParamSetv {
             Some(driver_fn__) => {
                 crate::fault::before("cuParamSetv")?;
-                crate::error::check(
-                    driver_fn__(hfunc, offset, ptr, numbytes),
+                crate::fault::after(
                     "cuParamSetv",
+                    crate::error::check(
+                        driver_fn__(hfunc, offset, ptr, numbytes),
+                        "cuParamSetv",
+                    ),
                 )
             }
             None => {
@@ -17690,9 +18929,12 @@ impl DriverApi {
         match self.cuPointerGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuPointerGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(data, attribute, ptr),
+                crate::fault::after(
                     "cuPointerGetAttribute",
+                    crate::error::check(
+                        driver_fn__(data, attribute, ptr),
+                        "cuPointerGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -17717,9 +18959,12 @@ impl DriverApi {
         match self.cuPointerGetAttributes {
             Some(driver_fn__) => {
                 crate::fault::before("cuPointerGetAttributes")?;
-                crate::error::check(
-                    driver_fn__(numAttributes, attributes, data, ptr),
+                crate::fault::after(
                     "cuPointerGetAttributes",
+                    crate::error::check(
+                        driver_fn__(numAttributes, attributes, data, ptr),
+                        "cuPointerGetAttributes",
+                    ),
                 )
             }
             None => {
@@ -17743,9 +18988,12 @@ impl DriverApi {
         match self.cuPointerSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuPointerSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(value, attribute, ptr),
+                crate::fault::after(
                     "cuPointerSetAttribute",
+                    crate::error::check(
+                        driver_fn__(value, attribute, ptr),
+                        "cuPointerSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -17770,9 +19018,12 @@ impl DriverApi {
         match self.cuSignalExternalSemaphoresAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuSignalExternalSemaphoresAsync")?;
-                crate::error::check(
-                    driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                crate::fault::after(
                     "cuSignalExternalSemaphoresAsync",
+                    crate::error::check(
+                        driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                        "cuSignalExternalSemaphoresAsync",
+                    ),
                 )
             }
             None => {
@@ -17797,9 +19048,12 @@ impl DriverApi {
         match self.cuStreamAddCallback {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamAddCallback")?;
-                crate::error::check(
-                    driver_fn__(hStream, callback, userData, flags),
+                crate::fault::after(
                     "cuStreamAddCallback",
+                    crate::error::check(
+                        driver_fn__(hStream, callback, userData, flags),
+                        "cuStreamAddCallback",
+                    ),
                 )
             }
             None => {
@@ -17824,9 +19078,12 @@ impl DriverApi {
         match self.cuStreamAttachMemAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamAttachMemAsync")?;
-                crate::error::check(
-                    driver_fn__(hStream, dptr, length, flags),
+                crate::fault::after(
                     "cuStreamAttachMemAsync",
+                    crate::error::check(
+                        driver_fn__(hStream, dptr, length, flags),
+                        "cuStreamAttachMemAsync",
+                    ),
                 )
             }
             None => {
@@ -17851,9 +19108,12 @@ impl DriverApi {
         match self.cuStreamBatchMemOp_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamBatchMemOp_v2")?;
-                crate::error::check(
-                    driver_fn__(stream, count, paramArray, flags),
+                crate::fault::after(
                     "cuStreamBatchMemOp_v2",
+                    crate::error::check(
+                        driver_fn__(stream, count, paramArray, flags),
+                        "cuStreamBatchMemOp_v2",
+                    ),
                 )
             }
             None => {
@@ -17880,16 +19140,19 @@ impl DriverApi {
         match self.cuStreamBeginCaptureToGraph {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamBeginCaptureToGraph")?;
-                crate::error::check(
-                    driver_fn__(
-                        hStream,
-                        hGraph,
-                        dependencies,
-                        dependencyData,
-                        numDependencies,
-                        mode,
-                    ),
+                crate::fault::after(
                     "cuStreamBeginCaptureToGraph",
+                    crate::error::check(
+                        driver_fn__(
+                            hStream,
+                            hGraph,
+                            dependencies,
+                            dependencyData,
+                            numDependencies,
+                            mode,
+                        ),
+                        "cuStreamBeginCaptureToGraph",
+                    ),
                 )
             }
             None => {
@@ -17912,9 +19175,12 @@ impl DriverApi {
         match self.cuStreamBeginCapture_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamBeginCapture_v2")?;
-                crate::error::check(
-                    driver_fn__(hStream, mode),
+                crate::fault::after(
                     "cuStreamBeginCapture_v2",
+                    crate::error::check(
+                        driver_fn__(hStream, mode),
+                        "cuStreamBeginCapture_v2",
+                    ),
                 )
             }
             None => {
@@ -17937,7 +19203,10 @@ impl DriverApi {
         match self.cuStreamCopyAttributes {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamCopyAttributes")?;
-                crate::error::check(driver_fn__(dst, src), "cuStreamCopyAttributes")
+                crate::fault::after(
+                    "cuStreamCopyAttributes",
+                    crate::error::check(driver_fn__(dst, src), "cuStreamCopyAttributes"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17959,7 +19228,10 @@ impl DriverApi {
         match self.cuStreamCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamCreate")?;
-                crate::error::check(driver_fn__(phStream, Flags), "cuStreamCreate")
+                crate::fault::after(
+                    "cuStreamCreate",
+                    crate::error::check(driver_fn__(phStream, Flags), "cuStreamCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -17982,9 +19254,12 @@ impl DriverApi {
         match self.cuStreamCreateWithPriority {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamCreateWithPriority")?;
-                crate::error::check(
-                    driver_fn__(phStream, flags, priority),
+                crate::fault::after(
                     "cuStreamCreateWithPriority",
+                    crate::error::check(
+                        driver_fn__(phStream, flags, priority),
+                        "cuStreamCreateWithPriority",
+                    ),
                 )
             }
             None => {
@@ -18006,7 +19281,10 @@ impl DriverApi {
         match self.cuStreamDestroy_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamDestroy_v2")?;
-                crate::error::check(driver_fn__(hStream), "cuStreamDestroy_v2")
+                crate::fault::after(
+                    "cuStreamDestroy_v2",
+                    crate::error::check(driver_fn__(hStream), "cuStreamDestroy_v2"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18028,7 +19306,13 @@ impl DriverApi {
         match self.cuStreamEndCapture {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamEndCapture")?;
-                crate::error::check(driver_fn__(hStream, phGraph), "cuStreamEndCapture")
+                crate::fault::after(
+                    "cuStreamEndCapture",
+                    crate::error::check(
+                        driver_fn__(hStream, phGraph),
+                        "cuStreamEndCapture",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18051,9 +19335,12 @@ impl DriverApi {
         match self.cuStreamGetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetAttribute")?;
-                crate::error::check(
-                    driver_fn__(hStream, attr, value_out),
+                crate::fault::after(
                     "cuStreamGetAttribute",
+                    crate::error::check(
+                        driver_fn__(hStream, attr, value_out),
+                        "cuStreamGetAttribute",
+                    ),
                 )
             }
             None => {
@@ -18081,17 +19368,20 @@ impl DriverApi {
         match self.cuStreamGetCaptureInfo_v3 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetCaptureInfo_v3")?;
-                crate::error::check(
-                    driver_fn__(
-                        hStream,
-                        captureStatus_out,
-                        id_out,
-                        graph_out,
-                        dependencies_out,
-                        edgeData_out,
-                        numDependencies_out,
-                    ),
+                crate::fault::after(
                     "cuStreamGetCaptureInfo_v3",
+                    crate::error::check(
+                        driver_fn__(
+                            hStream,
+                            captureStatus_out,
+                            id_out,
+                            graph_out,
+                            dependencies_out,
+                            edgeData_out,
+                            numDependencies_out,
+                        ),
+                        "cuStreamGetCaptureInfo_v3",
+                    ),
                 )
             }
             None => {
@@ -18114,7 +19404,10 @@ impl DriverApi {
         match self.cuStreamGetCtx {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetCtx")?;
-                crate::error::check(driver_fn__(hStream, pctx), "cuStreamGetCtx")
+                crate::fault::after(
+                    "cuStreamGetCtx",
+                    crate::error::check(driver_fn__(hStream, pctx), "cuStreamGetCtx"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18137,9 +19430,12 @@ impl DriverApi {
         match self.cuStreamGetCtx_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetCtx_v2")?;
-                crate::error::check(
-                    driver_fn__(hStream, pCtx, pGreenCtx),
+                crate::fault::after(
                     "cuStreamGetCtx_v2",
+                    crate::error::check(
+                        driver_fn__(hStream, pCtx, pGreenCtx),
+                        "cuStreamGetCtx_v2",
+                    ),
                 )
             }
             None => {
@@ -18162,7 +19458,13 @@ impl DriverApi {
         match self.cuStreamGetDevice {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetDevice")?;
-                crate::error::check(driver_fn__(hStream, device), "cuStreamGetDevice")
+                crate::fault::after(
+                    "cuStreamGetDevice",
+                    crate::error::check(
+                        driver_fn__(hStream, device),
+                        "cuStreamGetDevice",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18184,7 +19486,10 @@ impl DriverApi {
         match self.cuStreamGetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetFlags")?;
-                crate::error::check(driver_fn__(hStream, flags), "cuStreamGetFlags")
+                crate::fault::after(
+                    "cuStreamGetFlags",
+                    crate::error::check(driver_fn__(hStream, flags), "cuStreamGetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18206,7 +19511,13 @@ impl DriverApi {
         match self.cuStreamGetGreenCtx {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetGreenCtx")?;
-                crate::error::check(driver_fn__(hStream, phCtx), "cuStreamGetGreenCtx")
+                crate::fault::after(
+                    "cuStreamGetGreenCtx",
+                    crate::error::check(
+                        driver_fn__(hStream, phCtx),
+                        "cuStreamGetGreenCtx",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18228,7 +19539,10 @@ impl DriverApi {
         match self.cuStreamGetId {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetId")?;
-                crate::error::check(driver_fn__(hStream, streamId), "cuStreamGetId")
+                crate::fault::after(
+                    "cuStreamGetId",
+                    crate::error::check(driver_fn__(hStream, streamId), "cuStreamGetId"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18250,9 +19564,12 @@ impl DriverApi {
         match self.cuStreamGetPriority {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamGetPriority")?;
-                crate::error::check(
-                    driver_fn__(hStream, priority),
+                crate::fault::after(
                     "cuStreamGetPriority",
+                    crate::error::check(
+                        driver_fn__(hStream, priority),
+                        "cuStreamGetPriority",
+                    ),
                 )
             }
             None => {
@@ -18275,9 +19592,12 @@ impl DriverApi {
         match self.cuStreamIsCapturing {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamIsCapturing")?;
-                crate::error::check(
-                    driver_fn__(hStream, captureStatus),
+                crate::fault::after(
                     "cuStreamIsCapturing",
+                    crate::error::check(
+                        driver_fn__(hStream, captureStatus),
+                        "cuStreamIsCapturing",
+                    ),
                 )
             }
             None => {
@@ -18299,7 +19619,10 @@ impl DriverApi {
         match self.cuStreamQuery {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamQuery")?;
-                crate::error::check(driver_fn__(hStream), "cuStreamQuery")
+                crate::fault::after(
+                    "cuStreamQuery",
+                    crate::error::check(driver_fn__(hStream), "cuStreamQuery"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18322,9 +19645,12 @@ impl DriverApi {
         match self.cuStreamSetAttribute {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamSetAttribute")?;
-                crate::error::check(
-                    driver_fn__(hStream, attr, value),
+                crate::fault::after(
                     "cuStreamSetAttribute",
+                    crate::error::check(
+                        driver_fn__(hStream, attr, value),
+                        "cuStreamSetAttribute",
+                    ),
                 )
             }
             None => {
@@ -18346,7 +19672,10 @@ impl DriverApi {
         match self.cuStreamSynchronize {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamSynchronize")?;
-                crate::error::check(driver_fn__(hStream), "cuStreamSynchronize")
+                crate::fault::after(
+                    "cuStreamSynchronize",
+                    crate::error::check(driver_fn__(hStream), "cuStreamSynchronize"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18371,15 +19700,18 @@ impl DriverApi {
         match self.cuStreamUpdateCaptureDependencies_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamUpdateCaptureDependencies_v2")?;
-                crate::error::check(
-                    driver_fn__(
-                        hStream,
-                        dependencies,
-                        dependencyData,
-                        numDependencies,
-                        flags,
-                    ),
+                crate::fault::after(
                     "cuStreamUpdateCaptureDependencies_v2",
+                    crate::error::check(
+                        driver_fn__(
+                            hStream,
+                            dependencies,
+                            dependencyData,
+                            numDependencies,
+                            flags,
+                        ),
+                        "cuStreamUpdateCaptureDependencies_v2",
+                    ),
                 )
             }
             None => {
@@ -18403,9 +19735,12 @@ impl DriverApi {
         match self.cuStreamWaitEvent {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamWaitEvent")?;
-                crate::error::check(
-                    driver_fn__(hStream, hEvent, Flags),
+                crate::fault::after(
                     "cuStreamWaitEvent",
+                    crate::error::check(
+                        driver_fn__(hStream, hEvent, Flags),
+                        "cuStreamWaitEvent",
+                    ),
                 )
             }
             None => {
@@ -18430,9 +19765,12 @@ impl DriverApi {
         match self.cuStreamWaitValue32_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamWaitValue32_v2")?;
-                crate::error::check(
-                    driver_fn__(stream, addr, value, flags),
+                crate::fault::after(
                     "cuStreamWaitValue32_v2",
+                    crate::error::check(
+                        driver_fn__(stream, addr, value, flags),
+                        "cuStreamWaitValue32_v2",
+                    ),
                 )
             }
             None => {
@@ -18457,9 +19795,12 @@ impl DriverApi {
         match self.cuStreamWaitValue64_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamWaitValue64_v2")?;
-                crate::error::check(
-                    driver_fn__(stream, addr, value, flags),
+                crate::fault::after(
                     "cuStreamWaitValue64_v2",
+                    crate::error::check(
+                        driver_fn__(stream, addr, value, flags),
+                        "cuStreamWaitValue64_v2",
+                    ),
                 )
             }
             None => {
@@ -18484,9 +19825,12 @@ impl DriverApi {
         match self.cuStreamWriteValue32_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamWriteValue32_v2")?;
-                crate::error::check(
-                    driver_fn__(stream, addr, value, flags),
+                crate::fault::after(
                     "cuStreamWriteValue32_v2",
+                    crate::error::check(
+                        driver_fn__(stream, addr, value, flags),
+                        "cuStreamWriteValue32_v2",
+                    ),
                 )
             }
             None => {
@@ -18511,9 +19855,12 @@ impl DriverApi {
         match self.cuStreamWriteValue64_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuStreamWriteValue64_v2")?;
-                crate::error::check(
-                    driver_fn__(stream, addr, value, flags),
+                crate::fault::after(
                     "cuStreamWriteValue64_v2",
+                    crate::error::check(
+                        driver_fn__(stream, addr, value, flags),
+                        "cuStreamWriteValue64_v2",
+                    ),
                 )
             }
             None => {
@@ -18536,9 +19883,12 @@ impl DriverApi {
         match self.cuSurfObjectCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuSurfObjectCreate")?;
-                crate::error::check(
-                    driver_fn__(pSurfObject, pResDesc),
+                crate::fault::after(
                     "cuSurfObjectCreate",
+                    crate::error::check(
+                        driver_fn__(pSurfObject, pResDesc),
+                        "cuSurfObjectCreate",
+                    ),
                 )
             }
             None => {
@@ -18560,7 +19910,10 @@ impl DriverApi {
         match self.cuSurfObjectDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuSurfObjectDestroy")?;
-                crate::error::check(driver_fn__(surfObject), "cuSurfObjectDestroy")
+                crate::fault::after(
+                    "cuSurfObjectDestroy",
+                    crate::error::check(driver_fn__(surfObject), "cuSurfObjectDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18582,9 +19935,12 @@ impl DriverApi {
         match self.cuSurfObjectGetResourceDesc {
             Some(driver_fn__) => {
                 crate::fault::before("cuSurfObjectGetResourceDesc")?;
-                crate::error::check(
-                    driver_fn__(pResDesc, surfObject),
+                crate::fault::after(
                     "cuSurfObjectGetResourceDesc",
+                    crate::error::check(
+                        driver_fn__(pResDesc, surfObject),
+                        "cuSurfObjectGetResourceDesc",
+                    ),
                 )
             }
             None => {
@@ -18607,7 +19963,13 @@ impl DriverApi {
         match self.cuSurfRefGetArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuSurfRefGetArray")?;
-                crate::error::check(driver_fn__(phArray, hSurfRef), "cuSurfRefGetArray")
+                crate::fault::after(
+                    "cuSurfRefGetArray",
+                    crate::error::check(
+                        driver_fn__(phArray, hSurfRef),
+                        "cuSurfRefGetArray",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18630,9 +19992,12 @@ impl DriverApi {
         match self.cuSurfRefSetArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuSurfRefSetArray")?;
-                crate::error::check(
-                    driver_fn__(hSurfRef, hArray, Flags),
+                crate::fault::after(
                     "cuSurfRefSetArray",
+                    crate::error::check(
+                        driver_fn__(hSurfRef, hArray, Flags),
+                        "cuSurfRefSetArray",
+                    ),
                 )
             }
             None => {
@@ -18668,25 +20033,28 @@ impl DriverApi {
         match self.cuTensorMapEncodeIm2col {
             Some(driver_fn__) => {
                 crate::fault::before("cuTensorMapEncodeIm2col")?;
-                crate::error::check(
-                    driver_fn__(
-                        tensorMap,
-                        tensorDataType,
-                        tensorRank,
-                        globalAddress,
-                        globalDim,
-                        globalStrides,
-                        pixelBoxLowerCorner,
-                        pixelBoxUpperCorner,
-                        channelsPerPixel,
-                        pixelsPerColumn,
-                        elementStrides,
-                        interleave,
-                        swizzle,
-                        l2Promotion,
-                        oobFill,
-                    ),
+                crate::fault::after(
                     "cuTensorMapEncodeIm2col",
+                    crate::error::check(
+                        driver_fn__(
+                            tensorMap,
+                            tensorDataType,
+                            tensorRank,
+                            globalAddress,
+                            globalDim,
+                            globalStrides,
+                            pixelBoxLowerCorner,
+                            pixelBoxUpperCorner,
+                            channelsPerPixel,
+                            pixelsPerColumn,
+                            elementStrides,
+                            interleave,
+                            swizzle,
+                            l2Promotion,
+                            oobFill,
+                        ),
+                        "cuTensorMapEncodeIm2col",
+                    ),
                 )
             }
             None => {
@@ -18723,26 +20091,29 @@ impl DriverApi {
         match self.cuTensorMapEncodeIm2colWide {
             Some(driver_fn__) => {
                 crate::fault::before("cuTensorMapEncodeIm2colWide")?;
-                crate::error::check(
-                    driver_fn__(
-                        tensorMap,
-                        tensorDataType,
-                        tensorRank,
-                        globalAddress,
-                        globalDim,
-                        globalStrides,
-                        pixelBoxLowerCornerWidth,
-                        pixelBoxUpperCornerWidth,
-                        channelsPerPixel,
-                        pixelsPerColumn,
-                        elementStrides,
-                        interleave,
-                        mode,
-                        swizzle,
-                        l2Promotion,
-                        oobFill,
-                    ),
+                crate::fault::after(
                     "cuTensorMapEncodeIm2colWide",
+                    crate::error::check(
+                        driver_fn__(
+                            tensorMap,
+                            tensorDataType,
+                            tensorRank,
+                            globalAddress,
+                            globalDim,
+                            globalStrides,
+                            pixelBoxLowerCornerWidth,
+                            pixelBoxUpperCornerWidth,
+                            channelsPerPixel,
+                            pixelsPerColumn,
+                            elementStrides,
+                            interleave,
+                            mode,
+                            swizzle,
+                            l2Promotion,
+                            oobFill,
+                        ),
+                        "cuTensorMapEncodeIm2colWide",
+                    ),
                 )
             }
             None => {
@@ -18775,22 +20146,25 @@ impl DriverApi {
         match self.cuTensorMapEncodeTiled {
             Some(driver_fn__) => {
                 crate::fault::before("cuTensorMapEncodeTiled")?;
-                crate::error::check(
-                    driver_fn__(
-                        tensorMap,
-                        tensorDataType,
-                        tensorRank,
-                        globalAddress,
-                        globalDim,
-                        globalStrides,
-                        boxDim,
-                        elementStrides,
-                        interleave,
-                        swizzle,
-                        l2Promotion,
-                        oobFill,
-                    ),
+                crate::fault::after(
                     "cuTensorMapEncodeTiled",
+                    crate::error::check(
+                        driver_fn__(
+                            tensorMap,
+                            tensorDataType,
+                            tensorRank,
+                            globalAddress,
+                            globalDim,
+                            globalStrides,
+                            boxDim,
+                            elementStrides,
+                            interleave,
+                            swizzle,
+                            l2Promotion,
+                            oobFill,
+                        ),
+                        "cuTensorMapEncodeTiled",
+                    ),
                 )
             }
             None => {
@@ -18813,9 +20187,12 @@ impl DriverApi {
         match self.cuTensorMapReplaceAddress {
             Some(driver_fn__) => {
                 crate::fault::before("cuTensorMapReplaceAddress")?;
-                crate::error::check(
-                    driver_fn__(tensorMap, globalAddress),
+                crate::fault::after(
                     "cuTensorMapReplaceAddress",
+                    crate::error::check(
+                        driver_fn__(tensorMap, globalAddress),
+                        "cuTensorMapReplaceAddress",
+                    ),
                 )
             }
             None => {
@@ -18840,9 +20217,12 @@ impl DriverApi {
         match self.cuTexObjectCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexObjectCreate")?;
-                crate::error::check(
-                    driver_fn__(pTexObject, pResDesc, pTexDesc, pResViewDesc),
+                crate::fault::after(
                     "cuTexObjectCreate",
+                    crate::error::check(
+                        driver_fn__(pTexObject, pResDesc, pTexDesc, pResViewDesc),
+                        "cuTexObjectCreate",
+                    ),
                 )
             }
             None => {
@@ -18864,7 +20244,10 @@ impl DriverApi {
         match self.cuTexObjectDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexObjectDestroy")?;
-                crate::error::check(driver_fn__(texObject), "cuTexObjectDestroy")
+                crate::fault::after(
+                    "cuTexObjectDestroy",
+                    crate::error::check(driver_fn__(texObject), "cuTexObjectDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18886,9 +20269,12 @@ impl DriverApi {
         match self.cuTexObjectGetResourceDesc {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexObjectGetResourceDesc")?;
-                crate::error::check(
-                    driver_fn__(pResDesc, texObject),
+                crate::fault::after(
                     "cuTexObjectGetResourceDesc",
+                    crate::error::check(
+                        driver_fn__(pResDesc, texObject),
+                        "cuTexObjectGetResourceDesc",
+                    ),
                 )
             }
             None => {
@@ -18911,9 +20297,12 @@ impl DriverApi {
         match self.cuTexObjectGetResourceViewDesc {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexObjectGetResourceViewDesc")?;
-                crate::error::check(
-                    driver_fn__(pResViewDesc, texObject),
+                crate::fault::after(
                     "cuTexObjectGetResourceViewDesc",
+                    crate::error::check(
+                        driver_fn__(pResViewDesc, texObject),
+                        "cuTexObjectGetResourceViewDesc",
+                    ),
                 )
             }
             None => {
@@ -18936,9 +20325,12 @@ impl DriverApi {
         match self.cuTexObjectGetTextureDesc {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexObjectGetTextureDesc")?;
-                crate::error::check(
-                    driver_fn__(pTexDesc, texObject),
+                crate::fault::after(
                     "cuTexObjectGetTextureDesc",
+                    crate::error::check(
+                        driver_fn__(pTexDesc, texObject),
+                        "cuTexObjectGetTextureDesc",
+                    ),
                 )
             }
             None => {
@@ -18960,7 +20352,10 @@ impl DriverApi {
         match self.cuTexRefCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefCreate")?;
-                crate::error::check(driver_fn__(pTexRef), "cuTexRefCreate")
+                crate::fault::after(
+                    "cuTexRefCreate",
+                    crate::error::check(driver_fn__(pTexRef), "cuTexRefCreate"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -18981,7 +20376,10 @@ impl DriverApi {
         match self.cuTexRefDestroy {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefDestroy")?;
-                crate::error::check(driver_fn__(hTexRef), "cuTexRefDestroy")
+                crate::fault::after(
+                    "cuTexRefDestroy",
+                    crate::error::check(driver_fn__(hTexRef), "cuTexRefDestroy"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19004,9 +20402,12 @@ impl DriverApi {
         match self.cuTexRefGetAddressMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetAddressMode")?;
-                crate::error::check(
-                    driver_fn__(pam, hTexRef, dim),
+                crate::fault::after(
                     "cuTexRefGetAddressMode",
+                    crate::error::check(
+                        driver_fn__(pam, hTexRef, dim),
+                        "cuTexRefGetAddressMode",
+                    ),
                 )
             }
             None => {
@@ -19029,7 +20430,13 @@ impl DriverApi {
         match self.cuTexRefGetAddress_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetAddress_v2")?;
-                crate::error::check(driver_fn__(pdptr, hTexRef), "cuTexRefGetAddress_v2")
+                crate::fault::after(
+                    "cuTexRefGetAddress_v2",
+                    crate::error::check(
+                        driver_fn__(pdptr, hTexRef),
+                        "cuTexRefGetAddress_v2",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19051,7 +20458,13 @@ impl DriverApi {
         match self.cuTexRefGetArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetArray")?;
-                crate::error::check(driver_fn__(phArray, hTexRef), "cuTexRefGetArray")
+                crate::fault::after(
+                    "cuTexRefGetArray",
+                    crate::error::check(
+                        driver_fn__(phArray, hTexRef),
+                        "cuTexRefGetArray",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19073,9 +20486,12 @@ impl DriverApi {
         match self.cuTexRefGetBorderColor {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetBorderColor")?;
-                crate::error::check(
-                    driver_fn__(pBorderColor, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetBorderColor",
+                    crate::error::check(
+                        driver_fn__(pBorderColor, hTexRef),
+                        "cuTexRefGetBorderColor",
+                    ),
                 )
             }
             None => {
@@ -19098,7 +20514,13 @@ impl DriverApi {
         match self.cuTexRefGetFilterMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetFilterMode")?;
-                crate::error::check(driver_fn__(pfm, hTexRef), "cuTexRefGetFilterMode")
+                crate::fault::after(
+                    "cuTexRefGetFilterMode",
+                    crate::error::check(
+                        driver_fn__(pfm, hTexRef),
+                        "cuTexRefGetFilterMode",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19120,7 +20542,10 @@ impl DriverApi {
         match self.cuTexRefGetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetFlags")?;
-                crate::error::check(driver_fn__(pFlags, hTexRef), "cuTexRefGetFlags")
+                crate::fault::after(
+                    "cuTexRefGetFlags",
+                    crate::error::check(driver_fn__(pFlags, hTexRef), "cuTexRefGetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19143,9 +20568,12 @@ impl DriverApi {
         match self.cuTexRefGetFormat {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetFormat")?;
-                crate::error::check(
-                    driver_fn__(pFormat, pNumChannels, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetFormat",
+                    crate::error::check(
+                        driver_fn__(pFormat, pNumChannels, hTexRef),
+                        "cuTexRefGetFormat",
+                    ),
                 )
             }
             None => {
@@ -19168,9 +20596,12 @@ impl DriverApi {
         match self.cuTexRefGetMaxAnisotropy {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetMaxAnisotropy")?;
-                crate::error::check(
-                    driver_fn__(pmaxAniso, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetMaxAnisotropy",
+                    crate::error::check(
+                        driver_fn__(pmaxAniso, hTexRef),
+                        "cuTexRefGetMaxAnisotropy",
+                    ),
                 )
             }
             None => {
@@ -19193,9 +20624,12 @@ impl DriverApi {
         match self.cuTexRefGetMipmapFilterMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetMipmapFilterMode")?;
-                crate::error::check(
-                    driver_fn__(pfm, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetMipmapFilterMode",
+                    crate::error::check(
+                        driver_fn__(pfm, hTexRef),
+                        "cuTexRefGetMipmapFilterMode",
+                    ),
                 )
             }
             None => {
@@ -19218,9 +20652,12 @@ impl DriverApi {
         match self.cuTexRefGetMipmapLevelBias {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetMipmapLevelBias")?;
-                crate::error::check(
-                    driver_fn__(pbias, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetMipmapLevelBias",
+                    crate::error::check(
+                        driver_fn__(pbias, hTexRef),
+                        "cuTexRefGetMipmapLevelBias",
+                    ),
                 )
             }
             None => {
@@ -19244,9 +20681,12 @@ impl DriverApi {
         match self.cuTexRefGetMipmapLevelClamp {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetMipmapLevelClamp")?;
-                crate::error::check(
-                    driver_fn__(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetMipmapLevelClamp",
+                    crate::error::check(
+                        driver_fn__(pminMipmapLevelClamp, pmaxMipmapLevelClamp, hTexRef),
+                        "cuTexRefGetMipmapLevelClamp",
+                    ),
                 )
             }
             None => {
@@ -19269,9 +20709,12 @@ impl DriverApi {
         match self.cuTexRefGetMipmappedArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefGetMipmappedArray")?;
-                crate::error::check(
-                    driver_fn__(phMipmappedArray, hTexRef),
+                crate::fault::after(
                     "cuTexRefGetMipmappedArray",
+                    crate::error::check(
+                        driver_fn__(phMipmappedArray, hTexRef),
+                        "cuTexRefGetMipmappedArray",
+                    ),
                 )
             }
             None => {
@@ -19296,9 +20739,12 @@ impl DriverApi {
         match self.cuTexRefSetAddress2D_v3 {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetAddress2D_v3")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, desc, dptr, Pitch),
+                crate::fault::after(
                     "cuTexRefSetAddress2D_v3",
+                    crate::error::check(
+                        driver_fn__(hTexRef, desc, dptr, Pitch),
+                        "cuTexRefSetAddress2D_v3",
+                    ),
                 )
             }
             None => {
@@ -19322,9 +20768,12 @@ impl DriverApi {
         match self.cuTexRefSetAddressMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetAddressMode")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, dim, am),
+                crate::fault::after(
                     "cuTexRefSetAddressMode",
+                    crate::error::check(
+                        driver_fn__(hTexRef, dim, am),
+                        "cuTexRefSetAddressMode",
+                    ),
                 )
             }
             None => {
@@ -19349,9 +20798,12 @@ impl DriverApi {
         match self.cuTexRefSetAddress_v2 {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetAddress_v2")?;
-                crate::error::check(
-                    driver_fn__(ByteOffset, hTexRef, dptr, bytes),
+                crate::fault::after(
                     "cuTexRefSetAddress_v2",
+                    crate::error::check(
+                        driver_fn__(ByteOffset, hTexRef, dptr, bytes),
+                        "cuTexRefSetAddress_v2",
+                    ),
                 )
             }
             None => {
@@ -19375,9 +20827,12 @@ impl DriverApi {
         match self.cuTexRefSetArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetArray")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, hArray, Flags),
+                crate::fault::after(
                     "cuTexRefSetArray",
+                    crate::error::check(
+                        driver_fn__(hTexRef, hArray, Flags),
+                        "cuTexRefSetArray",
+                    ),
                 )
             }
             None => {
@@ -19400,9 +20855,12 @@ impl DriverApi {
         match self.cuTexRefSetBorderColor {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetBorderColor")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, pBorderColor),
+                crate::fault::after(
                     "cuTexRefSetBorderColor",
+                    crate::error::check(
+                        driver_fn__(hTexRef, pBorderColor),
+                        "cuTexRefSetBorderColor",
+                    ),
                 )
             }
             None => {
@@ -19425,7 +20883,13 @@ impl DriverApi {
         match self.cuTexRefSetFilterMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetFilterMode")?;
-                crate::error::check(driver_fn__(hTexRef, fm), "cuTexRefSetFilterMode")
+                crate::fault::after(
+                    "cuTexRefSetFilterMode",
+                    crate::error::check(
+                        driver_fn__(hTexRef, fm),
+                        "cuTexRefSetFilterMode",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19447,7 +20911,10 @@ impl DriverApi {
         match self.cuTexRefSetFlags {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetFlags")?;
-                crate::error::check(driver_fn__(hTexRef, Flags), "cuTexRefSetFlags")
+                crate::fault::after(
+                    "cuTexRefSetFlags",
+                    crate::error::check(driver_fn__(hTexRef, Flags), "cuTexRefSetFlags"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19470,9 +20937,12 @@ impl DriverApi {
         match self.cuTexRefSetFormat {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetFormat")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, fmt, NumPackedComponents),
+                crate::fault::after(
                     "cuTexRefSetFormat",
+                    crate::error::check(
+                        driver_fn__(hTexRef, fmt, NumPackedComponents),
+                        "cuTexRefSetFormat",
+                    ),
                 )
             }
             None => {
@@ -19495,9 +20965,12 @@ impl DriverApi {
         match self.cuTexRefSetMaxAnisotropy {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetMaxAnisotropy")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, maxAniso),
+                crate::fault::after(
                     "cuTexRefSetMaxAnisotropy",
+                    crate::error::check(
+                        driver_fn__(hTexRef, maxAniso),
+                        "cuTexRefSetMaxAnisotropy",
+                    ),
                 )
             }
             None => {
@@ -19520,9 +20993,12 @@ impl DriverApi {
         match self.cuTexRefSetMipmapFilterMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetMipmapFilterMode")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, fm),
+                crate::fault::after(
                     "cuTexRefSetMipmapFilterMode",
+                    crate::error::check(
+                        driver_fn__(hTexRef, fm),
+                        "cuTexRefSetMipmapFilterMode",
+                    ),
                 )
             }
             None => {
@@ -19545,9 +21021,12 @@ impl DriverApi {
         match self.cuTexRefSetMipmapLevelBias {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetMipmapLevelBias")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, bias),
+                crate::fault::after(
                     "cuTexRefSetMipmapLevelBias",
+                    crate::error::check(
+                        driver_fn__(hTexRef, bias),
+                        "cuTexRefSetMipmapLevelBias",
+                    ),
                 )
             }
             None => {
@@ -19571,9 +21050,12 @@ impl DriverApi {
         match self.cuTexRefSetMipmapLevelClamp {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetMipmapLevelClamp")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp),
+                crate::fault::after(
                     "cuTexRefSetMipmapLevelClamp",
+                    crate::error::check(
+                        driver_fn__(hTexRef, minMipmapLevelClamp, maxMipmapLevelClamp),
+                        "cuTexRefSetMipmapLevelClamp",
+                    ),
                 )
             }
             None => {
@@ -19597,9 +21079,12 @@ impl DriverApi {
         match self.cuTexRefSetMipmappedArray {
             Some(driver_fn__) => {
                 crate::fault::before("cuTexRefSetMipmappedArray")?;
-                crate::error::check(
-                    driver_fn__(hTexRef, hMipmappedArray, Flags),
+                crate::fault::after(
                     "cuTexRefSetMipmappedArray",
+                    crate::error::check(
+                        driver_fn__(hTexRef, hMipmappedArray, Flags),
+                        "cuTexRefSetMipmappedArray",
+                    ),
                 )
             }
             None => {
@@ -19621,9 +21106,12 @@ impl DriverApi {
         match self.cuThreadExchangeStreamCaptureMode {
             Some(driver_fn__) => {
                 crate::fault::before("cuThreadExchangeStreamCaptureMode")?;
-                crate::error::check(
-                    driver_fn__(mode),
+                crate::fault::after(
                     "cuThreadExchangeStreamCaptureMode",
+                    crate::error::check(
+                        driver_fn__(mode),
+                        "cuThreadExchangeStreamCaptureMode",
+                    ),
                 )
             }
             None => {
@@ -19649,9 +21137,12 @@ impl DriverApi {
         match self.cuUserObjectCreate {
             Some(driver_fn__) => {
                 crate::fault::before("cuUserObjectCreate")?;
-                crate::error::check(
-                    driver_fn__(object_out, ptr, destroy, initialRefcount, flags),
+                crate::fault::after(
                     "cuUserObjectCreate",
+                    crate::error::check(
+                        driver_fn__(object_out, ptr, destroy, initialRefcount, flags),
+                        "cuUserObjectCreate",
+                    ),
                 )
             }
             None => {
@@ -19674,7 +21165,13 @@ impl DriverApi {
         match self.cuUserObjectRelease {
             Some(driver_fn__) => {
                 crate::fault::before("cuUserObjectRelease")?;
-                crate::error::check(driver_fn__(object, count), "cuUserObjectRelease")
+                crate::fault::after(
+                    "cuUserObjectRelease",
+                    crate::error::check(
+                        driver_fn__(object, count),
+                        "cuUserObjectRelease",
+                    ),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19696,7 +21193,10 @@ impl DriverApi {
         match self.cuUserObjectRetain {
             Some(driver_fn__) => {
                 crate::fault::before("cuUserObjectRetain")?;
-                crate::error::check(driver_fn__(object, count), "cuUserObjectRetain")
+                crate::fault::after(
+                    "cuUserObjectRetain",
+                    crate::error::check(driver_fn__(object, count), "cuUserObjectRetain"),
+                )
             }
             None => {
                 Err(crate::error::Error::MissingSymbol {
@@ -19720,9 +21220,12 @@ impl DriverApi {
         match self.cuWaitExternalSemaphoresAsync {
             Some(driver_fn__) => {
                 crate::fault::before("cuWaitExternalSemaphoresAsync")?;
-                crate::error::check(
-                    driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                crate::fault::after(
                     "cuWaitExternalSemaphoresAsync",
+                    crate::error::check(
+                        driver_fn__(extSemArray, paramsArray, numExtSems, stream),
+                        "cuWaitExternalSemaphoresAsync",
+                    ),
                 )
             }
             None => {

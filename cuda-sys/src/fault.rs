@@ -3,7 +3,14 @@
 //! Once armed (`fault::arm`), every call of a driver entry point that returns a `CUresult`
 //! is counted, and the `n`-th fails with the code the caller chooses *before* the driver is
 //! called, as if the driver had refused it: nothing it would have made exists. Without the
-//! feature, the check every entry point makes is empty and compiles away.
+//! feature, the checks every entry point makes are empty and compile away.
+//!
+//! `fault::arm_sticky` plays a sticky error instead (a device fault): from the `n`-th call
+//! on, every call fails, as in a context the fault broke. How each call fails is the
+//! caller's choice (`OnceStuck`): device work fails before the driver sees it, while waits
+//! and releases are made and then reported as failed (a broken context finishes no new
+//! work, and its memory goes with it), so a test process keeps a working context
+//! underneath.
 //!
 //! ```
 //! # #[cfg(feature = "fault-injection")]
@@ -32,8 +39,20 @@ pub(crate) fn before(symbol: &'static str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The check each entry point makes of the driver's answer `result`.
+#[inline(always)]
+pub(crate) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(), Error> {
+    #[cfg(feature = "fault-injection")]
+    return imp::after(symbol, result);
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = symbol;
+        result
+    }
+}
+
 #[cfg(feature = "fault-injection")]
-pub use imp::{arm, disarm, Injected};
+pub use imp::{arm, arm_sticky, disarm, Injected, OnceStuck};
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -48,6 +67,11 @@ mod imp {
         fail_at: u64,
         code: fn(&'static str) -> CUresult,
         failed: Option<&'static str>,
+        /// With [`arm_sticky`]: the sticky failure's code, and how each call behaves once
+        /// it struck.
+        sticky: Option<(CUresult, Classify)>,
+        /// Whether the sticky failure struck.
+        stuck: bool,
     }
 
     static STATE: Mutex<State> = Mutex::new(State {
@@ -56,7 +80,26 @@ mod imp {
         fail_at: 0,
         code: |_| CUresult::CUDA_ERROR_UNKNOWN,
         failed: None,
+        sticky: None,
+        stuck: false,
     });
+
+    /// How a call behaves once a sticky failure struck, by entry point.
+    type Classify = fn(&'static str) -> OnceStuck;
+
+    /// What a driver call does once a sticky failure struck (see [`arm_sticky`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum OnceStuck {
+        /// Fails before the driver is called: what it would do never happens (device work,
+        /// allocations, copies, launches).
+        Fails,
+        /// Is made, then reported as failed: waits and releases (a broken context finishes
+        /// no new work, and what it held goes with it).
+        RunsThenFails,
+        /// Goes ahead as if nothing had happened (calls outside the context's work, such as
+        /// the thread's context stack); it does not strike the failure either.
+        Unaffected,
+    }
 
     fn state() -> std::sync::MutexGuard<'static, State> {
         STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -80,6 +123,24 @@ mod imp {
             fail_at,
             code,
             failed: None,
+            sticky: None,
+            stuck: false,
+        };
+    }
+
+    /// Counts calls from now on; the first call from call `fail_at` on (1 for the next; 0
+    /// for none) that `once_stuck` does not leave [`OnceStuck::Unaffected`] strikes a
+    /// sticky failure with `code`: it and every later call fail as `once_stuck` says, on
+    /// every thread, until [`disarm`].
+    pub fn arm_sticky(fail_at: u64, code: CUresult, once_stuck: fn(&'static str) -> OnceStuck) {
+        *state() = State {
+            armed: true,
+            calls: 0,
+            fail_at,
+            code: |_| CUresult::CUDA_ERROR_UNKNOWN,
+            failed: None,
+            sticky: Some((code, once_stuck)),
+            stuck: false,
         };
     }
 
@@ -99,6 +160,17 @@ mod imp {
             return Ok(());
         }
         s.calls += 1;
+        if let Some((code, once_stuck)) = s.sticky {
+            let how = once_stuck(symbol);
+            if !s.stuck && s.fail_at != 0 && s.calls >= s.fail_at && how != OnceStuck::Unaffected {
+                s.stuck = true;
+                s.failed = Some(symbol);
+            }
+            return match how {
+                OnceStuck::Fails if s.stuck => Err(Error::from_code(code, symbol)),
+                _ => Ok(()),
+            };
+        }
         if s.calls != s.fail_at {
             return Ok(());
         }
@@ -109,5 +181,64 @@ mod imp {
         }
         s.failed = Some(symbol);
         Err(Error::from_code(code, symbol))
+    }
+
+    pub(super) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(), Error> {
+        let s = state();
+        match s.sticky {
+            Some((code, once_stuck)) if s.armed && s.stuck => match once_stuck(symbol) {
+                OnceStuck::RunsThenFails => Err(Error::from_code(code, symbol)),
+                _ => result,
+            },
+            _ => result,
+        }
+    }
+}
+
+#[cfg(all(test, feature = "fault-injection"))]
+mod tests {
+    use super::*;
+    use crate::bindings::CUresult;
+
+    fn how(symbol: &'static str) -> OnceStuck {
+        match symbol {
+            "cuCtxGetCurrent" => OnceStuck::Unaffected,
+            "cuStreamSynchronize" => OnceStuck::RunsThenFails,
+            _ => OnceStuck::Fails,
+        }
+    }
+
+    // The state is global: one test walks through every mode.
+    #[test]
+    fn calls_fail_as_the_armed_mode_says() {
+        // Once: call 2 alone fails, before the driver.
+        arm(2, |_| CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(before("cuMemAlloc_v2").is_ok());
+        let e = before("cuMemAlloc_v2").unwrap_err();
+        assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(before("cuMemAlloc_v2").is_ok());
+        assert_eq!(after("cuStreamSynchronize", Ok(())), Ok(()));
+        let seen = disarm();
+        assert_eq!((seen.calls, seen.failed), (3, Some("cuMemAlloc_v2")));
+
+        // Sticky from call 2: an unaffected call there does not strike, the next call does,
+        // and every later one fails as it is classified.
+        arm_sticky(2, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, how);
+        assert!(before("cuMemcpyHtoD_v2").is_ok());
+        assert!(before("cuCtxGetCurrent").is_ok());
+        assert_eq!(after("cuCtxGetCurrent", Ok(())), Ok(()));
+        // Made (not refused before the driver), then reported as failed.
+        assert!(before("cuStreamSynchronize").is_ok());
+        let e = after("cuStreamSynchronize", Ok(())).unwrap_err();
+        assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(before("cuMemcpyHtoD_v2").is_err());
+        assert!(before("cuCtxGetCurrent").is_ok());
+        assert!(after("cuStreamSynchronize", Ok(())).is_err());
+        let seen = disarm();
+        assert_eq!((seen.calls, seen.failed), (5, Some("cuStreamSynchronize")));
+
+        // Disarmed: nothing fails.
+        assert!(before("cuMemcpyHtoD_v2").is_ok());
+        assert_eq!(after("cuStreamSynchronize", Ok(())), Ok(()));
     }
 }

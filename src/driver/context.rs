@@ -51,15 +51,11 @@ impl PrimaryContext {
         // SAFETY: out-pointers are valid locals.
         unsafe { d.cuDeviceGet(&mut device, ordinal)? };
         // SAFETY: as above.
-        match unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device) } {
-            Ok(()) => {}
-            // A device fault poisoned the primary context, and the driver keeps the fault
-            // for the life of the process: no reset brings it back (measured on the H100,
-            // driver 13.0), and resetting a context other holders still use would pull it
-            // out from under them.
-            Err(e) if e.is_sticky() => return Err(Error::ContextPoisoned { cause: e }),
-            Err(e) => return Err(e.into()),
-        }
+        // (A device fault that poisoned the primary context is `ContextPoisoned` here, as
+        // everywhere: the driver keeps the fault for the life of the process, no reset
+        // brings it back (measured on the H100, driver 13.0), and resetting a context other
+        // holders still use would pull it out from under them.)
+        unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, device)? };
         Ok(PrimaryContext { ctx, device })
     }
 

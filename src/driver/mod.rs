@@ -7,6 +7,7 @@ mod device;
 mod event;
 mod module;
 mod pinned;
+mod poisoning;
 mod pool;
 mod stream;
 
@@ -16,6 +17,7 @@ pub use event::Event;
 pub use module::{Function, Module};
 pub(crate) use pinned::is_page_locked;
 pub use pinned::{PinnedFlags, PinnedMemory};
+pub(crate) use poisoning::{note_sticky, Poisoning};
 pub use pool::{MemPool, PoolStats};
 pub use stream::Stream;
 

@@ -121,9 +121,13 @@ impl Module {
         let mut raw: CUfunction = std::ptr::null_mut();
         // SAFETY: out-pointer is valid; c_name is a C string; raw module is live.
         unsafe { api()?.cuModuleGetFunction(&mut raw, self.raw, c_name.as_ptr()) }.map_err(
-            |e| Error::KernelNotFound {
-                name: name.to_string(),
-                reason: e.to_string(),
+            |e| match e.is_sticky() {
+                // A broken context, not a missing kernel.
+                true => Error::from(e),
+                false => Error::KernelNotFound {
+                    name: name.to_string(),
+                    reason: e.to_string(),
+                },
             },
         )?;
         Ok(Function { raw })
