@@ -18,12 +18,13 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// destination goes back to the HAL's pool and is reused only after the copy completes.
 ///
 /// A read larger than the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`,
-/// 256 MiB by default, so above 128 MiB) lands in its result directly, page-locked for the
-/// copy with `cuMemHostRegister`, rather than pinning a block that would fill the pool (and
-/// be freed, and pinned again, as other transfers need room) or one of its own size on
-/// every read (1 GiB took about 850 ms to pin with `cuMemHostAlloc` on the H100 host, 48 ms
-/// as a registered mapping on the H200 host, and as long again to free). Dropping
-/// such a read early waits for its copy.
+/// 256 MiB by default, so above 128 MiB) is copied before `read_async` returns, through the
+/// staging slots as [`Buffer::copy_to_slice`] copies, into a new result in 2 MiB pages; the
+/// handle is ready at once. On the H200 host 256 MiB took 9-10 ms so, against 20-22 ms
+/// for a result registered with `cuMemHostRegister` for the copy (the design before: the
+/// registration alone took 8 ms and the unregistration 4 ms) and 5 ms for the device's
+/// copy alone. A pinned block of the read's own size would take longer still (48 ms to
+/// pin and free 256 MiB), and would fill the pool.
 ///
 /// ```
 /// use cuda_hal::CudaHal;
@@ -44,52 +45,19 @@ enum ReadState<T> {
     Ready(Vec<T>),
     InFlight {
         hal: Arc<HalInner>,
-        landing: Option<Landing<T>>,
+        /// The pinned pool block the copy lands in, copied out when the read is taken.
+        landing: Option<PinnedBlock>,
         done: Arc<Event>,
         len: usize,
     },
     Taken,
 }
 
-/// Where a read's copy lands.
-enum Landing<T> {
-    /// A block of the pinned pool, copied out when the read is taken.
-    Pinned(PinnedBlock),
-    /// The result itself, registered with `cuMemHostRegister` until the copy is done.
-    Registered(Vec<T>),
-}
-
-impl<T> Landing<T> {
-    /// Gives the landing back once `done` (the copy) completes: a pool block to the pool,
-    /// which waits for it (`Ok(None)`); a registered result is waited for and unregistered
-    /// here (`Ok(Some(result))`). An error if the copy could not be waited for (the
-    /// memory is freed: the context is broken, and no copy runs any more) or the memory
-    /// not unregistered (it is leaked: the copy may still write it). The context is current.
-    fn release(self, hal: &HalInner, done: &Arc<Event>) -> Result<Option<Vec<T>>> {
-        match self {
-            Landing::Pinned(mut b) => {
-                b.set_pending(done.clone());
-                hal.pinned.give(b);
-                Ok(None)
-            }
-            Landing::Registered(mut v) => {
-                let waited = done.synchronize();
-                // SAFETY: `v`'s pointer was registered by `register_result`, and the copy
-                // into it is over (or the context is broken and it never runs).
-                let unregistered = api().and_then(|d| unsafe {
-                    d.cuMemHostUnregister(v.as_mut_ptr().cast())
-                        .map_err(Error::from)
-                });
-                if let Err(e) = unregistered {
-                    log::warn!("unregistering a read's result: {e}; its memory is leaked");
-                    std::mem::forget(v);
-                    return Err(e);
-                }
-                waited?;
-                Ok(Some(v))
-            }
-        }
-    }
+/// Gives `block` back to the pinned pool, which reuses or frees it only once `done` (the
+/// copy into it) completes.
+fn give_back(hal: &HalInner, mut block: PinnedBlock, done: &Arc<Event>) {
+    block.set_pending(done.clone());
+    hal.pinned.give(block);
 }
 
 impl<T: Pod> PendingRead<T> {
@@ -131,23 +99,19 @@ impl<T: Pod> PendingRead<T> {
             } => {
                 let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
                 match (r, landing.take()) {
-                    (Ok(()), Some(Landing::Pinned(b))) => {
+                    (Ok(()), Some(b)) => {
                         let v = host_pages::copied(&b.mem.as_slice()[..len * size_of::<T>()]);
                         hal.pinned.give(b);
                         Ok(v)
-                    }
-                    (Ok(()), Some(registered)) => {
-                        let v = hal.guard(registered.release(&hal, &done))?;
-                        Ok(v.unwrap_or_default())
                     }
                     // (The landing is taken only here and on drop.)
                     (Ok(()), None) => Err(Error::InvalidArgument(
                         "the read's data was already taken".into(),
                     )),
                     (Err(e), landing) => {
-                        // The copy may still run: the landing is released only after it.
-                        if let Some(l) = landing {
-                            let _ = l.release(&hal, &done);
+                        // The copy may still run: the pool reuses the block only after it.
+                        if let Some(b) = landing {
+                            give_back(&hal, b, &done);
                         }
                         Err(e)
                     }
@@ -206,41 +170,14 @@ impl<T> Drop for PendingRead<T> {
             hal, landing, done, ..
         } = &mut self.state
         {
-            if let Some(l) = landing.take() {
+            if let Some(b) = landing.take() {
                 // The pool waits for `done` before the block is reused or freed, and frees
                 // it (past its limit) on this thread: its context must be current here.
                 if let Err(e) = hal.ctx.bind() {
                     log::warn!("dropping a pending read: {e}");
                 }
-                if let Err(e) = l.release(hal, done) {
-                    log::warn!("dropping a pending read: {e}");
-                }
+                give_back(hal, b, done);
             }
-        }
-    }
-}
-
-/// A zeroed result of `len` elements, page-locked with `cuMemHostRegister` so that a read's
-/// copy lands in it directly; `None` if the driver will not register it (the caller stages
-/// through the pinned pool instead). The context is current.
-///
-/// Its pages are new: they are faulted in first by the rayon pool, in 2 MiB pages where
-/// the kernel gives them ([`host_pages::prefaulted`]), since the driver faults them in one
-/// thread (a 256 MiB read took 92 ms so on an H200 host, against 5 ms for the copy).
-fn register_result<T: Pod>(len: usize) -> Option<Vec<T>> {
-    let mut v = host_pages::prefaulted::<T>(len);
-    let bytes = std::mem::size_of_val(v.as_slice());
-    // SAFETY: `v` owns `bytes` bytes; it is unregistered before it is freed or handed to
-    // the caller (`Landing::release`), and its heap memory does not move with the Vec.
-    let r = api().and_then(|d| unsafe {
-        d.cuMemHostRegister(v.as_mut_ptr().cast(), bytes, 0)
-            .map_err(Error::from)
-    });
-    match r {
-        Ok(()) => Some(v),
-        Err(e) => {
-            log::warn!("registering a read's result of {bytes} bytes: {e}; staged instead");
-            None
         }
     }
 }
@@ -294,33 +231,35 @@ impl<T: Pod> Buffer<T> {
             h.ledger.cache(false);
         }
         let r = self.byte_range();
-        self.access_on(stream, r.clone(), false)?;
         let bytes = self.size_bytes();
-        // First: nothing may fail between registering a result and queueing its copy but
-        // the copy, whose failure gives the landing back (an early return would free a
-        // registered result without unregistering it).
+        if !h.pinned.keeps_two(bytes) {
+            // Past the pinned pool: copied now, through the staging slots, into a new result
+            // (after the main stream waits for the buffer's uses on `stream` and others).
+            let mut v = host_pages::zeroed::<T>(self.len());
+            self.raw().prepare_device_access(r, false)?;
+            h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
+            return Ok(PendingRead {
+                state: ReadState::Ready(v),
+            });
+        }
+        self.access_on(stream, r.clone(), false)?;
         let (d, done) = (api()?, h.event()?);
-        let mut landing = match h.pinned.keeps_two(bytes) {
-            true => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
-            false => match register_result::<T>(self.len()) {
-                Some(v) => Landing::Registered(v),
-                None => Landing::Pinned(h.guard(h.pinned.take(bytes))?),
-            },
-        };
-        let at: *mut u8 = match &mut landing {
-            Landing::Pinned(b) => b.mem.as_ptr(),
-            Landing::Registered(v) => v.as_mut_ptr().cast(),
-        };
-        // SAFETY: the landing has room for size_bytes(); it is freed or handed out again
-        // only after `done` completes (`Landing::release`, and the pool, wait for it).
-        let queued = unsafe { d.cuMemcpyDtoHAsync(at.cast(), self.raw_ptr(), bytes, stream.raw()) }
-            .map_err(Error::from)
-            .and_then(|()| h.record_use(&done, &stream.stream));
+        let landing = h.guard(h.pinned.take(bytes))?;
+        // SAFETY: the block has room for size_bytes(); the pool hands it out again or frees
+        // it only after `done` completes.
+        let queued = unsafe {
+            d.cuMemcpyDtoHAsync(
+                landing.mem.as_ptr().cast(),
+                self.raw_ptr(),
+                bytes,
+                stream.raw(),
+            )
+        }
+        .map_err(Error::from)
+        .and_then(|()| h.record_use(&done, &stream.stream));
         if let Err(e) = queued {
             // Waits for `done` only if it was recorded (an unrecorded event is complete).
-            if let Err(e) = landing.release(&h, &done) {
-                log::warn!("giving back a failed read's landing: {e}");
-            }
+            give_back(&h, landing, &done);
             return h.guard(Err(e));
         }
         h.ledger.copy(Dir::D2H, bytes);

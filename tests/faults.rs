@@ -491,9 +491,8 @@ fn copies_between_hals() {
     });
 }
 
-/// A read, an arena batch and an upload batch past what a 1 MiB pinned pool keeps: the read
-/// lands in its registered result (a failed registration stages through a pool block
-/// instead), the batches go through the staging slots.
+/// A read, an arena batch and an upload batch past what a 1 MiB pinned pool keeps: each goes
+/// through the staging slots.
 #[test]
 fn reads_and_batches_past_the_pinned_pool() {
     // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)

@@ -867,11 +867,12 @@ fn the_pinned_pool_keeps_the_sizes_in_use_now() {
     assert!(after.cached_bytes <= MIB as u64);
 }
 
-/// A read larger than the blocks the pinned pool keeps lands in its result, registered for
-/// the copy: before, every such read pinned a block of its own size with
+/// A read larger than the blocks the pinned pool keeps pins no block: it goes through the
+/// staging slots into its result (and before 2026-11-26 landed in its result, registered
+/// for the copy). Before that, every such read pinned a block of its own size with
 /// `cuMemHostAlloc` (about 850 ms a GiB on the H100 host) and freed it after.
 #[test]
-fn a_read_past_the_pinned_pool_lands_in_its_result() {
+fn a_read_past_the_pinned_pool_pins_no_block_of_its_own() {
     let Some(_device) = gpu() else { return };
     let hal = with_pinned_pool(MIB);
     let data = Rng::new(43).u32s(2 * MIB + 3); // 8 MiB and 12 bytes
@@ -879,13 +880,15 @@ fn a_read_past_the_pinned_pool_lands_in_its_result() {
     let out = hal.alloc::<u32>("out", data.len()).unwrap();
     let side = hal.create_stream().unwrap();
     let before = hal.stats().unwrap().pinned;
-    for rounds in 1..4u32 {
-        // A kernel writes the buffer: the read must wait for it, and no host copy answers.
-        launch_lcg(&hal, None, &out, &inp, rounds);
+    for rounds in 1..6u32 {
+        // A kernel writes the buffer, on the main stream or (rounds 4 and 5) on the side
+        // one: the read must wait for it, and no host copy answers.
+        let on = (rounds >= 4).then_some(&side);
+        launch_lcg(&hal, on, &out, &inp, rounds);
         let want: Vec<u32> = data.iter().map(|&x| lcg(x, rounds)).collect();
         let mut got = match rounds {
-            1 => out.read_async().unwrap().wait().unwrap(),
-            2 => out.read_async_on(&side).unwrap().wait().unwrap(),
+            1 | 4 => out.read_async().unwrap().wait().unwrap(),
+            2 | 5 => out.read_async_on(&side).unwrap().wait().unwrap(),
             _ => {
                 let mut p = out.read_async().unwrap();
                 loop {
@@ -897,15 +900,15 @@ fn a_read_past_the_pinned_pool_lands_in_its_result() {
             }
         };
         assert!(got == want, "round {rounds}: the read's data");
-        // The result was unregistered: registering it again works.
+        // The result is not left registered: registering it works.
         drop(hal.register_host(&mut got).unwrap());
     }
-    // Dropped while in flight: the drop waits for the copy before freeing the result.
-    for rounds in 4..8u32 {
+    // Dropped at once (a read the pool keeps blocks for would still be in flight).
+    for rounds in 6..10u32 {
         launch_lcg(&hal, None, &out, &inp, rounds);
         drop(out.read_async().unwrap());
     }
-    let want: Vec<u32> = data.iter().map(|&x| lcg(x, 7)).collect();
+    let want: Vec<u32> = data.iter().map(|&x| lcg(x, 9)).collect();
     assert!(out.read_async().unwrap().wait().unwrap() == want);
     let after = hal.stats().unwrap().pinned;
     assert_eq!(
@@ -966,8 +969,8 @@ fn large_results_hold_the_devices_bytes_however_they_are_read() {
 
 /// A read that would fill the pinned pool, beside small transfers: before, its block and
 /// the small ones evicted each other in turn, and every round pinned both again (a
-/// `cuMemHostAlloc` of 256 MiB takes 85-210 ms). Now the read lands in its registered
-/// result, and a block is not freed to make room for one far smaller.
+/// `cuMemHostAlloc` of 256 MiB takes 85-210 ms). Now the read goes through the staging
+/// slots, and a block is not freed to make room for one far smaller.
 #[test]
 fn a_read_that_would_fill_the_pinned_pool_leaves_the_small_blocks_be() {
     let Some(_device) = gpu() else { return };
