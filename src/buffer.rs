@@ -843,7 +843,11 @@ impl<T: Pod> Buffer<T> {
         // Elements aligned past a page cannot be viewed in the host copy: downloaded as
         // without phase 2.
         if PHASES.host_cache && self.check_host_align().is_ok() {
-            self.view(|s| host_pages::copied(bytemuck::cast_slice(s)))
+            // The result's pages are faulted in while the host copy downloads.
+            let (v, copied) = host_pages::faulted_while::<T, _>(self.len, |pages| {
+                self.view(|s| host_pages::copy(pages.wait(), bytemuck::cast_slice(s)))
+            });
+            copied.map(|()| v)
         } else {
             self.download_vec()
         }

@@ -97,25 +97,30 @@ impl<T: Pod> PendingRead<T> {
                 done,
                 len,
             } => {
-                let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
-                match (r, landing.take()) {
-                    (Ok(()), Some(b)) => {
-                        let v = host_pages::copied(&b.mem.as_slice()[..len * size_of::<T>()]);
-                        hal.pinned.give(b);
-                        Ok(v)
-                    }
-                    // (The landing is taken only here and on drop.)
-                    (Ok(()), None) => Err(Error::InvalidArgument(
-                        "the read's data was already taken".into(),
-                    )),
-                    (Err(e), landing) => {
-                        // The copy may still run: the pool reuses the block only after it.
-                        if let Some(b) = landing {
-                            give_back(&hal, b, &done);
+                // The result's pages are faulted in while the copy completes.
+                let (v, taken) = host_pages::faulted_while::<T, _>(len, |pages| {
+                    let r = hal.enter().and_then(|()| hal.guard(done.synchronize()));
+                    match (r, landing.take()) {
+                        (Ok(()), Some(b)) => {
+                            let src = &b.mem.as_slice()[..len * size_of::<T>()];
+                            host_pages::copy(pages.wait(), src);
+                            hal.pinned.give(b);
+                            Ok(())
                         }
-                        Err(e)
+                        // (The landing is taken only here and on drop.)
+                        (Ok(()), None) => Err(Error::InvalidArgument(
+                            "the read's data was already taken".into(),
+                        )),
+                        (Err(e), landing) => {
+                            // The copy may still run: the pool reuses the block only after it.
+                            if let Some(b) = landing {
+                                give_back(&hal, b, &done);
+                            }
+                            Err(e)
+                        }
                     }
-                }
+                });
+                taken.map(|()| v)
             }
             ReadState::Taken => Err(Error::InvalidArgument(
                 "the read's data was already taken".into(),
