@@ -60,9 +60,11 @@ pub(crate) fn prefaulted<T: Pod>(len: usize) -> Vec<T> {
 
 /// A new `Vec` of `len` elements, whose pages the rayon pool faults in while the calling
 /// thread does `work` (a download), and `work`'s answer. `work` gets the result's bytes
-/// from [`Faulting::wait`] to copy into them: the faults then cost that copy nothing. On
-/// the H200 host a 64 MiB `to_vec` took 4.9-5.1 ms with its result faulted in by the copy
-/// after the download, and ... with it faulted in beside the download.
+/// from [`Faulting::wait`] to copy into them, so that the faults overlap the download. On
+/// the H200 host (three runs each, taking turns) a 64 MiB `to_vec` took 4.91 / 5.31 / 4.55
+/// ms with its result faulted in by the copy after the download, and 4.31 / 4.04 / 3.76 ms
+/// with it faulted in beside it: the faults and the copy share the host's memory
+/// bandwidth, which bounds the rest.
 ///
 /// On a thread of the rayon pool (which `work` must not hold waiting for the pool), or below
 /// [`HUGE_PAGES_MIN`], the bytes are handed over at once, and the copy faults them in.
