@@ -417,12 +417,22 @@ impl<T> Drop for ManagedBuffer<T> {
         // A failed bind does not stop the release: the stream and the pointer name their
         // context (skipping the free would leak the memory for the process's life).
         let bound = self.hal.ctx.bind();
-        let r = self.hal.stream.synchronize().and_then(|()| {
-            // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream.
-            unsafe { api()?.cuMemFree(self.ptr)? };
-            Ok(())
-        });
-        let r = bound.and(r);
+        let synced = self.hal.stream.synchronize();
+        // Freed once the stream's work is over, or once a device fault broke the context
+        // (which runs no more work: skipping the free leaked it, found by the sticky fault
+        // injection under memcheck). Past another failure the device may still use the
+        // memory, which is leaked.
+        let freeable = match &synced {
+            Ok(()) => true,
+            Err(e) => e.poisoning().is_some(),
+        };
+        let freed = match freeable {
+            // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream's
+            // work (or in a context that runs none).
+            true => api().and_then(|d| unsafe { d.cuMemFree(self.ptr) }.map_err(Error::from)),
+            false => Ok(()),
+        };
+        let r = bound.and(synced).and(freed);
         // After the free (not holding the lock through the stream's wait): until then a
         // request meanwhile still counts these bytes, erring on the side of refusing.
         let live = managed_live(self.hal.info().ordinal);
