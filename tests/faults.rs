@@ -142,8 +142,6 @@ fn still_works(hal: &CudaHal) {
     assert_eq!(sum.get_at(99_999).unwrap(), 2 * 99_999);
 }
 
-/// Runs `scenario` on a new HAL with call `fail_at` failing (0: none), checks what the
-/// module's doc says, and returns what the injection saw.
 /// What a scenario's runs check beyond the module doc's first two points.
 #[derive(Clone, Copy)]
 struct Checks {
@@ -153,15 +151,38 @@ struct Checks {
     free_memory: bool,
 }
 
-fn run(
-    ctx: &cuda_hal::driver::PrimaryContext,
+/// A scenario of one HAL configuration, and what its runs check.
+struct Scenario<'a> {
+    /// Held for the whole test: with the context kept, memory a HAL leaks stays allocated
+    /// after the HAL is gone.
+    ctx: &'a cuda_hal::driver::PrimaryContext,
     check: Checks,
-    config: &HalConfig,
-    name: &str,
-    fail_at: u64,
-    scenario: &dyn Fn(&CudaHal) -> Result<()>,
-) -> (fault::Injected, bool) {
-    let free_before = free_device_bytes(ctx);
+    config: &'a HalConfig,
+    name: &'a str,
+    body: &'a dyn Fn(&CudaHal) -> Result<()>,
+}
+
+impl Scenario<'_> {
+    /// An error unless the device's free memory is back to `before` (within 4 MiB), where
+    /// the scenario checks it.
+    fn memory_given_back(&self, before: usize, what: &str) -> std::result::Result<(), String> {
+        let after = free_device_bytes(self.ctx);
+        match self.check.free_memory && after + 4 * MIB < before {
+            true => Err(format!(
+                "{what}: {} MiB of device memory not given back",
+                (before - after) / MIB
+            )),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Runs the scenario on a new HAL with call `fail_at` failing (0: none), checks what the
+/// module's doc says, and returns what the injection saw and whether the scenario returned
+/// an error.
+fn run(s: &Scenario<'_>, fail_at: u64) -> (fault::Injected, bool) {
+    let (config, name, scenario) = (s.config, s.name, s.body);
+    let free_before = free_device_bytes(s.ctx);
     let hal = CudaHal::with_config(0, config.clone()).unwrap();
     fault::arm(fail_at, injected_code);
     let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&hal)));
@@ -180,30 +201,20 @@ fn run(
     live.retain(|a| !PROVER_TABLES.contains(&a.name.as_str()));
     assert!(live.is_empty(), "{what}: left alive: {live:?}");
     drop(hal);
-    let free_after = free_device_bytes(ctx);
-    assert!(
-        !check.free_memory || free_after + 4 * MIB >= free_before,
-        "{what}: {} MiB of device memory not given back",
-        (free_before - free_after) / MIB
-    );
+    s.memory_given_back(free_before, &what)
+        .unwrap_or_else(|e| panic!("{e}"));
     (injected, returned_error)
 }
 
 const PROVER_TABLES: [&str; 3] = ["prover-twiddles", "prover-shift-powers", "prover-poseidon2"];
 
-/// Runs `scenario` on a new HAL with a sticky error striking at call `fail_at`, and checks
+/// Runs the scenario on a new HAL with a sticky error striking at call `fail_at`, and checks
 /// what the module's doc says. The entry point it struck, if it struck in the scenario, or
 /// what went wrong.
-fn run_stuck(
-    ctx: &cuda_hal::driver::PrimaryContext,
-    check: Checks,
-    config: &HalConfig,
-    name: &str,
-    fail_at: u64,
-    scenario: &dyn Fn(&CudaHal) -> Result<()>,
-) -> std::result::Result<Option<&'static str>, String> {
+fn run_stuck(s: &Scenario<'_>, fail_at: u64) -> std::result::Result<Option<&'static str>, String> {
+    let (config, name, scenario) = (s.config, s.name, s.body);
     let _watchdog = Watchdog::start(format!("{name}, sticky from call {fail_at}"));
-    let free_before = free_device_bytes(ctx);
+    let free_before = free_device_bytes(s.ctx);
     let hal = CudaHal::with_config(0, config.clone()).unwrap();
     fault::arm_sticky(fail_at, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, once_stuck);
     let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&hal)));
@@ -253,13 +264,7 @@ fn run_stuck(
         }
     }
     still_works(&CudaHal::with_config(0, config.clone()).unwrap());
-    let free_after = free_device_bytes(ctx);
-    if check.free_memory && free_after + 4 * MIB < free_before {
-        return Err(format!(
-            "{what}: {} MiB of device memory not given back",
-            (free_before - free_after) / MIB
-        ));
-    }
+    s.memory_given_back(free_before, &what)?;
     Ok(in_scenario.failed)
 }
 
@@ -303,10 +308,17 @@ fn every_call_of(
     let warm_up = CudaHal::with_config(0, config.clone()).and_then(|hal| scenario(&hal));
     fault::disarm();
     warm_up.unwrap_or_else(|e| panic!("{name}, the first time: {e}"));
-    let calls = run(ctx, check, config, name, 0, scenario).0.calls;
+    let s = Scenario {
+        ctx,
+        check,
+        config,
+        name,
+        body: scenario,
+    };
+    let calls = run(&s, 0).0.calls;
     let (mut failed, mut errors) = (0, 0);
     for k in 1..=calls {
-        let (injected, returned_error) = run(ctx, check, config, name, k, scenario);
+        let (injected, returned_error) = run(&s, k);
         if injected.failed.is_some() {
             failed += 1;
             errors += usize::from(returned_error);
@@ -323,7 +335,7 @@ fn every_call_of(
     // Every run, then every finding at once.
     let (mut struck, mut findings) = (0, Vec::new());
     for k in 1..=calls {
-        match run_stuck(ctx, check, config, name, k, scenario) {
+        match run_stuck(&s, k) {
             Ok(s) => struck += usize::from(s.is_some()),
             Err(finding) => {
                 println!("FINDING: {finding}");
