@@ -313,9 +313,8 @@ impl<T: Pod> Buffer<T> {
         // The last upload comes after every download (its stream waited for each) and
         // after the other uploads: once it is done, so are all the copies.
         let last = drained[(bytes.div_ceil(chunk) - 1) % slots].clone();
-        for mut b in blocks {
-            b.set_pending(last.clone());
-            d.pinned.give(b);
+        for b in blocks {
+            d.pinned.give_after(b, last.clone());
         }
         s.ledger.copy(crate::ledger::Dir::D2H, bytes);
         d.ledger.copy(crate::ledger::Dir::H2D, bytes);

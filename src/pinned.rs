@@ -244,10 +244,6 @@ impl Drop for PinnedBlock {
 }
 
 impl PinnedBlock {
-    pub(crate) fn set_pending(&mut self, ev: Arc<Event>) {
-        self.pending = Some(ev);
-    }
-
     /// Whether no queued copy uses the block any more (asks its event, without waiting). An
     /// error of the event counts as busy: `settle` then reports it.
     fn is_idle(&mut self) -> bool {
@@ -421,6 +417,13 @@ impl PinnedPool {
     /// of the sizes it uses now, rather than pinning and freeing one on every call. Blocks
     /// more than [`EVICT_RATIO`] times its size are not freed for it: making the small block
     /// again costs less than making the large one again, should its size come back.
+    /// [`PinnedPool::give`] for a block that the copy `done` marks the end of still uses: the
+    /// pool reuses or frees it only once `done` completes.
+    pub(crate) fn give_after(&self, mut block: PinnedBlock, done: Arc<Event>) {
+        block.pending = Some(done);
+        self.give(block);
+    }
+
     pub(crate) fn give(&self, mut block: PinnedBlock) {
         let size = block.mem.len();
         if let Some(lent) = block.lent.take() {

@@ -53,13 +53,6 @@ enum ReadState<T> {
     Taken,
 }
 
-/// Gives `block` back to the pinned pool, which reuses or frees it only once `done` (the
-/// copy into it) completes.
-fn give_back(hal: &HalInner, mut block: PinnedBlock, done: &Arc<Event>) {
-    block.set_pending(done.clone());
-    hal.pinned.give(block);
-}
-
 impl<T: Pod> PendingRead<T> {
     /// Whether `try_get` would return the data (or an error) without blocking.
     ///
@@ -114,7 +107,7 @@ impl<T: Pod> PendingRead<T> {
                         (Err(e), landing) => {
                             // The copy may still run: the pool reuses the block only after it.
                             if let Some(b) = landing {
-                                give_back(&hal, b, &done);
+                                hal.pinned.give_after(b, done.clone());
                             }
                             Err(e)
                         }
@@ -181,7 +174,7 @@ impl<T> Drop for PendingRead<T> {
                 if let Err(e) = hal.ctx.bind() {
                     log::warn!("dropping a pending read: {e}");
                 }
-                give_back(hal, b, done);
+                hal.pinned.give_after(b, done.clone());
             }
         }
     }
@@ -264,7 +257,7 @@ impl<T: Pod> Buffer<T> {
         .and_then(|()| h.record_use(&done, &stream.stream));
         if let Err(e) = queued {
             // Waits for `done` only if it was recorded (an unrecorded event is complete).
-            give_back(&h, landing, &done);
+            h.pinned.give_after(landing, done.clone());
             return h.guard(Err(e));
         }
         h.ledger.copy(Dir::D2H, bytes);
@@ -346,8 +339,7 @@ impl<T: Pod> Buffer<T> {
             .map_err(Error::from)
             .and_then(|()| h.record_use(&done, &h.stream));
             h.ledger.copy(Dir::H2D, len);
-            block.set_pending(done);
-            h.pinned.give(block);
+            h.pinned.give_after(block, done);
             h.guard(res)?;
         } else {
             h.upload_staged_filled(dst, len, fill)?;
@@ -674,15 +666,14 @@ impl CudaHal {
     fn end_upload_batch<T: Pod>(
         &self,
         items: &[(&Buffer<T>, &[T])],
-        mut block: PinnedBlock,
+        block: PinnedBlock,
         done: Arc<Event>,
         result: Result<()>,
     ) -> Result<()> {
         let h = &self.inner;
         // Whatever `result` says: some of the copies may be queued.
         let recorded = h.record_use(&done, &h.stream);
-        block.set_pending(done);
-        h.pinned.give(block);
+        h.pinned.give_after(block, done);
         h.guard(result.and(recorded))?;
         for (buf, _) in items {
             buf.raw().invalidate_host(buf.byte_range());
