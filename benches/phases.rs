@@ -106,6 +106,7 @@ fn staging_sweep() {
                 let cfg = cuda_hal::HalConfig {
                     staging: cuda_hal::StagingConfig {
                         chunk_bytes: chunk_mib * MIB,
+                        min_chunk_bytes: 256 << 10,
                         workers,
                         max_slots: 4 * workers,
                         streaming_stores: streaming,

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use cuda_hal::cuda_sys::{self, CUdeviceptr};
 use cuda_hal::driver::{PinnedMemory, Stream};
-use cuda_hal::{CudaHal, HalConfig, LaunchDims, PinnedFlags, PipelineMode, PHASES};
+use cuda_hal::{CudaHal, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES};
 
 const MIB: usize = 1 << 20;
 
@@ -44,6 +44,8 @@ fn main() {
     fill_new_buffer(&hal);
     pipeline(&hal);
     timed(&hal);
+    // Last, so that the rows before run as they did before it was added.
+    medium_transfers(&hal, &stream);
 }
 
 fn pinned_copy_floor(
@@ -183,8 +185,8 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
         bytes as i64,
         "-",
     );
-    // A medium transfer, where what a transfer costs besides its copies shows: 4 MiB is two
-    // chunks, so two workers.
+    // A medium transfer, where what a transfer costs besides its copies shows: 4 MiB is four
+    // 1 MiB chunks, two workers of two.
     let small = 4 * MIB;
     let sdev = hal.alloc::<u32>("dev-4MiB", small / 4).unwrap();
     let sraw = sdev.device_ptr_mut().unwrap().addr;
@@ -208,6 +210,130 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
         "cuMemHostRegister 64 MiB: {reg_us:.0} us + unregister {unreg_us:.0} us; saves {saving:.0} us per upload, so it wins after {:.1} uploads of the same buffer",
         (reg_us + unreg_us) / saving.max(1e-9)
     ));
+}
+
+/// Medium pageable transfers through the staging slots (the phase 4 path), against the
+/// driver's own pageable copies of the same bytes. Then, for each size and direction, the
+/// chunk sizes (`min_chunk_bytes`; 2 MiB, one chunk a slot, was the only size before) and
+/// the workers' threads: the process's copy threads, or threads started for the transfer,
+/// as before (what a caller on a rayon thread still gets; its time includes handing the
+/// call to a one-thread rayon pool, a few microseconds).
+fn medium_transfers(hal: &CudaHal, stream: &Stream) {
+    let own_threads = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let hal_with = |min_chunk_bytes: usize| {
+        let staging = StagingConfig {
+            min_chunk_bytes,
+            ..StagingConfig::default()
+        };
+        CudaHal::with_config(
+            0,
+            HalConfig {
+                staging,
+                ..HalConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let chunks = [256 << 10, 512 << 10, MIB, 2 * MIB];
+    let hals: Vec<CudaHal> = chunks.iter().map(|&c| hal_with(c)).collect();
+    let floor_mem = PinnedMemory::new(16 * MIB, PinnedFlags::default()).unwrap();
+    for size in [256 << 10, MIB, 4 * MIB, 16 * MIB] {
+        let n = size / 4;
+        let label = if size < MIB {
+            format!("{} KiB", size >> 10)
+        } else {
+            format!("{} MiB", size / MIB)
+        };
+        let host = vec![7u32; n];
+        let mut back = vec![0u32; n];
+        let dev = hal.alloc::<u32>("medium", n).unwrap();
+        let raw = dev.device_ptr_mut().unwrap().addr;
+        hal.synchronize().unwrap();
+        let up_floor = median_us(20, 300, || {
+            // SAFETY: host holds `size` bytes; raw is a live allocation of `size`; the
+            // HAL's context is current on this thread.
+            unsafe {
+                d().cuMemcpyHtoD(raw, host.as_ptr().cast(), size).unwrap();
+                d().cuCtxSynchronize().unwrap();
+            }
+        });
+        let down_floor = median_us(20, 300, || {
+            // SAFETY: back has room for `size` bytes; raw holds `size`.
+            unsafe { d().cuMemcpyDtoH(back.as_mut_ptr().cast(), raw, size) }.unwrap();
+        });
+        let up = median_us(20, 300, || {
+            dev.upload_async(&host).unwrap();
+            hal.synchronize().unwrap();
+        });
+        let down = median_us(20, 300, || {
+            let _ = dev.device_ptr_mut().unwrap();
+            dev.copy_to_slice(&mut back).unwrap();
+        });
+        assert!(back.iter().all(|&x| x == 7));
+        let bytes = size as i64;
+        row(
+            &format!("staged upload {label} from Vec (phase 4 path, + sync)"),
+            up,
+            &format!("cuMemcpyHtoD pageable {label} + sync"),
+            up_floor,
+            bytes,
+            "-",
+        );
+        row(
+            &format!("staged download {label} into Vec (phase 4 path)"),
+            down,
+            &format!("cuMemcpyDtoH pageable {label}"),
+            down_floor,
+            bytes,
+            "-",
+        );
+        let pinned_up = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, size, true);
+        let pinned_down = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, size, false);
+        info(&format!(
+            "{label}: pinned floor up {pinned_up:.1} us, down {pinned_down:.1} us; staged up {:.2}x, down {:.2}x of it",
+            up / pinned_up,
+            down / pinned_down
+        ));
+        drop(dev);
+        for (h, chunk) in hals.iter().zip(chunks) {
+            let b = h.alloc::<u32>("medium", n).unwrap();
+            h.synchronize().unwrap();
+            let mut times = Vec::new();
+            for own in [false, true] {
+                let upload = || {
+                    b.upload_async(&host).unwrap();
+                    h.synchronize().unwrap();
+                };
+                let download = |back: &mut Vec<u32>| {
+                    let _ = b.device_ptr_mut().unwrap();
+                    b.copy_to_slice(back).unwrap();
+                };
+                let (u, dn) = if own {
+                    (
+                        median_us(20, 200, || own_threads.install(upload)),
+                        median_us(20, 200, || own_threads.install(|| download(&mut back))),
+                    )
+                } else {
+                    (
+                        median_us(20, 200, upload),
+                        median_us(20, 200, || download(&mut back)),
+                    )
+                };
+                times.push((u, dn));
+            }
+            info(&format!(
+                "staging {label}, min chunk {} KiB: up {:.1} us (copy threads) / {:.1} us (own threads), down {:.1} / {:.1} us",
+                chunk >> 10,
+                times[0].0,
+                times[1].0,
+                times[0].1,
+                times[1].1
+            ));
+        }
+    }
 }
 
 fn async_reads(hal: &CudaHal, stream: &Stream) {

@@ -34,6 +34,7 @@ mod allocs;
 mod arena;
 mod block_cache;
 mod buffer;
+mod copy_threads;
 mod cpu_hal;
 pub mod cpu_ops;
 pub mod driver;

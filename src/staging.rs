@@ -1,10 +1,11 @@
 //! Phase 4: host<->device copies staged through reused pinned memory.
 //!
-//! A transfer is cut into chunks of `chunk_bytes`. Workers (the calling thread plus scoped
-//! threads for large transfers) take chunks round-robin; each owns two pinned slots and
-//! double-buffers: while the copy engine moves one slot, the worker fills or drains the
-//! other with a host memcpy. Slots come from a bounded pool allocated once and reused, so
-//! no pinned allocation happens per copy. Each slot carries an event recorded after its last
+//! A transfer is cut into chunks of `chunk_bytes`, or, for a medium one, smaller chunks
+//! (down to `min_chunk_bytes`) that give each worker two. Workers (the calling thread plus
+//! the process's copy threads, see `copy_threads`) take chunks round-robin; each owns up to
+//! two pinned slots and double-buffers: while the copy engine moves one slot, the worker
+//! fills or drains the other with a host memcpy. Slots come from a bounded pool allocated
+//! once and reused, so no pinned allocation happens per copy. Each slot carries an event recorded after its last
 //! copy, so an upload returns as soon as the caller's bytes are in pinned memory.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -31,8 +32,13 @@ use crate::Result;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Bytes per pinned slot, the unit of one DMA.
+    /// Bytes per pinned slot, the largest unit of one DMA.
     pub chunk_bytes: usize,
+    /// The smallest chunk a transfer is cut into so that each worker has two: a transfer
+    /// of `len` bytes uses chunks of `len / (2 * workers)` bytes, within `min_chunk_bytes`
+    /// and `chunk_bytes`, and as many workers as that gives two chunks each. A transfer of
+    /// at most `min_chunk_bytes` is one chunk, copied by the calling thread alone.
+    pub min_chunk_bytes: usize,
     /// Most workers (threads) one transfer uses.
     pub workers: usize,
     /// Most slots the pool allocates; transfers wait for a free slot beyond that.
@@ -45,11 +51,16 @@ impl Default for StagingConfig {
     fn default() -> Self {
         // Measured on an H100 host (16 cores): 2 MiB chunks with one worker per core reach
         // 45-48 GB/s each way from a pageable Vec, the host's own memcpy ceiling; streaming
-        // stores made no consistent difference there.
+        // stores made no consistent difference there. Medium transfers in chunks of at
+        // least 1 MiB (H200 host, 2026-11-26): 4 MiB up in 214-253 us with two workers of
+        // two 1 MiB chunks, 243-284 us with four of 512 KiB, 261-295 us with eight of 256
+        // KiB; 16 MiB up in 594-756 us with eight workers of 1 MiB, 998-1033 us with
+        // sixteen of 512 KiB (`StagingPool::cut`).
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = cores.clamp(1, 16);
         StagingConfig {
             chunk_bytes: 2 << 20,
+            min_chunk_bytes: 1 << 20,
             workers,
             max_slots: 4 * workers,
             streaming_stores: false,
@@ -162,6 +173,7 @@ impl StagingPool {
         StagingPool {
             cfg: StagingConfig {
                 chunk_bytes: cfg.chunk_bytes.max(4096),
+                min_chunk_bytes: cfg.min_chunk_bytes.clamp(4096, cfg.chunk_bytes.max(4096)),
                 workers: cfg.workers.max(1),
                 max_slots: cfg.max_slots.max(1),
                 streaming_stores: cfg.streaming_stores,
@@ -307,8 +319,8 @@ impl StagingPool {
         fill: &(dyn Fn(usize, &mut [u8]) + Sync),
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        self.run(ctx, len, true, on_start, |slots, chunks| {
-            upload_worker(stream, dst, len, fill, self.cfg, slots, chunks)
+        self.run(ctx, len, true, on_start, |slots, chunks, chunk| {
+            upload_worker(stream, dst, len, fill, chunk, slots, chunks)
         })
     }
 
@@ -321,25 +333,39 @@ impl StagingPool {
         src: CUdeviceptr,
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let chunk = self.cfg.chunk_bytes;
         // Split dst into per-chunk pieces so each worker owns the chunks it writes.
         let len = dst.len();
+        let (chunk, _) = self.cut(len);
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
-        self.run(ctx, len, false, on_start, |slots, chunks| {
+        let streaming = self.cfg.streaming_stores;
+        self.run(ctx, len, false, on_start, |slots, chunks, run_chunk| {
+            debug_assert_eq!(run_chunk, chunk);
             let mine: Vec<(usize, &mut [u8])> = {
                 let mut all = pieces.lock();
                 chunks
                     .filter_map(|c| Some((c, all.get_mut(c)?.take()?)))
                     .collect()
             };
-            download_worker(stream, src, self.cfg, slots, mine)
+            download_worker(stream, src, chunk, streaming, slots, mine)
         })
     }
 
-    /// Splits `bytes` into chunks and runs `work` for each worker with its slots and its
-    /// chunk indices (worker w gets chunks w, w + n, w + 2n, ...). `upload`: the slots are
-    /// written on the host (see [`StagingPool::take`]).
+    /// How a transfer of `len` bytes is cut: its chunk size and how many workers share
+    /// the chunks. Two chunks a worker where there are enough, so that each worker's host
+    /// copy of one overlaps the DMA of the other: chunks of `len / (2 * workers)`, within
+    /// `min_chunk_bytes` and `chunk_bytes`, in whole pages.
+    fn cut(&self, len: usize) -> (usize, usize) {
+        let share = len.div_ceil(2 * self.cfg.workers).next_multiple_of(4096);
+        let chunk = share.clamp(self.cfg.min_chunk_bytes, self.cfg.chunk_bytes);
+        let chunks = len.div_ceil(chunk).max(1);
+        (chunk, self.cfg.workers.min(chunks.div_ceil(2)))
+    }
+
+    /// Splits `bytes` into chunks (see [`StagingPool::cut`]) and runs `work` for each
+    /// worker with its slots, its chunk indices (worker w gets chunks w, w + n, w + 2n,
+    /// ...) and the chunk size. `upload`: the slots are written on the host (see
+    /// [`StagingPool::take`]).
     fn run<F>(
         &self,
         ctx: &PrimaryContext,
@@ -349,12 +375,13 @@ impl StagingPool {
         work: F,
     ) -> Result<()>
     where
-        F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>) -> Result<()> + Sync,
+        F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>, usize) -> Result<()> + Sync,
     {
-        let chunks = bytes.div_ceil(self.cfg.chunk_bytes).max(1);
-        let workers = self.cfg.workers.min(chunks);
-        let per_worker = if chunks > 1 { 2 } else { 1 };
-        // New slots are made in the current context, and this thread may run workers.
+        let (chunk, workers) = self.cut(bytes);
+        let chunks = bytes.div_ceil(chunk).max(1);
+        // Two slots a worker to double-buffer when it has several chunks.
+        let per_worker = if chunks > workers { 2 } else { 1 };
+        // New slots are made in the current context, and this thread runs a worker.
         ctx.bind()?;
         let mut slots = self.take(workers * per_worker, upload)?;
         if let Err(e) = on_start() {
@@ -363,48 +390,22 @@ impl StagingPool {
         }
         let workers = workers.min(slots.len()).max(1);
         let per_worker = slots.len() / workers;
-        let result = if workers == 1 {
-            work(&mut slots[..], (0..chunks).step_by(1))
-        } else {
-            // Each worker's slots, taken by the thread that runs it.
-            let groups: Vec<Mutex<Option<&mut [Slot]>>> = slots
-                .chunks_mut(per_worker)
-                .take(workers)
-                .map(|g| Mutex::new(Some(g)))
-                .collect();
-            let run = |w: usize| -> Result<()> {
-                let Some(group) = groups[w].lock().take() else {
-                    return Ok(());
-                };
-                work(group, (w..chunks).step_by(workers))
+        // Each worker's slots, taken by the thread that runs it.
+        let groups: Vec<Mutex<Option<&mut [Slot]>>> = slots
+            .chunks_mut(per_worker)
+            .take(workers)
+            .map(|g| Mutex::new(Some(g)))
+            .collect();
+        let result = crate::copy_threads::run_each(workers, &|w| {
+            let Some(group) = groups[w].lock().take() else {
+                return Ok(());
             };
-            std::thread::scope(|s| {
-                let mut handles = Vec::new();
-                let mut here = Vec::new();
-                let run = &run;
-                for w in 0..groups.len() {
-                    let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
-                        ctx.bind()?;
-                        run(w)
-                    });
-                    match spawned {
-                        Ok(h) => handles.push(h),
-                        // The OS would not start a thread (a thread limit): this thread runs
-                        // that worker's chunks instead, so the transfer still completes.
-                        Err(_) => here.push(w),
-                    }
-                }
-                let mut results: Vec<Result<()>> = here.into_iter().map(run).collect();
-                results.extend(handles.into_iter().map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(crate::Error::InvalidArgument(
-                            "a staging worker panicked".into(),
-                        ))
-                    })
-                }));
-                results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
-            })
-        };
+            if w > 0 {
+                ctx.bind()?;
+            }
+            work(group, (w..chunks).step_by(workers), chunk)
+        });
+        drop(groups);
         self.give_back(slots);
         result
     }
@@ -415,12 +416,11 @@ fn upload_worker(
     dst: CUdeviceptr,
     len: usize,
     fill: &(dyn Fn(usize, &mut [u8]) + Sync),
-    cfg: StagingConfig,
+    chunk: usize,
     slots: &mut [Slot],
     chunks: impl Iterator<Item = usize>,
 ) -> Result<()> {
     let d = crate::driver::api()?;
-    let chunk = cfg.chunk_bytes;
     for (i, c) in chunks.enumerate() {
         let start = c * chunk;
         if start >= len {
@@ -443,12 +443,12 @@ fn upload_worker(
 fn download_worker(
     stream: &Stream,
     src: CUdeviceptr,
-    cfg: StagingConfig,
+    chunk: usize,
+    streaming: bool,
     slots: &mut [Slot],
     mine: Vec<(usize, &mut [u8])>,
 ) -> Result<()> {
     let d = crate::driver::api()?;
-    let chunk = cfg.chunk_bytes;
     let n = slots.len();
     let enqueue = |slot: &mut Slot, c: usize, len: usize| -> Result<()> {
         slot.settle()?;
@@ -476,7 +476,7 @@ fn download_worker(
         slot.settle()?;
         let piece = &mut mine[i].1;
         let len = piece.len();
-        crate::fastcopy::copy(piece, &slot.as_slice()[..len], cfg.streaming_stores);
+        crate::fastcopy::copy(piece, &slot.as_slice()[..len], streaming);
         if i + n < total {
             let (c, len) = (mine[i + n].0, mine[i + n].1.len());
             enqueue(slot, c, len)?;
@@ -504,12 +504,45 @@ mod tests {
     fn pool_clamps_degenerate_config() {
         let p = StagingPool::new(StagingConfig {
             chunk_bytes: 1,
+            min_chunk_bytes: 1 << 30,
             workers: 0,
             max_slots: 0,
             streaming_stores: false,
         });
         let c = p.config();
         assert_eq!((c.chunk_bytes, c.workers, c.max_slots), (4096, 1, 1));
+        assert_eq!(c.min_chunk_bytes, 4096, "no larger than a chunk");
         assert_eq!(p.stats(), StagingStats::default());
+    }
+
+    #[test]
+    fn medium_transfers_give_each_worker_two_chunks_and_large_ones_whole_slots() {
+        let p = StagingPool::new(StagingConfig {
+            chunk_bytes: 2 << 20,
+            min_chunk_bytes: 256 << 10,
+            workers: 16,
+            max_slots: 64,
+            streaming_stores: false,
+        });
+        // (len, chunk, workers): one chunk up to the minimum; two chunks a worker between;
+        // whole slots past that.
+        const K: usize = 1 << 10;
+        const M: usize = 1 << 20;
+        for (len, chunk, workers) in [
+            (1, 256 * K, 1),
+            (256 * K, 256 * K, 1),
+            (256 * K + 1, 256 * K, 1),
+            (M, 256 * K, 2),
+            (4 * M, 256 * K, 8),
+            (8 * M, 256 * K, 16),
+            (8 * M + 1, 256 * K + 4 * K, 16),
+            (16 * M, 512 * K, 16),
+            (64 * M, 2 * M, 16),
+            (256 * M, 2 * M, 16),
+        ] {
+            assert_eq!(p.cut(len), (chunk, workers), "len {len}");
+            let chunks = len.div_ceil(chunk);
+            assert!(chunks <= 2 * workers || chunk == 2 * M, "len {len}");
+        }
     }
 }

@@ -1032,3 +1032,80 @@ fn uploads_past_the_pinned_pools_room_reuse_its_blocks() {
     assert!(v[0].to_vec().unwrap() == batches[5]);
     assert_eq!(out.get_at(7).unwrap(), lcg(3, 1 << 20));
 }
+
+/// Staged transfers cut medium sizes into chunks of `len / workers`, down to
+/// `min_chunk_bytes`, and run their workers on the process's copy threads, or on threads of
+/// their own when called from a rayon pool's thread. Every byte arrives whatever the chunk,
+/// the size and the calling thread, while another HAL's transfers share the copy threads,
+/// and after a HAL is dropped and a new one takes its context (the copy threads keep the
+/// context they last bound).
+#[test]
+fn staged_transfers_keep_every_byte_at_every_chunk_size_on_any_thread() {
+    let Some(_device) = gpu() else { return };
+    let rayon_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let sizes = [1usize, 1025, 75_001, MIB / 4 + 3, MIB + 1, 9 * MIB / 4 - 1];
+    let beside = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|s| {
+        // Another HAL on the device, transferring all along.
+        let other = s.spawn(|| {
+            let h = CudaHal::new(0).unwrap();
+            let mut rng = Rng::new(91);
+            let mut rounds = 0;
+            while beside.load(std::sync::atomic::Ordering::Relaxed) || rounds < 4 {
+                let data = rng.u32s(3 * MIB / 4 + 5);
+                let b = h.copy_from("beside", &data).unwrap();
+                assert_eq!(b.to_vec().unwrap(), data, "the other HAL, round {rounds}");
+                rounds += 1;
+            }
+            rounds
+        });
+        for (i, min_chunk_bytes) in [4096usize, 64 << 10, 256 << 10, 2 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            let staging = cuda_hal::StagingConfig {
+                chunk_bytes: 2 * MIB,
+                min_chunk_bytes,
+                workers: 4 + i,
+                max_slots: 16,
+                ..cuda_hal::StagingConfig::default()
+            };
+            let hal = CudaHal::with_config(
+                0,
+                HalConfig {
+                    staging,
+                    ..HalConfig::default()
+                },
+            )
+            .unwrap();
+            let mut rng = Rng::new(i as u64);
+            for n in sizes {
+                let what = format!("min chunk {min_chunk_bytes}, {n} elements");
+                let data = rng.u32s(n);
+                let b = hal.copy_from("staged", &data).unwrap();
+                assert_eq!(b.to_vec().unwrap(), data, "{what}");
+                // From a rayon pool's thread: the workers' own threads.
+                let data2 = rng.u32s(n);
+                rayon_thread.install(|| b.upload_async(&data2)).unwrap();
+                let mut back = vec![POISON; n];
+                let _ = b.device_ptr_mut().unwrap();
+                rayon_thread.install(|| b.copy_to_slice(&mut back)).unwrap();
+                assert_eq!(back, data2, "{what}, from a rayon thread");
+                // And back on this thread, over the same slots.
+                let data3 = rng.u32s(n);
+                b.upload_async(&data3).unwrap();
+                let _ = b.device_ptr_mut().unwrap();
+                b.copy_to_slice(&mut back).unwrap();
+                assert_eq!(back, data3, "{what}, after the rayon thread");
+            }
+            let stats = hal.stats().unwrap().staging;
+            assert!(stats.slots_allocated <= 16, "{stats:?}");
+        }
+        beside.store(false, std::sync::atomic::Ordering::Relaxed);
+        let rounds = other.join().unwrap();
+        assert!(rounds >= 4);
+    });
+}
