@@ -239,8 +239,8 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
     };
     let chunks = [256 << 10, 512 << 10, MIB, 2 * MIB];
     let hals: Vec<CudaHal> = chunks.iter().map(|&c| hal_with(c)).collect();
-    let floor_mem = PinnedMemory::new(16 * MIB, PinnedFlags::default()).unwrap();
-    for size in [256 << 10, MIB, 4 * MIB, 16 * MIB] {
+    let floor_mem = PinnedMemory::new(64 * MIB, PinnedFlags::default()).unwrap();
+    for size in [256 << 10, MIB, 4 * MIB, 16 * MIB, 64 * MIB] {
         let n = size / 4;
         let label = if size < MIB {
             format!("{} KiB", size >> 10)
@@ -298,7 +298,9 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
             down / pinned_down
         ));
         drop(dev);
-        for (h, chunk) in hals.iter().zip(chunks) {
+        // From 64 MiB every minimum gives 2 MiB chunks, two a worker: one line.
+        let sweep = if size >= 64 * MIB { 1 } else { hals.len() };
+        for (h, chunk) in hals.iter().zip(chunks).take(sweep) {
             let b = h.alloc::<u32>("medium", n).unwrap();
             h.synchronize().unwrap();
             let mut times = Vec::new();
@@ -324,9 +326,13 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
                 };
                 times.push((u, dn));
             }
+            let cut = if sweep == 1 {
+                "2 MiB chunks whatever the minimum".to_string()
+            } else {
+                format!("min chunk {} KiB", chunk >> 10)
+            };
             info(&format!(
-                "staging {label}, min chunk {} KiB: up {:.1} us (copy threads) / {:.1} us (own threads), down {:.1} / {:.1} us",
-                chunk >> 10,
+                "staging {label}, {cut}: up {:.1} us (copy threads) / {:.1} us (own threads), down {:.1} / {:.1} us",
                 times[0].0,
                 times[1].0,
                 times[0].1,

@@ -88,6 +88,34 @@ fn two_devices_one_hal_each_round_robin() {
     });
 }
 
+/// Staged transfers on both devices at once share the process's copy threads, each task
+/// binding its own transfer's context: every byte arrives on the right device.
+#[test]
+fn two_devices_staged_transfers_at_once_keep_every_byte() {
+    let Some(two) = need_two() else { return };
+    let set = &two.set;
+    std::thread::scope(|s| {
+        for i in 0..2 {
+            let hal = set.get(i).unwrap().clone();
+            s.spawn(move || {
+                let mut rng = Rng::new(40 + i as u64);
+                for round in 0..12 {
+                    let n = [1usize, 300_001, MIB + 3, 3 * MIB - 1][round % 4];
+                    let data = rng.u32s(n);
+                    let b = hal.copy_from("both-at-once", &data).unwrap();
+                    assert_eq!(b.to_vec().unwrap(), data, "device {i}, round {round}");
+                    let data2 = rng.u32s(n);
+                    b.upload_async(&data2).unwrap();
+                    let mut back = vec![0u32; n];
+                    let _ = b.device_ptr_mut().unwrap();
+                    b.copy_to_slice(&mut back).unwrap();
+                    assert_eq!(back, data2, "device {i}, round {round}, again");
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn two_devices_buffers_copy_both_ways() {
     let Some(two) = need_two() else { return };
