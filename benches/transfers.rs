@@ -37,15 +37,35 @@ fn main() {
     hal.synchronize().unwrap();
     info(&format!("phases {} on {}", PHASES.label(), hal.info().name));
     let stream = Stream::new_non_blocking().unwrap();
-    pinned_allocation(&hal);
-    pinned_and_registered(&hal, &stream);
-    async_reads(&hal, &stream);
-    coalescing(&hal);
-    fill_new_buffer(&hal);
-    pipeline(&hal);
-    timed(&hal);
+    // `CUDA_HAL_BENCH_SECTIONS=medium,pipeline` runs only those sections.
+    let only = std::env::var("CUDA_HAL_BENCH_SECTIONS").ok();
+    let run = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s == name))
+    };
+    if run("pinned") {
+        pinned_allocation(&hal);
+        pinned_and_registered(&hal, &stream);
+    }
+    if run("reads") {
+        async_reads(&hal, &stream);
+    }
+    if run("coalescing") {
+        coalescing(&hal);
+    }
+    if run("fill") {
+        fill_new_buffer(&hal);
+    }
+    if run("pipeline") {
+        pipeline(&hal);
+    }
+    if run("timed") {
+        timed(&hal);
+    }
     // Last, so that the rows before run as they did before it was added.
-    medium_transfers(&hal, &stream);
+    if run("medium") {
+        medium_transfers(&hal, &stream);
+    }
 }
 
 fn pinned_copy_floor(
