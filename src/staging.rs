@@ -37,8 +37,9 @@ pub struct StagingConfig {
     pub chunk_bytes: usize,
     /// The smallest chunk a transfer is cut into so that each worker has two: a transfer
     /// of `len` bytes uses chunks of `len / (2 * workers)` bytes, within `min_chunk_bytes`
-    /// and `chunk_bytes`, and as many workers as that gives two chunks each. A transfer of
-    /// at most `min_chunk_bytes` is one chunk, copied by the calling thread alone.
+    /// and `chunk_bytes`, and as many workers as that gives two chunks each (an upload
+    /// gives each worker past two at least 4 MiB). A transfer of at most `min_chunk_bytes`
+    /// is one chunk, copied by the calling thread alone.
     pub min_chunk_bytes: usize,
     /// Most workers (threads) one transfer uses.
     pub workers: usize,
@@ -52,18 +53,15 @@ impl Default for StagingConfig {
     fn default() -> Self {
         // Measured on an H100 host (16 cores): 2 MiB chunks with one worker per core reach
         // 45-48 GB/s each way from a pageable Vec, the host's own memcpy ceiling; streaming
-        // stores made no consistent difference there. Medium transfers in chunks of at
-        // least 1 MiB (H200 host, 2026-11-26): 4 MiB up in 214-253 us with two workers of
-        // two 1 MiB chunks, 243-284 us with four of 512 KiB, 261-295 us with eight of 256
-        // KiB; 16 MiB up in 594-756 us with eight workers of 1 MiB, 998-1033 us with
-        // sixteen of 512 KiB (`StagingPool::cut`). On an H100 host 16 MiB went up faster in
-        // 2 MiB chunks (808 us, four workers, against 1031-1115 us), and down slower (741-800
-        // against 579-630 us): one minimum does not suit both directions there.
+        // stores made no consistent difference there. Medium transfers are cut finer
+        // (`StagingPool::cut`): 512 KiB chunks took a 4 MiB download in 225-259 us with
+        // four workers, against 267-310 us with two of 1 MiB (H200 and H100 hosts,
+        // 2026-11-26); uploads are held to fewer workers by `UPLOAD_SHARE`.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = cores.clamp(1, 16);
         StagingConfig {
             chunk_bytes: 2 << 20,
-            min_chunk_bytes: 1 << 20,
+            min_chunk_bytes: 512 << 10,
             workers,
             max_slots: 4 * workers,
             streaming_stores: false,
@@ -99,6 +97,13 @@ pub struct StagingStats {
     /// Times a transfer waited because every slot was taken.
     pub waits: u64,
 }
+
+/// An upload's workers past two each have at least this many bytes of it. Uploads gain
+/// less from more workers than downloads: on two H100 hosts and an H200 (2026-11-26),
+/// 16 MiB went up in 605-808 us with four workers of two 2 MiB chunks, against 662-1115 us
+/// with eight of 1 MiB and 800-1362 us with sixteen of 512 KiB, while downloads were
+/// fastest with eight or sixteen workers.
+const UPLOAD_SHARE: usize = 4 << 20;
 
 /// One chunk of a pinned block: slots allocated together share one pinned allocation.
 struct Slot {
@@ -338,7 +343,7 @@ impl StagingPool {
     ) -> Result<()> {
         // Split dst into per-chunk pieces so each worker owns the chunks it writes.
         let len = dst.len();
-        let (chunk, _) = self.cut(len);
+        let (chunk, _) = self.cut(len, false);
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
         let streaming = self.cfg.streaming_stores;
@@ -354,15 +359,22 @@ impl StagingPool {
         })
     }
 
-    /// How a transfer of `len` bytes is cut: its chunk size and how many workers share
-    /// the chunks. Two chunks a worker where there are enough, so that each worker's host
-    /// copy of one overlaps the DMA of the other: chunks of `len / (2 * workers)`, within
-    /// `min_chunk_bytes` and `chunk_bytes`, in whole pages.
-    fn cut(&self, len: usize) -> (usize, usize) {
-        let share = len.div_ceil(2 * self.cfg.workers).next_multiple_of(4096);
+    /// How a transfer of `len` bytes is cut (`upload`: host to device): its chunk size and
+    /// how many workers share the chunks. Two chunks a worker where there are enough, so
+    /// that each worker's host copy of one overlaps the DMA of the other: chunks of
+    /// `len / (2 * workers)`, within `min_chunk_bytes` and `chunk_bytes`, in whole pages;
+    /// an upload's workers past two have [`UPLOAD_SHARE`] bytes each.
+    fn cut(&self, len: usize, upload: bool) -> (usize, usize) {
+        let most = if upload {
+            (len / UPLOAD_SHARE).max(2)
+        } else {
+            usize::MAX
+        };
+        let workers = self.cfg.workers.min(most);
+        let share = len.div_ceil(2 * workers).next_multiple_of(4096);
         let chunk = share.clamp(self.cfg.min_chunk_bytes, self.cfg.chunk_bytes);
         let chunks = len.div_ceil(chunk).max(1);
-        (chunk, self.cfg.workers.min(chunks.div_ceil(2)))
+        (chunk, workers.min(chunks.div_ceil(2)))
     }
 
     /// Splits `bytes` into chunks (see [`StagingPool::cut`]) and runs `work` for each
@@ -380,7 +392,7 @@ impl StagingPool {
     where
         F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>, usize) -> Result<()> + Sync,
     {
-        let (chunk, workers) = self.cut(bytes);
+        let (chunk, workers) = self.cut(bytes, upload);
         let chunks = bytes.div_ceil(chunk).max(1);
         // Two slots a worker to double-buffer when it has several chunks.
         let per_worker = if chunks > workers { 2 } else { 1 };
@@ -543,9 +555,22 @@ mod tests {
             (64 * M, 2 * M, 16),
             (256 * M, 2 * M, 16),
         ] {
-            assert_eq!(p.cut(len), (chunk, workers), "len {len}");
+            assert_eq!(p.cut(len, false), (chunk, workers), "len {len}");
             let chunks = len.div_ceil(chunk);
             assert!(chunks <= 2 * workers || chunk == 2 * M, "len {len}");
+        }
+        // An upload: two workers, then one more for each 4 MiB.
+        for (len, chunk, workers) in [
+            (256 * K, 256 * K, 1),
+            (M, 256 * K, 2),
+            (4 * M, M, 2),
+            (8 * M, 2 * M, 2),
+            (12 * M, 2 * M, 3),
+            (16 * M, 2 * M, 4),
+            (64 * M, 2 * M, 16),
+            (256 * M, 2 * M, 16),
+        ] {
+            assert_eq!(p.cut(len, true), (chunk, workers), "upload of {len}");
         }
     }
 }
