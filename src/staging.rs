@@ -327,9 +327,15 @@ impl StagingPool {
         fill: &(dyn Fn(usize, &mut [u8]) + Sync),
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        self.run(ctx, len, true, on_start, |slots, chunks, chunk| {
-            upload_worker(stream, dst, len, fill, chunk, slots, chunks)
-        })
+        let (chunk, workers) = self.cut(len, true);
+        self.run(
+            ctx,
+            len,
+            (chunk, workers),
+            true,
+            on_start,
+            |slots, chunks| upload_worker(stream, dst, len, fill, chunk, slots, chunks),
+        )
     }
 
     /// Downloads `src` into `dst` on `stream`; returns when `dst` holds the data.
@@ -343,20 +349,26 @@ impl StagingPool {
     ) -> Result<()> {
         // Split dst into per-chunk pieces so each worker owns the chunks it writes.
         let len = dst.len();
-        let (chunk, _) = self.cut(len, false);
+        let (chunk, workers) = self.cut(len, false);
         let pieces: Vec<&mut [u8]> = dst.chunks_mut(chunk).collect();
         let pieces = Mutex::new(pieces.into_iter().map(Some).collect::<Vec<_>>());
         let streaming = self.cfg.streaming_stores;
-        self.run(ctx, len, false, on_start, |slots, chunks, run_chunk| {
-            debug_assert_eq!(run_chunk, chunk);
-            let mine: Vec<(usize, &mut [u8])> = {
-                let mut all = pieces.lock();
-                chunks
-                    .filter_map(|c| Some((c, all.get_mut(c)?.take()?)))
-                    .collect()
-            };
-            download_worker(stream, src, chunk, streaming, slots, mine)
-        })
+        self.run(
+            ctx,
+            len,
+            (chunk, workers),
+            false,
+            on_start,
+            |slots, chunks| {
+                let mine: Vec<(usize, &mut [u8])> = {
+                    let mut all = pieces.lock();
+                    chunks
+                        .filter_map(|c| Some((c, all.get_mut(c)?.take()?)))
+                        .collect()
+                };
+                download_worker(stream, src, chunk, streaming, slots, mine)
+            },
+        )
     }
 
     /// How a transfer of `len` bytes is cut (`upload`: host to device): its chunk size and
@@ -377,22 +389,22 @@ impl StagingPool {
         (chunk, workers.min(chunks.div_ceil(2)))
     }
 
-    /// Splits `bytes` into chunks (see [`StagingPool::cut`]) and runs `work` for each
-    /// worker with its slots, its chunk indices (worker w gets chunks w, w + n, w + 2n,
-    /// ...) and the chunk size. `upload`: the slots are written on the host (see
-    /// [`StagingPool::take`]).
+    /// Splits `bytes` into chunks of `chunk` for `workers` (as [`StagingPool::cut`] gave
+    /// them) and runs `work` for each worker with its slots and its chunk indices (worker
+    /// w gets chunks w, w + n, w + 2n, ...). `upload`: the slots are written on the host
+    /// (see [`StagingPool::take`]).
     fn run<F>(
         &self,
         ctx: &PrimaryContext,
         bytes: usize,
+        (chunk, workers): (usize, usize),
         upload: bool,
         on_start: &dyn Fn() -> Result<()>,
         work: F,
     ) -> Result<()>
     where
-        F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>, usize) -> Result<()> + Sync,
+        F: Fn(&mut [Slot], std::iter::StepBy<std::ops::Range<usize>>) -> Result<()> + Sync,
     {
-        let (chunk, workers) = self.cut(bytes, upload);
         let chunks = bytes.div_ceil(chunk).max(1);
         // Two slots a worker to double-buffer when it has several chunks.
         let per_worker = if chunks > workers { 2 } else { 1 };
@@ -418,7 +430,7 @@ impl StagingPool {
             if w > 0 {
                 ctx.bind()?;
             }
-            work(group, (w..chunks).step_by(workers), chunk)
+            work(group, (w..chunks).step_by(workers))
         });
         drop(groups);
         self.give_back(slots);
