@@ -66,6 +66,9 @@ fn main() {
     if run("medium") {
         medium_transfers(&hal, &stream);
     }
+    if run("idle") {
+        after_idle(&hal);
+    }
 }
 
 fn pinned_copy_floor(
@@ -359,6 +362,77 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
                 times[1].1
             ));
         }
+    }
+}
+
+/// Milliseconds of idle time before each transfer of [`after_idle`]: long enough that the
+/// copy threads have gone to sleep (they sleep after well under a millisecond).
+const IDLE_MS: u64 = 2;
+
+/// Median microseconds of `f` over `n` calls, each after [`IDLE_MS`] of sleep (not timed).
+fn median_after_idle_us(n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut samples: Vec<f64> = (0..n)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(IDLE_MS));
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    median(&mut samples)
+}
+
+/// Staged transfers of a prover that copies now and then, not back to back: each one
+/// after [`IDLE_MS`] of idle time, so that its copy threads wake for it. The floor is the
+/// driver's own copy of the same pageable `Vec` after the same idle time.
+fn after_idle(hal: &CudaHal) {
+    for size in [MIB, 4 * MIB, 16 * MIB] {
+        let n = size / 4;
+        let label = format!("{} MiB", size / MIB);
+        let host = vec![5u32; n];
+        let mut back = vec![0u32; n];
+        let dev = hal.alloc::<u32>("idle", n).unwrap();
+        let raw = dev.device_ptr_mut().unwrap().addr;
+        hal.synchronize().unwrap();
+        let up_floor = median_after_idle_us(60, || {
+            // SAFETY: host holds `size` bytes; raw is a live allocation of `size`; the
+            // HAL's context is current on this thread.
+            unsafe {
+                d().cuMemcpyHtoD(raw, host.as_ptr().cast(), size).unwrap();
+                d().cuCtxSynchronize().unwrap();
+            }
+        });
+        let up = median_after_idle_us(60, || {
+            dev.upload_async(&host).unwrap();
+            hal.synchronize().unwrap();
+        });
+        let down_floor = median_after_idle_us(60, || {
+            // SAFETY: back has room for `size` bytes; raw holds `size`.
+            unsafe { d().cuMemcpyDtoH(back.as_mut_ptr().cast(), raw, size) }.unwrap();
+        });
+        let down = median_after_idle_us(60, || {
+            let _ = dev.device_ptr_mut().unwrap();
+            dev.copy_to_slice(&mut back).unwrap();
+        });
+        assert!(back.iter().all(|&x| x == 5));
+        let bytes = size as i64;
+        row(
+            &format!("staged upload {label} from Vec after {IDLE_MS} ms idle (+ sync)"),
+            up,
+            &format!("cuMemcpyHtoD pageable {label} after {IDLE_MS} ms idle + sync"),
+            up_floor,
+            bytes,
+            "-",
+        );
+        row(
+            &format!("staged download {label} into Vec after {IDLE_MS} ms idle"),
+            down,
+            &format!("cuMemcpyDtoH pageable {label} after {IDLE_MS} ms idle"),
+            down_floor,
+            bytes,
+            "-",
+        );
     }
 }
 
