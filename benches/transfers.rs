@@ -369,52 +369,70 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
 /// copy threads have gone to sleep (they sleep after well under a millisecond).
 const IDLE_MS: u64 = 2;
 
-/// Median microseconds of `f` over `n` calls, each after [`IDLE_MS`] of sleep (not timed).
-fn median_after_idle_us(n: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut samples: Vec<f64> = (0..n)
-        .map(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(IDLE_MS));
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    median(&mut samples)
+/// Medians in microseconds of `a` and `b` over `n` turns each, every call after
+/// [`IDLE_MS`] of sleep (not timed); the two take turns, the order flipping each turn, so
+/// that both see the same state of the host after its idle time.
+fn paired_after_idle_us(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    a();
+    b();
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
+    let time = |f: &mut dyn FnMut(), samples: &mut Vec<f64>| {
+        std::thread::sleep(std::time::Duration::from_millis(IDLE_MS));
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    };
+    for turn in 0..n {
+        if turn % 2 == 0 {
+            time(&mut a, &mut sa);
+            time(&mut b, &mut sb);
+        } else {
+            time(&mut b, &mut sb);
+            time(&mut a, &mut sa);
+        }
+    }
+    (median(&mut sa), median(&mut sb))
 }
 
 /// Staged transfers of a prover that copies now and then, not back to back: each one
-/// after [`IDLE_MS`] of idle time, so that its copy threads wake for it. The floor is the
-/// driver's own copy of the same pageable `Vec` after the same idle time.
+/// after [`IDLE_MS`] of idle time, so that its copy threads have gone to sleep. The floor
+/// is the driver's own copy of the same pageable `Vec`, taking turns with it.
 fn after_idle(hal: &CudaHal) {
     for size in [MIB, 4 * MIB, 16 * MIB] {
         let n = size / 4;
         let label = format!("{} MiB", size / MIB);
         let host = vec![5u32; n];
-        let mut back = vec![0u32; n];
+        let back = vec![0u32; n];
         let dev = hal.alloc::<u32>("idle", n).unwrap();
         let raw = dev.device_ptr_mut().unwrap().addr;
         hal.synchronize().unwrap();
-        let up_floor = median_after_idle_us(60, || {
+        let (up, up_floor) = paired_after_idle_us(
+            80,
+            || {
+                dev.upload_async(&host).unwrap();
+                hal.synchronize().unwrap();
+            },
             // SAFETY: host holds `size` bytes; raw is a live allocation of `size`; the
             // HAL's context is current on this thread.
-            unsafe {
+            || unsafe {
                 d().cuMemcpyHtoD(raw, host.as_ptr().cast(), size).unwrap();
                 d().cuCtxSynchronize().unwrap();
-            }
-        });
-        let up = median_after_idle_us(60, || {
-            dev.upload_async(&host).unwrap();
-            hal.synchronize().unwrap();
-        });
-        let down_floor = median_after_idle_us(60, || {
+            },
+        );
+        let back = std::cell::RefCell::new(back);
+        let (down, down_floor) = paired_after_idle_us(
+            80,
+            || {
+                let _ = dev.device_ptr_mut().unwrap();
+                dev.copy_to_slice(&mut back.borrow_mut()).unwrap();
+            },
             // SAFETY: back has room for `size` bytes; raw holds `size`.
-            unsafe { d().cuMemcpyDtoH(back.as_mut_ptr().cast(), raw, size) }.unwrap();
-        });
-        let down = median_after_idle_us(60, || {
-            let _ = dev.device_ptr_mut().unwrap();
-            dev.copy_to_slice(&mut back).unwrap();
-        });
+            || {
+                unsafe { d().cuMemcpyDtoH(back.borrow_mut().as_mut_ptr().cast(), raw, size) }
+                    .unwrap()
+            },
+        );
+        let back = back.into_inner();
         assert!(back.iter().all(|&x| x == 5));
         let bytes = size as i64;
         row(
