@@ -109,7 +109,8 @@ fn staging_sweep() {
                         min_chunk_bytes: 256 << 10,
                         workers,
                         max_slots: 4 * workers,
-                        streaming_stores: streaming,
+                        streaming_upload_max_bytes: if streaming { usize::MAX } else { 0 },
+                        streaming_downloads: streaming,
                     },
                     ..Default::default()
                 };

@@ -1036,7 +1036,8 @@ fn uploads_past_the_pinned_pools_room_reuse_its_blocks() {
 /// Staged transfers cut medium sizes into chunks of `len / workers`, down to
 /// `min_chunk_bytes`, and run their workers on the process's copy threads, or on threads of
 /// their own when called from a rayon pool's thread. Every byte arrives whatever the chunk,
-/// the size and the calling thread, while another HAL's transfers share the copy threads,
+/// the size, the calling thread and the stores (streaming or plain, each way), while
+/// another HAL's transfers share the copy threads,
 /// and after a HAL is dropped and a new one takes its context (the copy threads keep the
 /// context they last bound).
 #[test]
@@ -1071,7 +1072,9 @@ fn staged_transfers_keep_every_byte_at_every_chunk_size_on_any_thread() {
                 min_chunk_bytes,
                 workers: 4 + i,
                 max_slots: 16,
-                ..cuda_hal::StagingConfig::default()
+                // Streaming stores both ways in every other HAL, plain ones in the others.
+                streaming_upload_max_bytes: if i % 2 == 0 { usize::MAX } else { 0 },
+                streaming_downloads: i % 2 == 0,
             };
             let hal = CudaHal::with_config(
                 0,
@@ -1083,7 +1086,10 @@ fn staged_transfers_keep_every_byte_at_every_chunk_size_on_any_thread() {
             .unwrap();
             let mut rng = Rng::new(i as u64);
             for n in sizes {
-                let what = format!("min chunk {min_chunk_bytes}, {n} elements");
+                let what = format!(
+                    "min chunk {min_chunk_bytes}, streaming {}, {n} elements",
+                    i % 2 == 0
+                );
                 let data = rng.u32s(n);
                 let b = hal.copy_from("staged", &data).unwrap();
                 assert_eq!(b.to_vec().unwrap(), data, "{what}");
