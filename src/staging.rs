@@ -48,10 +48,10 @@ pub struct StagingConfig {
     /// Uploads of up to this many bytes fill the pinned slots with streaming
     /// (non-temporal) stores on x86_64; larger ones use plain stores (`0`: never stream,
     /// `usize::MAX`: always). Only the copy engine reads those bytes, and skipping the
-    /// read-for-ownership of each line saved 13-34% of uploads of 1-64 MiB on an H200 host
-    /// (2026-11-26: 4 MiB back to back 196 against 278 us, after 2 ms of idle time 295
-    /// against 429 us); at 256 MiB, where sixteen workers run at the host's memory
-    /// bandwidth, streaming stores were 3-9% slower. 64 MiB by default.
+    /// read-for-ownership of each line saved 13-33% of uploads of 1-64 MiB back to back and
+    /// 31-40% after 2 ms of idle time on an H200 host (2026-11-26: 4 MiB 196 against 278
+    /// us, and 295 against 429 us); at 256 MiB, where sixteen workers run at the host's
+    /// memory bandwidth, streaming stores were 3-9% slower. 64 MiB by default.
     pub streaming_upload_max_bytes: usize,
     /// Copy a download out of the slots into the caller's memory with streaming stores on
     /// x86_64. Off by default: the caller usually reads what it downloaded next, and plain
@@ -64,7 +64,7 @@ impl Default for StagingConfig {
     fn default() -> Self {
         // Measured on an H100 host (16 cores): 2 MiB chunks with one worker per core reach
         // 45-48 GB/s each way from a pageable Vec, the host's own memcpy ceiling; streaming
-        // stores made no consistent difference there at 256 MiB, and save 13-34% of an
+        // stores made no consistent difference there at 256 MiB, and save 13-40% of an
         // upload of 1-64 MiB (`streaming_upload_max_bytes`). Medium transfers are cut finer
         // (`StagingPool::cut`): 512 KiB chunks took a 4 MiB download in 225-259 us with
         // four workers, against 267-310 us with two of 1 MiB (H200 and H100 hosts,
