@@ -38,9 +38,8 @@ pub struct StagingConfig {
     /// The smallest chunk a transfer is cut into so that each worker has two: a transfer
     /// of `len` bytes uses chunks of `len / (2 * workers)` bytes, within `min_chunk_bytes`
     /// and `chunk_bytes`, and as many workers as that gives two chunks each (an upload
-    /// gives each worker past two at least 4 MiB, and cuts chunks down to 256 KiB whatever
-    /// this says). A transfer of at most `min_chunk_bytes` (an upload: at most 256 KiB) is
-    /// one chunk, copied by the calling thread alone.
+    /// gives each worker past two at least 4 MiB). A transfer of at most `min_chunk_bytes`
+    /// is one chunk, copied by the calling thread alone.
     pub min_chunk_bytes: usize,
     /// Most workers (threads) one transfer uses.
     pub workers: usize,
@@ -118,13 +117,6 @@ pub struct StagingStats {
 /// with eight of 1 MiB and 800-1362 us with sixteen of 512 KiB, while downloads were
 /// fastest with eight or sixteen workers.
 const UPLOAD_SHARE: usize = 4 << 20;
-
-/// The largest minimum chunk of an upload: an upload of 512 KiB to 2 MiB is two workers of
-/// chunks down to this, whatever `min_chunk_bytes`. With streaming stores the host copy of
-/// a small chunk is cheap enough to share: a 1 MiB upload took 51-65 us in two workers of
-/// 256 KiB chunks against 74-79 us in one of 512 KiB (an H200 and an H100 host,
-/// 2026-11-26), while downloads gained nothing from it.
-const UPLOAD_MIN_CHUNK: usize = 256 << 10;
 
 /// One chunk of a pinned block: slots allocated together share one pinned allocation.
 struct Slot {
@@ -397,20 +389,16 @@ impl StagingPool {
     /// how many workers share the chunks. Two chunks a worker where there are enough, so
     /// that each worker's host copy of one overlaps the DMA of the other: chunks of
     /// `len / (2 * workers)`, within `min_chunk_bytes` and `chunk_bytes`, in whole pages;
-    /// an upload's workers past two have [`UPLOAD_SHARE`] bytes each, and its chunks go
-    /// down to [`UPLOAD_MIN_CHUNK`].
+    /// an upload's workers past two have [`UPLOAD_SHARE`] bytes each.
     fn cut(&self, len: usize, upload: bool) -> (usize, usize) {
-        let (most, min) = if upload {
-            (
-                (len / UPLOAD_SHARE).max(2),
-                self.cfg.min_chunk_bytes.min(UPLOAD_MIN_CHUNK),
-            )
+        let most = if upload {
+            (len / UPLOAD_SHARE).max(2)
         } else {
-            (usize::MAX, self.cfg.min_chunk_bytes)
+            usize::MAX
         };
         let workers = self.cfg.workers.min(most);
         let share = len.div_ceil(2 * workers).next_multiple_of(4096);
-        let chunk = share.clamp(min, self.cfg.chunk_bytes);
+        let chunk = share.clamp(self.cfg.min_chunk_bytes, self.cfg.chunk_bytes);
         let chunks = len.div_ceil(chunk).max(1);
         (chunk, workers.min(chunks.div_ceil(2)))
     }
@@ -612,16 +600,5 @@ mod tests {
         ] {
             assert_eq!(p.cut(len, true), (chunk, workers), "upload of {len}");
         }
-        // With the default minimum (512 KiB), a 1 MiB upload is still two workers of two
-        // 256 KiB chunks, while the download is one worker of two 512 KiB chunks.
-        let d = StagingPool::new(StagingConfig::default());
-        if d.config().workers >= 2 {
-            assert_eq!(d.cut(M, true), (256 * K, 2));
-            assert_eq!(d.cut(512 * K, true), (256 * K, 1));
-            assert_eq!(d.cut(3 * M / 2, true), (384 * K, 2));
-            assert_eq!(d.cut(4 * M, true), (M, 2));
-        }
-        assert_eq!(d.cut(M, false), (512 * K, 1));
-        assert_eq!(d.cut(256 * K, true), (256 * K, 1));
     }
 }
