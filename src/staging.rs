@@ -45,9 +45,10 @@ pub struct StagingConfig {
     pub workers: usize,
     /// Most slots the pool allocates; transfers wait for a free slot beyond that.
     pub max_slots: usize,
-    /// Uploads of up to this many bytes fill the pinned slots with streaming
-    /// (non-temporal) stores on x86_64; larger ones use plain stores (`0`: never stream,
-    /// `usize::MAX`: always). Only the copy engine reads those bytes, and skipping the
+    /// Uploads of one host slice (`upload_async`, `copy_from_slice`, `copy_from`) of up to
+    /// this many bytes fill the pinned slots with streaming (non-temporal) stores on
+    /// x86_64; larger ones use plain stores (`0`: never stream, `usize::MAX`: always). An
+    /// arena batch staged past the pinned pool packs its slices with plain stores. Only the copy engine reads those bytes, and skipping the
     /// read-for-ownership of each line saved 13-33% of uploads of 1-64 MiB back to back and
     /// 31-40% after 2 ms of idle time on an H200 host (2026-11-26: 4 MiB 196 against 278
     /// us, and 295 against 429 us); at 256 MiB, where sixteen workers run at the host's
