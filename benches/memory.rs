@@ -13,10 +13,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::alloc_mix::{NAMES, SIZES};
-use common::{median, median_ci95, median_us};
+use common::{median, median_ci95, median_us, paired_median_us};
 
 use cuda_hal::cuda_sys;
-use cuda_hal::{ArenaLayout, CudaHal, HalConfig};
+use cuda_hal::{ArenaLayout, CudaHal, HalConfig, StagingConfig};
 
 const MIB: usize = 1 << 20;
 
@@ -384,7 +384,46 @@ fn arena(hal: &CudaHal) {
         t_alloc / t
     );
     drop(region);
+    arena_stores(hal, &parts);
     large_arena_batch(hal);
+}
+
+/// The 8 x 256 KiB batch packed with streaming stores (the default) and with plain ones
+/// (`streaming_upload_max_bytes` 0), in turns.
+fn arena_stores(hal: &CudaHal, parts: &[Vec<u32>]) {
+    let plain = CudaHal::with_config(
+        0,
+        HalConfig {
+            staging: StagingConfig {
+                streaming_upload_max_bytes: 0,
+                ..StagingConfig::default()
+            },
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let items: Vec<(&str, &[u32])> = parts.iter().map(|p| ("part", &p[..])).collect();
+    let mut arenas = [hal, &plain].map(|h| {
+        h.batch_arena("bench-arena-stores", 4 * MIB, ArenaLayout::Bump)
+            .unwrap()
+    });
+    let [streaming, plain_stores] = &mut arenas;
+    let batch = |arena: &mut cuda_hal::BatchArena, h: &CudaHal| {
+        let batch = arena.begin_batch();
+        let v = batch.upload(&items).unwrap();
+        h.synchronize().unwrap();
+        drop(v);
+    };
+    let (t_stream, t_plain) = paired_median_us(
+        200,
+        400,
+        || batch(streaming, hal),
+        || batch(plain_stores, &plain),
+    );
+    println!(
+        "INFO|memory|arena batch 8 x 256 KiB: {t_stream:.1} us packed with streaming stores, {t_plain:.1} us with plain ones, timed in turns ({:+.1}%)",
+        (t_stream / t_plain - 1.0) * 100.0
+    );
 }
 
 /// A batch larger than the pinned pool (256 MiB by default): two views of 192 MiB, packed

@@ -111,6 +111,7 @@ fn staging_sweep() {
                         max_slots: 4 * workers,
                         streaming_upload_max_bytes: if streaming { usize::MAX } else { 0 },
                         streaming_downloads: streaming,
+                        streaming_pipeline: streaming,
                     },
                     ..Default::default()
                 };

@@ -505,7 +505,9 @@ impl Batch<'_> {
         spans.sort_unstable_by_key(|(r, _)| r.start);
         for run in copy_runs(&spans, &taken) {
             let (start, end) = (run[0].0.start, run[run.len() - 1].0.end);
-            let fill = |at: usize, out: &mut [u8]| pack(out, start + at, run);
+            // Pinned memory only the copy engine reads, as for one slice's upload.
+            let streaming = region.raw().hal().streams_upload(end - start);
+            let fill = |at: usize, out: &mut [u8]| pack(out, start + at, run, streaming);
             region.upload_layout(start - base, end - start, &fill)?;
         }
         Ok(views)
@@ -551,7 +553,8 @@ fn copy_runs<'a, S>(
 /// (alignment gaps). One pass over the window: it is reused pinned memory, so what a span
 /// does not cover would otherwise be another batch's bytes. The spans are sorted and do
 /// not overlap; a large upload packs its runs window by window, on several threads.
-fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])]) {
+/// `streaming`: the spans' bytes go in with streaming stores (see `crate::fastcopy`).
+fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])], streaming: bool) {
     let end = start + staged.len();
     let first = spans.partition_point(|(r, _)| r.end <= start);
     let mut at = 0;
@@ -561,7 +564,11 @@ fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])]) {
         }
         let (lo, hi) = (r.start.max(start), r.end.min(end));
         staged[at..lo - start].fill(0);
-        staged[lo - start..hi - start].copy_from_slice(&bytes[lo - r.start..hi - r.start]);
+        crate::fastcopy::copy(
+            &mut staged[lo - start..hi - start],
+            &bytes[lo - r.start..hi - r.start],
+            streaming,
+        );
         at = hi - start;
     }
     staged[at..].fill(0);
@@ -615,7 +622,12 @@ mod tests {
         let mut staged = vec![0xEEu8; 16];
         let (a, b) = ([1u8, 2, 3], [4u8; 4]);
         // The region's bytes 100..116: `a` at 101..104, `b` at 108..112.
-        pack(&mut staged, 100, &[(101..104, &a[..]), (108..112, &b[..])]);
+        pack(
+            &mut staged,
+            100,
+            &[(101..104, &a[..]), (108..112, &b[..])],
+            false,
+        );
         assert_eq!(
             staged,
             [0, 1, 2, 3, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0],
@@ -630,6 +642,7 @@ mod tests {
             &mut staged,
             0,
             &[(0..2, &[9u8, 8][..]), (2..6, &[7u8; 4][..])],
+            false,
         );
         assert_eq!(staged, [9, 8, 7, 7, 7, 7]);
     }
@@ -640,11 +653,40 @@ mod tests {
         let spans = [(2..6, &a[..]), (8..10, &b[..])];
         let mut staged = vec![0xEEu8; 5];
         // The run's bytes 4..9: the end of `a`, a gap, the start of `b`.
-        pack(&mut staged, 4, &spans);
+        pack(&mut staged, 4, &spans, false);
         assert_eq!(staged, [3, 4, 0, 0, 5]);
         let mut past = vec![0xEEu8; 3];
-        pack(&mut past, 10, &spans);
+        pack(&mut past, 10, &spans, false);
         assert_eq!(past, [0, 0, 0], "a window past every span is zeros");
+    }
+
+    #[test]
+    fn streaming_stores_pack_the_bytes_plain_ones_do() {
+        // Spans long enough to stream, at offsets that are not 16-byte aligned, and windows
+        // that cut them anywhere.
+        let data: Vec<Vec<u8>> = [5000usize, 70_001, 4096, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (0..len).map(|j| (j * 31 + i * 7) as u8).collect())
+            .collect();
+        let mut spans = Vec::new();
+        let mut at = 3;
+        for (bytes, gap) in data.iter().zip([0usize, 13, 1, 4100]) {
+            at += gap;
+            spans.push((at..at + bytes.len(), &bytes[..]));
+            at += bytes.len();
+        }
+        let (start, end) = (spans[0].0.start, spans[3].0.end);
+        let mut plain = vec![0xEEu8; end - start];
+        pack(&mut plain, start, &spans, false);
+        for window in [end - start, 4096, 9999] {
+            let mut streamed = vec![0xEEu8; end - start + 1];
+            for (k, out) in streamed[1..].chunks_mut(window).enumerate() {
+                pack(out, start + k * window, &spans, true);
+            }
+            assert_eq!(streamed[0], 0xEE, "nothing written before the window");
+            assert!(streamed[1..] == plain[..], "window {window}");
+        }
     }
 
     proptest::proptest! {
@@ -669,10 +711,10 @@ mod tests {
             }
             let (start, end) = (spans[0].0.start, spans[spans.len() - 1].0.end);
             let mut whole = vec![0xEEu8; end - start];
-            pack(&mut whole, start, &spans);
+            pack(&mut whole, start, &spans, false);
             let mut windowed = vec![0xEEu8; end - start];
             for (k, out) in windowed.chunks_mut(window).enumerate() {
-                pack(out, start + k * window, &spans);
+                pack(out, start + k * window, &spans, false);
             }
             proptest::prop_assert_eq!(windowed, whole);
         }

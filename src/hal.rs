@@ -1005,6 +1005,12 @@ impl HalInner {
         self.copied(Dir::H2D, src.len(), r)
     }
 
+    /// Whether an upload of `len` bytes from one host slice fills pinned memory with
+    /// streaming stores (`StagingConfig::streaming_upload_max_bytes`).
+    pub(crate) fn streams_upload(&self, len: usize) -> bool {
+        len <= self.config.staging.streaming_upload_max_bytes
+    }
+
     /// Uploads through pinned staging whatever the phase: returns once `src` is free.
     pub(crate) fn upload_staged(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
         let r = self.timed(Dir::H2D, |start| {

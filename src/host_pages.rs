@@ -18,11 +18,12 @@ pub(crate) const HUGE_PAGES_MIN: usize = 4 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 const PAGE: usize = 4096;
 
-/// Copies with the rayon pool in 1 MiB pieces (page faults of a new destination included).
-pub(crate) fn par_copy(dst: &mut [u8], src: &[u8]) {
+/// Copies with the rayon pool in 1 MiB pieces (page faults of a new destination included),
+/// with streaming stores where `streaming` is set (see `crate::fastcopy`).
+pub(crate) fn par_copy(dst: &mut [u8], src: &[u8], streaming: bool) {
     dst.par_chunks_mut(PARALLEL_MIN)
         .zip(src.par_chunks(PARALLEL_MIN))
-        .for_each(|(d, s)| d.copy_from_slice(s));
+        .for_each(|(d, s)| crate::fastcopy::copy(d, s, streaming));
 }
 
 /// Faults in every page of `bytes` (one store of zero a page: new memory reads zero
@@ -120,7 +121,7 @@ pub(crate) fn copied<T: Pod>(src: &[u8]) -> Vec<T> {
 /// Copies `src` into `dst` (of the same length), with the rayon pool when large.
 pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
     if dst.len() >= PARALLEL_MIN {
-        par_copy(dst, src);
+        par_copy(dst, src, false);
     } else {
         dst.copy_from_slice(src);
     }

@@ -165,7 +165,8 @@ impl CudaHal {
     /// `hal.launch(..).on(stream)`); for the last chunk the buffers are shorter slices.
     ///
     /// Pageable `input`/`output` go through pinned staging (a parallel host memcpy per
-    /// chunk); page-locked ones (a [`PinnedBuffer`](crate::PinnedBuffer)'s host slice or
+    /// chunk, with streaming stores unless `StagingConfig::streaming_pipeline` is off);
+    /// page-locked ones (a [`PinnedBuffer`](crate::PinnedBuffer)'s host slice or
     /// [`RegisteredHost`](crate::RegisteredHost) memory) are copied directly.
     ///
     /// ```
@@ -217,6 +218,7 @@ impl CudaHal {
         let (si, so) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
         let direct_in = is_page_locked(bytemuck::cast_slice(input));
         let direct_out = is_page_locked(bytemuck::cast_slice(output));
+        let streaming = self.config().staging.streaming_pipeline;
         // With staging, the host copies are a third stage: a third set lets them overlap two
         // chunks' transfers and kernels rather than one.
         let nsets = match mode {
@@ -263,7 +265,7 @@ impl CudaHal {
             if let Some(pin) = &set.pin_out {
                 let t = Instant::now();
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut output[start..start + len]);
-                par_copy(dst, &pin.mem.as_slice()[..len * so]);
+                par_copy(dst, &pin.mem.as_slice()[..len * so], streaming);
                 staging.set(staging.get() + t.elapsed());
             }
             Ok(())
@@ -288,7 +290,7 @@ impl CudaHal {
                     None => src.as_ptr(),
                     Some(pin) => {
                         let t = Instant::now();
-                        par_copy(&mut pin.mem.as_mut_slice()[..len * si], src);
+                        par_copy(&mut pin.mem.as_mut_slice()[..len * si], src, streaming);
                         staging.set(staging.get() + t.elapsed());
                         pin.mem.as_ptr()
                     }

@@ -48,17 +48,27 @@ pub struct StagingConfig {
     /// Uploads of one host slice (`upload_async`, `copy_from_slice`, `copy_from`) of up to
     /// this many bytes fill the pinned slots with streaming (non-temporal) stores on
     /// x86_64; larger ones use plain stores (`0`: never stream, `usize::MAX`: always). An
-    /// arena batch staged past the pinned pool packs its slices with plain stores. Only the copy engine reads those bytes, and skipping the
-    /// read-for-ownership of each line saved 13-33% of uploads of 1-64 MiB back to back and
-    /// 31-40% after 2 ms of idle time on an H200 host (2026-11-26: 4 MiB 196 against 278
-    /// us, and 295 against 429 us); at 256 MiB, where sixteen workers run at the host's
-    /// memory bandwidth, streaming stores were 3-9% slower. 64 MiB by default.
+    /// arena batch packs each run of its views (one copy) by the same rule. Only the copy
+    /// engine reads those bytes, and skipping the read-for-ownership of each line saved
+    /// 13-33% of uploads of 1-64 MiB back to back and 31-40% after 2 ms of idle time on an
+    /// H200 host (2026-11-26: 4 MiB 196 against 278 us, and 295 against 429 us); at 256
+    /// MiB, where sixteen workers run at the host's memory bandwidth, streaming stores were
+    /// 3-9% slower. 64 MiB by default.
     pub streaming_upload_max_bytes: usize,
     /// Copy a download out of the slots into the caller's memory with streaming stores on
     /// x86_64. Off by default: the caller usually reads what it downloaded next, and plain
     /// stores leave it in the cache (a 4 MiB download back to back took 241 us plain and
     /// 264 us streaming on that host).
     pub streaming_downloads: bool,
+    /// [`CudaHal::pipeline`](crate::CudaHal::pipeline) copies pageable input into its
+    /// pinned blocks, and its pinned blocks out into pageable output, with streaming stores
+    /// on x86_64. On by default: the copy engine alone reads the blocks, and a pipeline's
+    /// output outgrows the caches as it is written. On an H200 host (2026-11-26), the
+    /// pipeline bench's 256 MiB in 16 MiB chunks took 12.6-13.6 ms overlapped against
+    /// 14.5-14.9 ms with plain stores, and each upload from a block the host had just
+    /// written with plain stores ran at half the speed of one from a streamed block
+    /// (11.8 against 5.0 ms for the 256 MiB).
+    pub streaming_pipeline: bool,
 }
 
 impl Default for StagingConfig {
@@ -79,6 +89,7 @@ impl Default for StagingConfig {
             max_slots: 4 * workers,
             streaming_upload_max_bytes: 64 << 20,
             streaming_downloads: false,
+            streaming_pipeline: true,
         }
     }
 }
@@ -200,6 +211,7 @@ impl StagingPool {
                 max_slots: cfg.max_slots.max(1),
                 streaming_upload_max_bytes: cfg.streaming_upload_max_bytes,
                 streaming_downloads: cfg.streaming_downloads,
+                streaming_pipeline: cfg.streaming_pipeline,
             },
             free: Mutex::new((Vec::new(), 0)),
             returned: Condvar::new(),
@@ -551,6 +563,7 @@ mod tests {
             max_slots: 0,
             streaming_upload_max_bytes: 0,
             streaming_downloads: false,
+            streaming_pipeline: false,
         });
         let c = p.config();
         assert_eq!((c.chunk_bytes, c.workers, c.max_slots), (4096, 1, 1));
@@ -567,6 +580,7 @@ mod tests {
             max_slots: 64,
             streaming_upload_max_bytes: 0,
             streaming_downloads: false,
+            streaming_pipeline: false,
         });
         // (len, chunk, workers): one chunk up to the minimum; two chunks a worker between;
         // whole slots past that.

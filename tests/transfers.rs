@@ -5,7 +5,9 @@
 mod common;
 
 use common::{gpu, gpu_exclusive, Rng, MIB};
-use cuda_hal::{CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, PHASES};
+use cuda_hal::{
+    CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES,
+};
 
 const POISON: u32 = 0xDEAD_BEEF;
 
@@ -508,21 +510,43 @@ fn an_upload_batch_past_the_pinned_pool_pins_no_memory_of_its_own() {
 #[test]
 fn pipeline_matches_the_cpu_in_both_modes() {
     let Some(hal) = gpu() else { return };
+    // The staging copies with streaming stores (the default) and with plain ones.
+    let plain_stores = StagingConfig {
+        streaming_pipeline: false,
+        ..StagingConfig::default()
+    };
+    let plain = CudaHal::with_config(
+        0,
+        HalConfig {
+            staging: plain_stores,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
     for (n, chunk) in [
         (1usize, 1usize),
         (10_000, 4096),
         (10_000, 1500), // seven chunks: every buffer set is reused, the last chunk short
         (3 * MIB / 4 + 17, MIB / 4),
+        // Chunks of several 1 MiB copy pieces and a ragged end, 4-byte but not 16-byte
+        // aligned in the caller's memory from the second chunk on.
+        (5 * MIB / 4 + 5, 3 * MIB / 4 + 1),
     ] {
         let input = Rng::new(20 + n as u64).u32s(n);
-        for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
-            let mut output = vec![POISON; n];
-            let report = lcg_pipeline(&hal, &input, &mut output, chunk, mode, 9).unwrap();
-            assert_eq!(report.chunks, n.div_ceil(chunk));
-            assert!(report.h2d_ms > 0.0 && report.compute_ms > 0.0 && report.d2h_ms > 0.0);
-            assert!(report.staging_ms > 0.0, "pageable memory is staged");
-            for (i, (o, x)) in output.iter().zip(&input).enumerate() {
-                assert_eq!(*o, lcg(*x, 9), "n={n} mode={mode:?} element {i}");
+        for (hal, stores) in [(&*hal, "streaming"), (&plain, "plain")] {
+            for mode in [PipelineMode::Overlapped, PipelineMode::Synchronous] {
+                let mut output = vec![POISON; n];
+                let report = lcg_pipeline(hal, &input, &mut output, chunk, mode, 9).unwrap();
+                assert_eq!(report.chunks, n.div_ceil(chunk));
+                assert!(report.h2d_ms > 0.0 && report.compute_ms > 0.0 && report.d2h_ms > 0.0);
+                assert!(report.staging_ms > 0.0, "pageable memory is staged");
+                for (i, (o, x)) in output.iter().zip(&input).enumerate() {
+                    assert_eq!(
+                        *o,
+                        lcg(*x, 9),
+                        "n={n} mode={mode:?} {stores} stores, element {i}"
+                    );
+                }
             }
         }
     }
@@ -1075,6 +1099,7 @@ fn staged_transfers_keep_every_byte_at_every_chunk_size_on_any_thread() {
                 // Streaming stores both ways in every other HAL, plain ones in the others.
                 streaming_upload_max_bytes: if i % 2 == 0 { usize::MAX } else { 0 },
                 streaming_downloads: i % 2 == 0,
+                streaming_pipeline: i % 2 == 0,
             };
             let hal = CudaHal::with_config(
                 0,
