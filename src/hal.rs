@@ -1011,6 +1011,12 @@ impl HalInner {
         len <= self.config.staging.streaming_upload_max_bytes
     }
 
+    /// Whether the staging slots would take an upload of `len` bytes in one chunk, filled
+    /// by the calling thread alone (no worker beside it, no fill overlapping a copy).
+    pub(crate) fn stages_in_one_chunk(&self, len: usize) -> bool {
+        self.staging.one_chunk(len)
+    }
+
     /// Uploads through pinned staging whatever the phase: returns once `src` is free.
     pub(crate) fn upload_staged(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
         let r = self.timed(Dir::H2D, |start| {

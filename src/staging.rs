@@ -398,6 +398,11 @@ impl StagingPool {
         )
     }
 
+    /// Whether a transfer of `len` bytes is one chunk, copied by the calling thread alone.
+    pub(crate) fn one_chunk(&self, len: usize) -> bool {
+        len <= self.cfg.min_chunk_bytes
+    }
+
     /// How a transfer of `len` bytes is cut (`upload`: host to device): its chunk size and
     /// how many workers share the chunks. Two chunks a worker where there are enough, so
     /// that each worker's host copy of one overlaps the DMA of the other: chunks of

@@ -352,6 +352,56 @@ fn a_batch_past_the_pinned_pool_pins_no_memory_of_its_own() {
     }
 }
 
+/// A run of views larger than one staging chunk is packed by the staging workers side by
+/// side, while earlier chunks are copied; before, the calling thread packed it alone into
+/// one pinned block wherever the pinned pool kept two of its size. A run of one chunk's
+/// bytes still takes one block, with one copy.
+#[test]
+fn a_large_arena_run_is_packed_by_the_staging_workers() {
+    let Some(hal) = gpu() else { return };
+    let mut arena = hal
+        .batch_arena("runs", 16 * MIB, ArenaLayout::Bump)
+        .unwrap();
+    let half_chunk = hal.config().staging.min_chunk_bytes / 2;
+    let blocks = |s: &cuda_hal::HalStats| s.pinned.hits + s.pinned.misses;
+    let slots = |s: &cuda_hal::HalStats| s.staging.slots_allocated + s.staging.slot_reuses;
+    let mut rng = Rng::new(91);
+    for round in 0..2 {
+        let batch = arena.begin_batch();
+        let small = rng.u32s(half_chunk / 4);
+        let before = hal.stats().unwrap();
+        let one = batch.upload(&[("small", &small[..])]).unwrap();
+        let after = hal.stats().unwrap();
+        assert_eq!(
+            blocks(&after),
+            blocks(&before) + 1,
+            "round {round}: one block"
+        );
+        assert_eq!(
+            slots(&after),
+            slots(&before),
+            "round {round}: no staging slot"
+        );
+        // Odd sizes: windows end inside views and inside the gap between them.
+        let (a, b) = (rng.u32s(3 * MIB / 4 + 333), rng.u32s(MIB + 5));
+        let before = hal.stats().unwrap();
+        let views = batch.upload(&[("a", &a[..]), ("b", &b[..])]).unwrap();
+        let after = hal.stats().unwrap();
+        assert_eq!(
+            blocks(&after),
+            blocks(&before),
+            "round {round}: no pinned block"
+        );
+        assert!(
+            slots(&after) > slots(&before),
+            "round {round}: staging slots"
+        );
+        assert!(views[0].to_vec().unwrap() == a, "round {round}: a");
+        assert!(views[1].to_vec().unwrap() == b, "round {round}: b");
+        assert!(one[0].to_vec().unwrap() == small, "round {round}: small");
+    }
+}
+
 #[test]
 fn arena_refusals_leave_the_batch_as_it_was() {
     let Some(hal) = gpu() else { return };
