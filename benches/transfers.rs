@@ -669,7 +669,43 @@ fn coalescing(hal: &CudaHal) {
         "256 x copy_from_slice 1 KiB",
         "256 KiB",
     );
+    upload_batch_stores(hal);
     upload_batch_past_the_pinned_pool(&s);
+}
+
+/// `upload_batch` of 256 x 1 KiB packed with streaming stores (the default) and with plain
+/// ones (`streaming_upload_max_bytes` 0), in turns.
+fn upload_batch_stores(hal: &CudaHal) {
+    fn batch_on(h: &CudaHal) -> impl Fn(&[Vec<u32>]) + '_ {
+        let bufs: Vec<_> = (0..256)
+            .map(|_| h.alloc::<u32>("small", 256).unwrap())
+            .collect();
+        move |host: &[Vec<u32>]| {
+            let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
+                bufs.iter().zip(host).map(|(b, x)| (b, &x[..])).collect();
+            h.upload_batch(&items).unwrap();
+            h.synchronize().unwrap();
+        }
+    }
+    let plain = CudaHal::with_config(
+        0,
+        HalConfig {
+            staging: StagingConfig {
+                streaming_upload_max_bytes: 0,
+                ..StagingConfig::default()
+            },
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let host: Vec<Vec<u32>> = (0..256).map(|k| vec![k as u32; 256]).collect();
+    let (streaming, plain_stores) = (batch_on(hal), batch_on(&plain));
+    let (t_stream, t_plain) =
+        paired_median_us(100, 300, || streaming(&host), || plain_stores(&host));
+    info(&format!(
+        "upload_batch 256 x 1 KiB: {t_stream:.1} us packed with streaming stores, {t_plain:.1} us with plain ones, timed in turns ({:+.1}%)",
+        (t_stream / t_plain - 1.0) * 100.0
+    ));
 }
 
 /// `n` slices of 1 KiB into `n` buffers, timed both ways (each with a synchronize), with

@@ -564,7 +564,7 @@ fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])], stream
         }
         let (lo, hi) = (r.start.max(start), r.end.min(end));
         staged[at..lo - start].fill(0);
-        crate::fastcopy::copy(
+        crate::fastcopy::copy_unfenced(
             &mut staged[lo - start..hi - start],
             &bytes[lo - r.start..hi - r.start],
             streaming,
@@ -572,6 +572,7 @@ fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])], stream
         at = hi - start;
     }
     staged[at..].fill(0);
+    crate::fastcopy::fence();
 }
 
 impl Drop for Batch<'_> {

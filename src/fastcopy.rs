@@ -5,19 +5,43 @@
 /// Copies `src` into `dst` (same length), with streaming stores when `streaming` is set
 /// and the target supports them.
 pub(crate) fn copy(dst: &mut [u8], src: &[u8], streaming: bool) {
+    if copy_unfenced(dst, src, streaming) {
+        fence();
+    }
+}
+
+/// [`copy`] without the fence that orders its streaming stores before later stores: for
+/// many small copies into one buffer, followed by one [`fence`] before the buffer is handed
+/// to the copy engine. Whether it used streaming stores.
+pub(crate) fn copy_unfenced(dst: &mut [u8], src: &[u8], streaming: bool) -> bool {
     debug_assert_eq!(dst.len(), src.len());
     #[cfg(target_arch = "x86_64")]
-    if streaming && dst.len() >= 4096 {
+    if streaming && dst.len() >= STREAM_MIN {
         stream_copy(dst, src);
-        return;
+        return true;
     }
     let _ = streaming;
     dst.copy_from_slice(src);
+    false
+}
+
+/// Copies shorter than this use plain stores: the aligned head and tail they would copy
+/// plainly anyway are most of them.
+#[cfg(target_arch = "x86_64")]
+const STREAM_MIN: usize = 256;
+
+/// Orders the streaming stores made so far before every later store (the DMA enqueue).
+pub(crate) fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is part of the x86_64 baseline; a fence has no other effect.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 #[cfg(target_arch = "x86_64")]
 fn stream_copy(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     let n = dst.len().min(src.len());
     let head = dst.as_ptr().align_offset(16).min(n);
     dst[..head].copy_from_slice(&src[..head]);
@@ -41,8 +65,6 @@ fn stream_copy(dst: &mut [u8], src: &[u8]) {
         i += 64;
     }
     dst[body_end..n].copy_from_slice(&src[body_end..n]);
-    // SAFETY: orders the streaming stores before anything that follows (the DMA enqueue).
-    unsafe { _mm_sfence() };
 }
 
 #[cfg(test)]
@@ -53,7 +75,9 @@ mod tests {
     fn copies_every_byte_at_any_alignment_and_length() {
         let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
         for offset in [0usize, 1, 7, 15, 16, 33] {
-            for len in [0usize, 1, 63, 4096, 4097, 10_001, 19_000] {
+            for len in [
+                0usize, 1, 63, 255, 256, 300, 1024, 4096, 4097, 10_001, 19_000,
+            ] {
                 let mut dst = vec![0xEEu8; 20_100];
                 copy(&mut dst[offset..offset + len], &src[..len], true);
                 assert_eq!(

@@ -48,7 +48,8 @@ pub struct StagingConfig {
     /// Uploads of one host slice (`upload_async`, `copy_from_slice`, `copy_from`) of up to
     /// this many bytes fill the pinned slots with streaming (non-temporal) stores on
     /// x86_64; larger ones use plain stores (`0`: never stream, `usize::MAX`: always). An
-    /// arena batch packs each run of its views (one copy) by the same rule. Only the copy
+    /// arena batch packs each run of its views (one copy), and `upload_batch` each group of
+    /// slices, by the same rule. Only the copy
     /// engine reads those bytes, and skipping the read-for-ownership of each line saved
     /// 13-33% of uploads of 1-64 MiB back to back and 31-40% after 2 ms of idle time on an
     /// H200 host (2026-11-26: 4 MiB 196 against 278 us, and 295 against 429 us); at 256

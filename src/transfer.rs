@@ -593,6 +593,9 @@ impl CudaHal {
         let data_start = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
         {
+            // Only the copy engine reads the block: the slices go in with streaming stores
+            // (as one slice's upload does), fenced once.
+            let streaming = h.streams_upload(total);
             let host = block.mem.as_mut_slice();
             for (k, ((buf, data), off)) in items.iter().zip(&offsets).enumerate() {
                 let seg: [u64; 3] = [
@@ -602,8 +605,13 @@ impl CudaHal {
                 ];
                 host[k * SEGMENT_BYTES..(k + 1) * SEGMENT_BYTES]
                     .copy_from_slice(bytemuck::cast_slice(&seg));
-                host[*off..off + buf.size_bytes()].copy_from_slice(bytemuck::cast_slice(data));
+                crate::fastcopy::copy_unfenced(
+                    &mut host[*off..off + buf.size_bytes()],
+                    bytemuck::cast_slice(data),
+                    streaming,
+                );
             }
+            crate::fastcopy::fence();
         }
         // Before the scratch allocation, which no early return below may leave live.
         let d = api()?;
