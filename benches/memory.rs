@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::alloc_mix::{NAMES, SIZES};
-use common::{median, median_ci95, median_us, paired_median_us};
+use common::{hal_with_staging, median, median_ci95, median_us, paired_median_us};
 
 use cuda_hal::cuda_sys;
 use cuda_hal::{ArenaLayout, CudaHal, HalConfig, StagingConfig};
@@ -391,17 +391,10 @@ fn arena(hal: &CudaHal) {
 /// The 8 x 256 KiB batch packed with streaming stores (the default) and with plain ones
 /// (`streaming_upload_max_bytes` 0), in turns.
 fn arena_stores(hal: &CudaHal, parts: &[Vec<u32>]) {
-    let plain = CudaHal::with_config(
-        0,
-        HalConfig {
-            staging: StagingConfig {
-                streaming_upload_max_bytes: 0,
-                ..StagingConfig::default()
-            },
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let plain = hal_with_staging(StagingConfig {
+        streaming_upload_max_bytes: 0,
+        ..StagingConfig::default()
+    });
     let items: Vec<(&str, &[u32])> = parts.iter().map(|p| ("part", &p[..])).collect();
     let mut arenas = [hal, &plain].map(|h| {
         h.batch_arena("bench-arena-stores", 4 * MIB, ArenaLayout::Bump)

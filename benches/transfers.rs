@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gbps, median, median_us, paired_median_us};
+use common::{gbps, hal_with_staging, median, median_us, paired_median_us};
 
 use std::time::Instant;
 
@@ -247,18 +247,10 @@ fn medium_transfers(hal: &CudaHal, stream: &Stream) {
         .build()
         .unwrap();
     let hal_with = |min_chunk_bytes: usize| {
-        let staging = StagingConfig {
+        hal_with_staging(StagingConfig {
             min_chunk_bytes,
             ..StagingConfig::default()
-        };
-        CudaHal::with_config(
-            0,
-            HalConfig {
-                staging,
-                ..HalConfig::default()
-            },
-        )
-        .unwrap()
+        })
     };
     let chunks = [256 << 10, 512 << 10, MIB, 2 * MIB];
     let hals: Vec<CudaHal> = chunks.iter().map(|&c| hal_with(c)).collect();
@@ -687,17 +679,10 @@ fn upload_batch_stores(hal: &CudaHal) {
             h.synchronize().unwrap();
         }
     }
-    let plain = CudaHal::with_config(
-        0,
-        HalConfig {
-            staging: StagingConfig {
-                streaming_upload_max_bytes: 0,
-                ..StagingConfig::default()
-            },
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let plain = hal_with_staging(StagingConfig {
+        streaming_upload_max_bytes: 0,
+        ..StagingConfig::default()
+    });
     let host: Vec<Vec<u32>> = (0..256).map(|k| vec![k as u32; 256]).collect();
     let (streaming, plain_stores) = (batch_on(hal), batch_on(&plain));
     let (t_stream, t_plain) =
@@ -931,17 +916,10 @@ fn pipeline(hal: &CudaHal) {
         |rounds, mode, input: &[u32], output: &mut [u32]| run_on(hal, rounds, mode, input, output);
     // The pageable pipeline's staging copies with plain stores too (streaming is the
     // default), in the same process.
-    let plain_stores = CudaHal::with_config(
-        0,
-        HalConfig {
-            staging: StagingConfig {
-                streaming_pipeline: false,
-                ..StagingConfig::default()
-            },
-            ..HalConfig::default()
-        },
-    )
-    .unwrap();
+    let plain_stores = hal_with_staging(StagingConfig {
+        streaming_pipeline: false,
+        ..StagingConfig::default()
+    });
     let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
     pin_in.host_mut().unwrap().copy_from_slice(&input);
     let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();

@@ -5,6 +5,16 @@ use std::time::Instant;
 
 pub mod alloc_mix;
 
+/// A HAL of device 0 with `staging` and the default configuration otherwise: for timing
+/// one staging setting against the default in the same process.
+pub fn hal_with_staging(staging: cuda_hal::StagingConfig) -> cuda_hal::CudaHal {
+    let config = cuda_hal::HalConfig {
+        staging,
+        ..cuda_hal::HalConfig::default()
+    };
+    cuda_hal::CudaHal::with_config(0, config).unwrap()
+}
+
 /// Median microseconds of `f` after two warm-up calls, over at least `min_iters` runs and
 /// about `budget_ms` (at most 200 000 runs).
 pub fn median_us(min_iters: usize, budget_ms: u64, mut f: impl FnMut()) -> f64 {
