@@ -572,7 +572,9 @@ fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])], stream
         at = hi - start;
     }
     staged[at..].fill(0);
-    crate::fastcopy::fence();
+    if streaming {
+        crate::fastcopy::fence();
+    }
 }
 
 impl Drop for Batch<'_> {

@@ -1008,7 +1008,7 @@ impl HalInner {
     /// Whether an upload of `len` bytes from one host slice fills pinned memory with
     /// streaming stores (`StagingConfig::streaming_upload_max_bytes`).
     pub(crate) fn streams_upload(&self, len: usize) -> bool {
-        len <= self.config.staging.streaming_upload_max_bytes
+        self.staging.streams_upload(len)
     }
 
     /// Whether the staging slots would take an upload of `len` bytes in one chunk, filled

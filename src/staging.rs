@@ -335,7 +335,7 @@ impl StagingPool {
         src: &[u8],
         on_start: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let streaming = src.len() <= self.cfg.streaming_upload_max_bytes;
+        let streaming = self.streams_upload(src.len());
         let fill = |at: usize, out: &mut [u8]| {
             crate::fastcopy::copy(out, &src[at..at + out.len()], streaming);
         };
@@ -397,6 +397,12 @@ impl StagingPool {
                 download_worker(stream, src, chunk, streaming, slots, mine)
             },
         )
+    }
+
+    /// Whether an upload of `len` bytes fills pinned memory with streaming stores
+    /// ([`StagingConfig::streaming_upload_max_bytes`]).
+    pub(crate) fn streams_upload(&self, len: usize) -> bool {
+        len <= self.cfg.streaming_upload_max_bytes
     }
 
     /// Whether a transfer of `len` bytes is one chunk, copied by the calling thread alone.

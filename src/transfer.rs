@@ -312,8 +312,8 @@ impl<T: Pod> Buffer<T> {
     /// size). Larger uploads go chunk by chunk through the staging slots: their workers
     /// fill chunks side by side while earlier chunks are copied (an arena batch of 8 x 256
     /// KiB took 192 us from one block that one thread filled, against 164 us for eight
-    /// staged uploads of its views, on an H200 host), and no such upload pins memory of its own
-    /// (pinning 1 GiB takes tens of milliseconds, and as long again to free).
+    /// staged uploads of its views, on an H200 host), and no such upload pins memory of
+    /// its own (pinning 1 GiB takes tens of milliseconds, and as long again to free).
     pub(crate) fn upload_layout(
         &self,
         offset: usize,
@@ -611,7 +611,9 @@ impl CudaHal {
                     streaming,
                 );
             }
-            crate::fastcopy::fence();
+            if streaming {
+                crate::fastcopy::fence();
+            }
         }
         // Before the scratch allocation, which no early return below may leave live.
         let d = api()?;
