@@ -210,9 +210,8 @@ impl StagingPool {
                 min_chunk_bytes: cfg.min_chunk_bytes.clamp(4096, cfg.chunk_bytes.max(4096)),
                 workers: cfg.workers.max(1),
                 max_slots: cfg.max_slots.max(1),
-                streaming_upload_max_bytes: cfg.streaming_upload_max_bytes,
-                streaming_downloads: cfg.streaming_downloads,
-                streaming_pipeline: cfg.streaming_pipeline,
+                // (The streaming settings as given.)
+                ..cfg
             },
             free: Mutex::new((Vec::new(), 0)),
             returned: Condvar::new(),
