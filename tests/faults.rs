@@ -1,10 +1,13 @@
 //! Every driver call of an operation failing in turn (feature `fault-injection`; GPU).
 //!
 //! Each scenario runs once to count its driver calls, then once per call `k` with call `k`
-//! made to fail before it reaches the driver (`cuda_sys::fault`): an allocation with
-//! `CUDA_ERROR_OUT_OF_MEMORY`, any other call with `CUDA_ERROR_INVALID_VALUE`. Releases and
-//! synchronisations are left alone (a failed free leaks by definition, and a wait that
-//! never happened would let the test free memory the device still uses). After every run:
+//! made to fail (`cuda_sys::fault`): an allocation before it reaches the driver with
+//! `CUDA_ERROR_OUT_OF_MEMORY`; a release (free, destroy, unload, unregister) after the
+//! driver made it, with `CUDA_ERROR_INVALID_VALUE`, so that a caller that took the error
+//! for "not released" and tried again would double-free (memcheck's run sees that), and
+//! one that gave up would leak; any other call before it reaches the driver with
+//! `CUDA_ERROR_INVALID_VALUE`. Synchronisations are left alone (after a wait that failed,
+//! the HAL keeps the memory the device may still use rather than free it). After every run:
 //! - no panic, and the HAL is not poisoned (neither error is sticky);
 //! - the HAL still works: a round trip and a kernel on a new buffer;
 //! - nothing is left: no live allocation in the HAL's report once the scenario's objects
@@ -35,7 +38,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 use common::{Rng, MIB};
-use cuda_hal::cuda_sys::{fault, CUresult};
+use cuda_hal::cuda_sys::fault::{self, FailOnce};
+use cuda_hal::cuda_sys::CUresult;
 use cuda_hal::{
     ops, ArenaLayout, CudaHal, Error, GrowableBuffer, HalConfig, LaunchDims, PinnedFlags,
     PipelineMode, Result, StagingConfig,
@@ -44,22 +48,17 @@ use cuda_hal::{
 /// The injection state is global: one scenario at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The error call `symbol` fails with, or success for the calls left alone.
-fn injected_code(symbol: &'static str) -> CUresult {
-    let left_alone = [
-        "Destroy",
-        "Free",
-        "Unload",
-        "Release",
-        "Unregister",
-        "Synchronize",
-    ];
-    if left_alone.iter().any(|s| symbol.contains(s)) {
-        CUresult::CUDA_SUCCESS
+/// How call `symbol` fails when it is the one picked (see the module doc).
+fn injected_code(symbol: &'static str) -> FailOnce {
+    let releases = ["Destroy", "Free", "Unload", "Release", "Unregister"];
+    if symbol.contains("Synchronize") {
+        FailOnce::LeftAlone
+    } else if releases.iter().any(|s| symbol.contains(s)) {
+        FailOnce::RunsThenFails(CUresult::CUDA_ERROR_INVALID_VALUE)
     } else if symbol.contains("Alloc") {
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
     } else {
-        CUresult::CUDA_ERROR_INVALID_VALUE
+        FailOnce::Refused(CUresult::CUDA_ERROR_INVALID_VALUE)
     }
 }
 

@@ -1,9 +1,11 @@
 //! Fault injection, for tests of error paths (feature `fault-injection`, off by default).
 //!
 //! Once armed (`fault::arm`), every call of a driver entry point that returns a `CUresult`
-//! is counted, and the `n`-th fails with the code the caller chooses *before* the driver is
-//! called, as if the driver had refused it: nothing it would have made exists. Without the
-//! feature, the checks every entry point makes are empty and compile away.
+//! is counted, and the `n`-th fails as the caller chooses by entry point ([`FailOnce`]):
+//! refused *before* the driver is called, as if the driver had refused it (nothing it would
+//! have made exists), or made and then reported as failed (a release whose memory is gone
+//! all the same). Without the feature, the checks every entry point makes are empty and
+//! compile away.
 //!
 //! `fault::arm_sticky` plays a sticky error instead (a device fault): from the `n`-th call
 //! on, every call fails, as in a context the fault broke. How each call fails is the
@@ -16,7 +18,7 @@
 //! # #[cfg(feature = "fault-injection")]
 //! # {
 //! use cuda_sys::{fault, CUresult};
-//! fault::arm(1, |_| CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+//! fault::arm(1, |_| fault::FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
 //! if let Ok(d) = cuda_sys::driver() {
 //!     let mut version = 0;
 //!     // SAFETY: `version` is a valid place for an int; the call fails before the driver.
@@ -52,11 +54,12 @@ pub(crate) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(
 }
 
 #[cfg(feature = "fault-injection")]
-pub use imp::{arm, arm_sticky, disarm, Injected, OnceStuck};
+pub use imp::{arm, arm_sticky, disarm, FailOnce, Injected, OnceStuck};
 
 #[cfg(feature = "fault-injection")]
 mod imp {
     use std::sync::Mutex;
+    use std::thread::ThreadId;
 
     use crate::bindings::CUresult;
     use crate::error::Error;
@@ -65,8 +68,11 @@ mod imp {
         armed: bool,
         calls: u64,
         fail_at: u64,
-        code: fn(&'static str) -> CUresult,
+        how: fn(&'static str) -> FailOnce,
         failed: Option<&'static str>,
+        /// With [`arm`]: the call made to fail after the driver answers, on its thread, and
+        /// the code it then fails with.
+        late: Option<(ThreadId, &'static str, CUresult)>,
         /// With [`arm_sticky`]: the sticky failure's code, and how each call behaves once
         /// it struck.
         sticky: Option<(CUresult, Classify)>,
@@ -78,8 +84,9 @@ mod imp {
         armed: false,
         calls: 0,
         fail_at: 0,
-        code: |_| CUresult::CUDA_ERROR_UNKNOWN,
+        how: |_| FailOnce::LeftAlone,
         failed: None,
+        late: None,
         sticky: None,
         stuck: false,
     });
@@ -101,6 +108,20 @@ mod imp {
         Unaffected,
     }
 
+    /// How the call [`arm`] picks fails, by entry point.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum FailOnce {
+        /// Refused before the driver is called, with this code: what it would do never
+        /// happens (for a release, what it releases leaks).
+        Refused(CUresult),
+        /// Made, then reported as failed with this code: a release whose memory is gone
+        /// all the same, as a caller that treats the error as "maybe not released" would
+        /// double-free.
+        RunsThenFails(CUresult),
+        /// Goes ahead: no call fails in this run.
+        LeftAlone,
+    }
+
     fn state() -> std::sync::MutexGuard<'static, State> {
         STATE.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -114,15 +135,16 @@ mod imp {
         pub failed: Option<&'static str>,
     }
 
-    /// Counts calls from now on; call `fail_at` (1 for the next; 0 for none) fails with
-    /// `code(symbol)`, unless that is `CUDA_SUCCESS` (a call left alone goes ahead).
-    pub fn arm(fail_at: u64, code: fn(&'static str) -> CUresult) {
+    /// Counts calls from now on; call `fail_at` (1 for the next; 0 for none) fails as
+    /// `how(symbol)` says.
+    pub fn arm(fail_at: u64, how: fn(&'static str) -> FailOnce) {
         *state() = State {
             armed: true,
             calls: 0,
             fail_at,
-            code,
+            how,
             failed: None,
+            late: None,
             sticky: None,
             stuck: false,
         };
@@ -137,8 +159,9 @@ mod imp {
             armed: true,
             calls: 0,
             fail_at,
-            code: |_| CUresult::CUDA_ERROR_UNKNOWN,
+            how: |_| FailOnce::LeftAlone,
             failed: None,
+            late: None,
             sticky: Some((code, once_stuck)),
             stuck: false,
         };
@@ -148,6 +171,7 @@ mod imp {
     pub fn disarm() -> Injected {
         let mut s = state();
         s.armed = false;
+        s.late = None;
         Injected {
             calls: s.calls,
             failed: s.failed,
@@ -174,17 +198,28 @@ mod imp {
         if s.calls != s.fail_at {
             return Ok(());
         }
-        let code = (s.code)(symbol);
-        if code == CUresult::CUDA_SUCCESS {
-            // A call the caller leaves alone: it goes ahead.
-            return Ok(());
+        match (s.how)(symbol) {
+            FailOnce::Refused(code) => {
+                s.failed = Some(symbol);
+                Err(Error::from_code(code, symbol))
+            }
+            FailOnce::RunsThenFails(code) => {
+                s.failed = Some(symbol);
+                s.late = Some((std::thread::current().id(), symbol, code));
+                Ok(())
+            }
+            FailOnce::LeftAlone => Ok(()),
         }
-        s.failed = Some(symbol);
-        Err(Error::from_code(code, symbol))
     }
 
     pub(super) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(), Error> {
-        let s = state();
+        let mut s = state();
+        if let Some((thread, late, code)) = s.late {
+            if late == symbol && thread == std::thread::current().id() {
+                s.late = None;
+                return Err(Error::from_code(code, symbol));
+            }
+        }
         match s.sticky {
             Some((code, once_stuck)) if s.armed && s.stuck => match once_stuck(symbol) {
                 OnceStuck::RunsThenFails => Err(Error::from_code(code, symbol)),
@@ -212,7 +247,7 @@ mod tests {
     #[test]
     fn calls_fail_as_the_armed_mode_says() {
         // Once: call 2 alone fails, before the driver.
-        arm(2, |_| CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        arm(2, |_| FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         assert!(before("cuMemAlloc_v2").is_ok());
         let e = before("cuMemAlloc_v2").unwrap_err();
         assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
@@ -236,6 +271,33 @@ mod tests {
         assert!(after("cuStreamSynchronize", Ok(())).is_err());
         let seen = disarm();
         assert_eq!((seen.calls, seen.failed), (5, Some("cuStreamSynchronize")));
+
+        // Once, made then failed: call 2 reaches the driver, and its answer alone fails
+        // (another entry point's answer, or a later one's, does not).
+        arm(2, |s| match s {
+            "cuMemFree_v2" => FailOnce::RunsThenFails(CUresult::CUDA_ERROR_INVALID_VALUE),
+            _ => FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        });
+        assert!(before("cuMemFree_v2").is_ok());
+        assert_eq!(after("cuMemFree_v2", Ok(())), Ok(()));
+        assert!(before("cuMemFree_v2").is_ok());
+        assert_eq!(after("cuMemcpyHtoD_v2", Ok(())), Ok(()));
+        let e = after("cuMemFree_v2", Ok(())).unwrap_err();
+        assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(after("cuMemFree_v2", Ok(())), Ok(()));
+        assert_eq!(disarm().failed, Some("cuMemFree_v2"));
+
+        // Left alone: the call picked goes ahead, and nothing fails.
+        arm(1, |_| FailOnce::LeftAlone);
+        assert!(before("cuMemAlloc_v2").is_ok());
+        assert_eq!(after("cuMemAlloc_v2", Ok(())), Ok(()));
+        assert_eq!(
+            disarm(),
+            Injected {
+                calls: 1,
+                failed: None
+            }
+        );
 
         // Disarmed: nothing fails.
         assert!(before("cuMemcpyHtoD_v2").is_ok());
