@@ -328,17 +328,9 @@ impl<T: Pod> Buffer<T> {
                 name: name.into_owned(),
             });
         }
-        let bytes =
-            len.checked_mul(std::mem::size_of::<T>())
-                .ok_or_else(|| Error::OutOfMemory {
-                    name: name.to_string(),
-                    requested: usize::MAX,
-                    in_use: hal.memory_report().current_bytes,
-                    limit: hal.config().memory_limit,
-                    device_total: hal.info().total_memory,
-                    largest: Vec::new(),
-                    driver: None,
-                })?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| hal.inner.oom(&name, usize::MAX, None))?;
         Ok(Buffer {
             raw: RawBuffer::allocate(&hal.inner, name, bytes)?,
             offset: 0,

@@ -788,9 +788,11 @@ impl HalInner {
         let mut result = self.classified_alloc(bytes, pooled);
         if oom(&result) {
             log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
+            self.ledger.oom_retry();
             self.make_room().map_err(AllocFail::Other)?;
             result = self.classified_alloc(bytes, pooled);
             if oom(&result) && self.make_room_in_neighbours() {
+                self.ledger.oom_retry();
                 result = self.classified_alloc(bytes, pooled);
             }
         }
@@ -928,7 +930,9 @@ impl HalInner {
         any
     }
 
-    fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
+    /// The error of an allocation refused for lack of memory, counted.
+    pub(crate) fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
+        self.ledger.out_of_memory();
         let report = self.allocs.report();
         Error::OutOfMemory {
             name: name.to_string(),

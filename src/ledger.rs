@@ -87,6 +87,17 @@ pub struct LedgerSnapshot {
     pub pool_hits: u64,
     /// Pooled allocations that made the pool reserve more memory.
     pub pool_misses: u64,
+    /// Times an allocation the driver refused for lack of memory made room (the prover
+    /// tables, the block cache and the pool's reserve freed, after a wait for the stream;
+    /// then the other HALs of the device) and asked again, whether or not it then got
+    /// its memory. Each costs a stream wait: a count that grows says the working set is
+    /// at the device's size.
+    pub oom_retries: u64,
+    /// Allocations refused with [`Error::OutOfMemory`](crate::Error::OutOfMemory): past
+    /// the HAL's limit or the device's size, or by the driver after the retries. Those
+    /// the crate's own operations absorb (an NTT that then runs in column groups) count
+    /// too.
+    pub out_of_memory: u64,
 }
 
 impl LedgerSnapshot {
@@ -120,6 +131,8 @@ impl LedgerSnapshot {
             launches: self.launches.saturating_sub(earlier.launches),
             pool_hits: self.pool_hits.saturating_sub(earlier.pool_hits),
             pool_misses: self.pool_misses.saturating_sub(earlier.pool_misses),
+            oom_retries: self.oom_retries.saturating_sub(earlier.oom_retries),
+            out_of_memory: self.out_of_memory.saturating_sub(earlier.out_of_memory),
         }
     }
 
@@ -177,6 +190,8 @@ pub(crate) struct Ledger {
     launches: AtomicU64,
     pool_hits: AtomicU64,
     pool_misses: AtomicU64,
+    oom_retries: AtomicU64,
+    out_of_memory: AtomicU64,
 }
 
 impl Ledger {
@@ -225,6 +240,16 @@ impl Ledger {
         self.launches.fetch_add(1, Relaxed);
     }
 
+    /// An allocation the driver refused made room and asks again.
+    pub(crate) fn oom_retry(&self) {
+        self.oom_retries.fetch_add(1, Relaxed);
+    }
+
+    /// An allocation was refused with `Error::OutOfMemory`.
+    pub(crate) fn out_of_memory(&self) {
+        self.out_of_memory.fetch_add(1, Relaxed);
+    }
+
     /// The counters, with the hot-path counts kept elsewhere added in.
     pub(crate) fn snapshot(&self, hot: HotCounts) -> LedgerSnapshot {
         let t = |d: Dir| Traffic {
@@ -245,6 +270,8 @@ impl Ledger {
             launches: self.launches.load(Relaxed),
             pool_hits: self.pool_hits.load(Relaxed) + hot.cached_allocs,
             pool_misses: self.pool_misses.load(Relaxed),
+            oom_retries: self.oom_retries.load(Relaxed),
+            out_of_memory: self.out_of_memory.load(Relaxed),
         }
     }
 }
@@ -265,6 +292,9 @@ mod tests {
         l.cache(true);
         l.cache(false);
         l.cache(false);
+        l.oom_retry();
+        l.oom_retry();
+        l.out_of_memory();
         let hot = HotCounts {
             cached_allocs: 2,
             frees: 1,
@@ -278,6 +308,7 @@ mod tests {
         assert_eq!((s.pool_allocs, s.driver_allocs, s.frees), (1, 1, 1));
         assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
         assert_eq!(s.cached_allocs, 2);
+        assert_eq!((s.oom_retries, s.out_of_memory), (2, 1));
         assert_eq!(
             (s.pool_hits, s.pool_misses),
             (2, 1),
@@ -285,7 +316,9 @@ mod tests {
         );
         let before = s;
         l.copy(Dir::D2D, 8);
+        l.out_of_memory();
         let d = l.snapshot(hot).since(&before);
+        assert_eq!((d.oom_retries, d.out_of_memory), (0, 1));
         assert_eq!((d.d2d.bytes, d.d2d.calls), (8, 1));
         assert_eq!(d.bytes_moved(), 8);
         assert_eq!(d.h2d, Traffic::default());

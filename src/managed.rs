@@ -138,10 +138,12 @@ impl CudaHal {
             // tables hold memory they would make again): room is made, as for a device
             // allocation, and the driver asked again.
             log::debug!("alloc_managed `{name}` of {bytes} bytes: not free; trimming");
+            h.ledger.oom_retry();
             h.make_room_on_device()?;
             mem_info(&mut free, &mut total)?;
         }
         let oom = || {
+            h.ledger.out_of_memory();
             let r = h.allocs.report();
             Error::OutOfMemory {
                 name: name.to_string(),

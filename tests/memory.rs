@@ -160,6 +160,11 @@ fn the_limit_refuses_before_the_driver_is_asked() {
     }
     let d = hal.ledger().since(&before);
     assert_eq!(d.driver_allocs + d.pool_allocs + d.cached_allocs, 0);
+    assert_eq!(
+        (d.oom_retries, d.out_of_memory),
+        (0, 1),
+        "refused, not retried"
+    );
     let fits = hal.alloc::<u8>("fits", 24 * MIB).unwrap();
     drop((big, fits));
     let again = hal.alloc::<u8>("after", 60 * MIB).unwrap();
@@ -243,11 +248,17 @@ fn a_request_the_driver_refuses_leaves_the_peak_alone() {
     let Some(hal) = gpu_exclusive() else { return };
     let a = hal.alloc::<u8>("a", MIB).unwrap();
     let peak = hal.memory_report().peak_bytes;
+    let before = hal.ledger();
     // Within the device's size, so the HAL asks; more than it has free, so the driver
     // refuses.
     let err = hal
         .alloc::<u8>("huge", hal.info().total_memory - MIB)
         .unwrap_err();
+    // Asked again once room was made in this HAL (and once more if the device has other
+    // HALs), then refused.
+    let d = hal.ledger().since(&before);
+    assert!((1..=2).contains(&d.oom_retries), "{d:?}");
+    assert_eq!(d.out_of_memory, 1);
     match &err {
         Error::OutOfMemory { in_use, driver, .. } => {
             assert_eq!((*in_use, driver.is_some()), (MIB, true), "{err}")
@@ -806,11 +817,14 @@ fn a_managed_request_past_the_device_is_refused_without_making_room() {
     let table = live_bytes_named(&hal, "prover-twiddles");
     assert!(table > 0);
     let too_big = hal.info().total_memory + 1;
+    let before = hal.ledger();
     assert!(matches!(
         hal.alloc_managed::<u8>("past-the-device", too_big),
         Err(Error::OutOfMemory { .. })
     ));
     assert!(!logged("`past-the-device`"), "it made room first");
+    let d = hal.ledger().since(&before);
+    assert_eq!((d.oom_retries, d.out_of_memory), (0, 1));
     assert_eq!(live_bytes_named(&hal, "prover-twiddles"), table);
 }
 
@@ -861,8 +875,14 @@ fn a_managed_request_trims_memory_freed_device_buffers_hold() {
     hal.synchronize().unwrap(); // binds the HAL's context on this thread
     let part = device_free_bytes() / 10 * 6;
     drop(hal.alloc::<u8>("device", part).unwrap());
+    let before = hal.ledger();
     let m = hal.alloc_managed::<u8>("managed", part).unwrap();
     assert_eq!(m.len(), part);
+    // Served after room was made where the pool kept the freed block; at once where the
+    // free gave it back to the driver.
+    let d = hal.ledger().since(&before);
+    let retried = u64::from(PHASES.pool_alloc);
+    assert_eq!((d.oom_retries, d.out_of_memory), (retried, 0));
     drop(m);
     // Another HAL of the device holding the freed memory: trimmed too.
     let other = CudaHal::new(0).unwrap();
@@ -881,7 +901,13 @@ fn a_hal_out_of_memory_trims_the_other_hals_of_its_device() {
     let b = CudaHal::new(0).unwrap();
     let part = device_free_bytes() / 10 * 6;
     drop(a.alloc::<u32>("a-column", part / 4).unwrap());
+    let before = b.ledger();
     let got = b.alloc::<u32>("b-column", part / 4).unwrap();
+    // With phase 3, asked again after `b` made room in itself (nothing), then after `a`
+    // did (served); without it, `a`'s free gave the memory back at once.
+    let d = b.ledger().since(&before);
+    let retries = if PHASES.pool_alloc { 2 } else { 0 };
+    assert_eq!((d.oom_retries, d.out_of_memory), (retries, 0));
     got.fill(5).unwrap();
     assert_eq!(got.get_at(part / 4 - 1).unwrap(), 5);
     // And back: `a` gets its memory again once `b` lets it go.
@@ -1110,8 +1136,15 @@ fn an_allocation_the_driver_refuses_frees_the_prover_tables_for_its_retry() {
     // Half the table past what the driver has free: it fits only once the table is gone.
     let ask = device_free_bytes() + table / 2;
     let before = driver_refusals("past-the-table");
+    let counts = hal.ledger();
     let got = hal.alloc::<u8>("past-the-table", ask);
     let refused = driver_refusals("past-the-table") - before;
+    let d = hal.ledger().since(&counts);
+    assert_eq!(
+        (d.oom_retries, d.out_of_memory),
+        (1, 0),
+        "served by its first retry"
+    );
     let got = got.unwrap_or_else(|e| panic!("{e}"));
     assert!(
         refused > 0,
