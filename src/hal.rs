@@ -930,8 +930,20 @@ impl HalInner {
         any
     }
 
-    /// The error of an allocation refused for lack of memory, counted.
+    /// The error of a device allocation refused for lack of memory, counted.
     pub(crate) fn oom(&self, name: &str, bytes: usize, driver: Option<cuda_sys::Error>) -> Error {
+        self.oom_of(name, bytes, self.info.total_memory, driver)
+    }
+
+    /// [`HalInner::oom`] where the device's memory is `device_total` bytes (managed
+    /// memory gives the driver's own figure).
+    pub(crate) fn oom_of(
+        &self,
+        name: &str,
+        bytes: usize,
+        device_total: usize,
+        driver: Option<cuda_sys::Error>,
+    ) -> Error {
         self.ledger.out_of_memory();
         let report = self.allocs.report();
         Error::OutOfMemory {
@@ -939,7 +951,7 @@ impl HalInner {
             requested: bytes,
             in_use: report.current_bytes,
             limit: self.config.memory_limit,
-            device_total: self.info.total_memory,
+            device_total,
             largest: report.largest(5),
             driver: driver.map(Box::new),
         }
@@ -1096,10 +1108,6 @@ impl HalInner {
     /// Lets device `ordinal` access this HAL's pool allocations.
     pub(crate) fn pool_grant_access(&self, ordinal: usize) -> Result<()> {
         self.guard(self.pool.grant_access(ordinal))
-    }
-
-    pub(crate) fn config(&self) -> &HalConfig {
-        &self.config
     }
 
     /// Multiprocessor count, for launch shapes.

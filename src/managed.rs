@@ -142,19 +142,7 @@ impl CudaHal {
             h.make_room_on_device()?;
             mem_info(&mut free, &mut total)?;
         }
-        let oom = || {
-            h.ledger.out_of_memory();
-            let r = h.allocs.report();
-            Error::OutOfMemory {
-                name: name.to_string(),
-                requested: bytes,
-                in_use: r.current_bytes,
-                limit: h.config().memory_limit,
-                device_total: total,
-                largest: r.largest(5),
-                driver: None,
-            }
-        };
+        let oom = || h.oom_of(name, bytes, total, None);
         // Pages already touched count twice (in use and handed out): the check errs on the
         // side of refusing.
         if bytes > free.saturating_sub(*handed_out) {
