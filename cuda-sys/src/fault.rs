@@ -1,7 +1,7 @@
 //! Fault injection, for tests of error paths (feature `fault-injection`, off by default).
 //!
 //! Once armed (`fault::arm`), every call of a driver entry point that returns a `CUresult`
-//! is counted, and the `n`-th fails as the caller chooses by entry point ([`FailOnce`]):
+//! is counted, and the `n`-th fails as the caller chooses by entry point (`FailOnce`):
 //! refused *before* the driver is called, as if the driver had refused it (nothing it would
 //! have made exists), or made and then reported as failed (a release whose memory is gone
 //! all the same). Without the feature, the checks every entry point makes are empty and
