@@ -48,12 +48,19 @@ use cuda_hal::{
 /// The injection state is global: one scenario at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Parts of the names of the entry points that release what a HAL holds.
+const RELEASES: [&str; 5] = ["Destroy", "Free", "Unload", "Release", "Unregister"];
+
+/// Whether entry point `symbol` releases something (see [`RELEASES`]).
+fn is_release(symbol: &str) -> bool {
+    RELEASES.iter().any(|s| symbol.contains(s))
+}
+
 /// How call `symbol` fails when it is the one picked (see the module doc).
 fn injected_code(symbol: &'static str) -> FailOnce {
-    let releases = ["Destroy", "Free", "Unload", "Release", "Unregister"];
     if symbol.contains("Synchronize") {
         FailOnce::LeftAlone
-    } else if releases.iter().any(|s| symbol.contains(s)) {
+    } else if is_release(symbol) {
         FailOnce::RunsThenFails(CUresult::CUDA_ERROR_INVALID_VALUE)
     } else if symbol.contains("Alloc") {
         FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
@@ -78,18 +85,10 @@ fn once_stuck(symbol: &'static str) -> fault::OnceStuck {
         "cuCtxGetDevice",
         "cuGetError",
     ];
-    let made_then_failed = [
-        "Synchronize",
-        "Query",
-        "Destroy",
-        "Free",
-        "Unload",
-        "Release",
-        "Unregister",
-    ];
+    let waits = ["Synchronize", "Query"];
     if unaffected.iter().any(|s| symbol.starts_with(s)) {
         fault::OnceStuck::Unaffected
-    } else if made_then_failed.iter().any(|s| symbol.contains(s)) {
+    } else if is_release(symbol) || waits.iter().any(|s| symbol.contains(s)) {
         fault::OnceStuck::RunsThenFails
     } else {
         fault::OnceStuck::Fails
