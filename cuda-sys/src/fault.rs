@@ -7,6 +7,9 @@
 //! all the same). Without the feature, the checks every entry point makes are empty and
 //! compile away.
 //!
+//! `fault::pause` and `fault::resume` leave out the calls made in between (a test's own
+//! checks), and the count goes on after them.
+//!
 //! `fault::arm_sticky` plays a sticky error instead (a device fault): from the `n`-th call
 //! on, every call fails, as in a context the fault broke. How each call fails is the
 //! caller's choice (`OnceStuck`): device work fails before the driver sees it, while waits
@@ -54,7 +57,7 @@ pub(crate) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(
 }
 
 #[cfg(feature = "fault-injection")]
-pub use imp::{arm, arm_sticky, disarm, FailOnce, Injected, OnceStuck};
+pub use imp::{arm, arm_sticky, disarm, pause, resume, FailOnce, Injected, OnceStuck};
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -165,6 +168,22 @@ mod imp {
             sticky: Some((code, once_stuck)),
             stuck: false,
         };
+    }
+
+    /// Stops counting for a while (calls made meanwhile neither count nor fail), until
+    /// [`resume`]; what the run saw so far.
+    pub fn pause() -> Injected {
+        let mut s = state();
+        s.armed = false;
+        Injected {
+            calls: s.calls,
+            failed: s.failed,
+        }
+    }
+
+    /// Counts again after [`pause`], from where it stopped.
+    pub fn resume() {
+        state().armed = true;
     }
 
     /// Stops counting; what the run saw.
@@ -298,6 +317,15 @@ mod tests {
                 failed: None
             }
         );
+
+        // Paused: calls meanwhile neither count nor fail; resumed, the count goes on.
+        arm(2, |_| FailOnce::Refused(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert!(before("cuMemAlloc_v2").is_ok());
+        assert_eq!(pause().calls, 1);
+        assert!(before("cuMemAlloc_v2").is_ok());
+        resume();
+        assert!(before("cuMemAlloc_v2").is_err());
+        assert_eq!(disarm().calls, 2);
 
         // Disarmed: nothing fails.
         assert!(before("cuMemcpyHtoD_v2").is_ok());
