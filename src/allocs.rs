@@ -237,6 +237,12 @@ impl Allocs {
         }
     }
 
+    /// Bytes that may be allocated before the limit refuses (`usize::MAX` without one).
+    pub(crate) fn room_under_limit(&self) -> usize {
+        let s = self.state.lock();
+        s.tracker.room(s.blocks.bytes)
+    }
+
     /// Bytes of blocks in the cache.
     pub(crate) fn cached_bytes(&self) -> usize {
         self.state.lock().blocks.bytes
@@ -379,6 +385,23 @@ mod tests {
         let tracked = state + offset_of!(State, tracker) + Tracker::HOT_BYTES;
         assert!(tracked <= 256, "tracked path reads {tracked} bytes");
         assert!(offset_of!(State, untracked) > offset_of!(State, tracker));
+    }
+
+    /// The room under the limit is what a next allocation may take: blocks in use count,
+    /// cached ones do not, and an allocation of exactly the room is admitted.
+    #[test]
+    fn the_room_under_the_limit_is_what_the_next_allocation_may_take() {
+        assert_eq!(Allocs::new(false, None, 0).room_under_limit(), usize::MAX);
+        let a = Allocs::new(true, Some(1000), 1000);
+        let g = a.alloc(&COL, 300, true).unwrap();
+        assert_eq!(a.room_under_limit(), 700);
+        assert!(a.free(0xA, 300, g.ticket, true), "kept by the cache");
+        assert_eq!(a.room_under_limit(), 1000, "a cached block is not in use");
+        let _b = a.alloc(&COL, 400, true).unwrap();
+        assert_eq!(a.room_under_limit(), 600);
+        assert!(a.alloc(&COL, 601, true).is_none(), "past the room: refused");
+        let _c = a.alloc(&COL, 600, true).unwrap();
+        assert_eq!(a.room_under_limit(), 0);
     }
 
     #[test]

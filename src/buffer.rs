@@ -54,7 +54,11 @@ impl RawBuffer {
     /// A new allocation of `bytes` (> 0) on `hal`. Not generic, so that the allocation path
     /// is compiled once, with [`HalInner::alloc_with`] inlined into it.
     #[inline(never)]
-    fn allocate(hal: &Arc<HalInner>, name: Cow<'static, str>, bytes: usize) -> Result<Arc<Self>> {
+    pub(crate) fn allocate(
+        hal: &Arc<HalInner>,
+        name: Cow<'static, str>,
+        bytes: usize,
+    ) -> Result<Arc<Self>> {
         hal.alloc_with(name, bytes, |alloc, name| {
             Arc::new(RawBuffer {
                 hal: hal.clone(),

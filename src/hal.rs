@@ -1086,6 +1086,33 @@ impl HalInner {
         self.guard(r)
     }
 
+    /// Downloads `src` into `dst` through the staging slots on `stream` (not the main
+    /// stream): returns once `dst` holds the bytes. Counted in the ledger, untimed.
+    pub(crate) fn download_on(
+        &self,
+        stream: &Stream,
+        dst: &mut [u8],
+        src: CUdeviceptr,
+    ) -> Result<()> {
+        let len = dst.len();
+        let r = self
+            .staging
+            .download(&self.ctx, stream, dst, src, &|| Ok(()));
+        self.copied(Dir::D2H, len, r)
+    }
+
+    /// Whether an allocation of `bytes` the HAL makes for itself, for a while, fits easily:
+    /// within the HAL's limit, and at most half the device memory the driver reports free.
+    pub(crate) fn fits_easily(&self, bytes: usize) -> Result<bool> {
+        if bytes > self.allocs.room_under_limit() {
+            return Ok(false);
+        }
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid references; the caller bound the context.
+        self.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
+        Ok(bytes <= free / 2)
+    }
+
     /// Copies between device ranges on the stream (synchronous without phase 4).
     pub(crate) fn copy_d2d(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
         let r = self.timed(Dir::D2D, |start| {

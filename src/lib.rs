@@ -86,4 +86,4 @@ pub use resize::GrowableBuffer;
 pub use staging::{StagingConfig, StagingStats};
 pub use streams::{HalEvent, HalStream};
 pub use tracking::{LiveAllocation, MemoryReport, NameTotals};
-pub use transfer::PendingRead;
+pub use transfer::{PendingRead, READ_SNAPSHOT_NAME};

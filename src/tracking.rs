@@ -525,6 +525,12 @@ impl Tracker {
         slot
     }
 
+    /// Bytes that may come into use before the limit, with `cached` bytes in the block
+    /// cache (held, not in use).
+    pub(crate) fn room(&self, cached: usize) -> usize {
+        self.limit.saturating_sub(self.held.saturating_sub(cached))
+    }
+
     /// Whether `in_use` bytes are within the limit, raising the peak to them. Only a new
     /// peak can be past the limit, since the peak never is.
     #[inline]

@@ -1,15 +1,38 @@
 //! Asynchronous reads, explicit staged uploads and coalesced transfers.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::driver::{api, Event};
+use crate::buffer::RawBuffer;
+use crate::driver::{api, Event, Stream};
 use crate::hal::HalInner;
 use crate::host_pages;
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
+
+/// The name the device snapshot of a read past the pinned pool is tracked under while the
+/// read is in flight (see [`PendingRead`]).
+///
+/// ```
+/// use cuda_hal::{CudaHal, HalConfig, READ_SNAPSHOT_NAME};
+/// let config = HalConfig { pinned_pool_bytes: 1 << 20, ..HalConfig::default() };
+/// let Ok(hal) = CudaHal::with_config(0, config) else {
+///     println!("no CUDA device here");
+///     return;
+/// };
+/// let b = hal.alloc::<u32>("trace", 1 << 20).unwrap(); // 4 MiB: past a 1 MiB pool
+/// b.fill(7).unwrap();
+/// let pending = b.read_async().unwrap();
+/// b.fill(8).unwrap(); // queued after the read: not in its result
+/// drop(b);
+/// assert!(pending.wait().unwrap().iter().all(|&x| x == 7));
+/// let live = hal.memory_report().live;
+/// assert!(live.iter().all(|a| a.name != READ_SNAPSHOT_NAME), "gone with the read");
+/// ```
+pub const READ_SNAPSHOT_NAME: &str = "read_async snapshot";
 
 /// A device-to-host read in flight (seed 003's async GPU result).
 ///
@@ -18,8 +41,14 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// destination goes back to the HAL's pool and is reused only after the copy completes.
 ///
 /// A read larger than the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`,
-/// 256 MiB by default, so above 128 MiB) is copied before `read_async` returns, through the
-/// staging slots as [`Buffer::copy_to_slice`] copies, into a new result in 2 MiB pages; the
+/// 256 MiB by default, so above 128 MiB) goes through the staging slots, as
+/// [`Buffer::copy_to_slice`] copies, into a new result in 2 MiB pages. With phase 4 the
+/// buffer's bytes are first copied on the device into a snapshot, in the stream's order
+/// (tracked as [`READ_SNAPSHOT_NAME`]; work queued later may change or free the buffer),
+/// and `read_async` returns at once while a thread of its own copies the snapshot out; the
+/// snapshot is freed as the copy ends, and dropping the handle waits for that. Where the
+/// snapshot would not fit easily (past the HAL's limit, or more than half the device's free
+/// memory), or without phase 4, the read is copied before `read_async` returns and the
 /// handle is ready at once. On the H200 host 256 MiB took 9-10 ms so, against 20-22 ms
 /// for a result registered with `cuMemHostRegister` for the copy (the design before: the
 /// registration alone took 8 ms and the unregistration 4 ms) and 5 ms for the device's
@@ -43,6 +72,9 @@ pub struct PendingRead<T> {
 
 enum ReadState<T> {
     Ready(Vec<T>),
+    /// A read past the pinned pool: a thread copies the device's snapshot of the bytes
+    /// into the result through the staging slots.
+    Staging(std::thread::JoinHandle<Result<PodVec<T>>>),
     InFlight {
         hal: Arc<HalInner>,
         /// The pinned pool block the copy lands in, copied out when the read is taken.
@@ -72,6 +104,7 @@ impl<T: Pod> PendingRead<T> {
     /// ```
     pub fn is_ready(&self) -> bool {
         match &self.state {
+            ReadState::Staging(thread) => thread.is_finished(),
             ReadState::InFlight { hal, done, .. } => hal
                 .ctx
                 .bind()
@@ -84,6 +117,7 @@ impl<T: Pod> PendingRead<T> {
     fn finish(&mut self) -> Result<Vec<T>> {
         match std::mem::replace(&mut self.state, ReadState::Taken) {
             ReadState::Ready(v) => Ok(v),
+            ReadState::Staging(thread) => joined(thread).map(|v| v.0),
             ReadState::InFlight {
                 hal,
                 mut landing,
@@ -162,8 +196,33 @@ impl<T: Pod> PendingRead<T> {
     }
 }
 
+/// A result the read's thread built. Its elements are plain bytes (`Pod`: no pointers,
+/// nothing tied to a thread).
+struct PodVec<T>(Vec<T>);
+
+// SAFETY: `PodVec` is built only of `Pod` elements, plain bytes that any thread may own.
+unsafe impl<T: Pod> Send for PodVec<T> {}
+
+/// What the read's thread returned; a thread that panicked is an error.
+fn joined<T>(thread: std::thread::JoinHandle<Result<T>>) -> Result<T> {
+    thread
+        .join()
+        .unwrap_or_else(|_| Err(Error::InvalidArgument("the read's thread panicked".into())))
+}
+
 impl<T> Drop for PendingRead<T> {
     fn drop(&mut self) {
+        // The read's thread holds a device snapshot and staging slots: they are given back
+        // before the handle is gone, so that nothing of the read outlives it.
+        if let ReadState::Staging(_) = &self.state {
+            if let ReadState::Staging(thread) = std::mem::replace(&mut self.state, ReadState::Taken)
+            {
+                if let Err(e) = joined(thread) {
+                    log::warn!("dropping a pending read: {e}");
+                }
+            }
+            return;
+        }
         if let ReadState::InFlight {
             hal, landing, done, ..
         } = &mut self.state
@@ -231,8 +290,15 @@ impl<T: Pod> Buffer<T> {
         let r = self.byte_range();
         let bytes = self.size_bytes();
         if !h.pinned.keeps_two(bytes) {
-            // Past the pinned pool: copied now, through the staging slots, into a new result
-            // (after the main stream waits for the buffer's uses on `stream` and others).
+            // Past the pinned pool: with phase 4, a snapshot on the device and a thread that
+            // copies it out.
+            if PHASES.async_copy {
+                if let Some(read) = self.read_snapshot_on(stream)? {
+                    return Ok(read);
+                }
+            }
+            // Else copied now, through the staging slots, into a new result (after the main
+            // stream waits for the buffer's uses on `stream` and others).
             let mut v = host_pages::zeroed::<T>(self.len());
             self.raw().prepare_device_access(r, false)?;
             h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
@@ -270,6 +336,73 @@ impl<T: Pod> Buffer<T> {
                 len: self.len(),
             },
         })
+    }
+
+    /// A read past the pinned pool that returns at once: the bytes are copied on the device
+    /// into a snapshot, in `stream`'s order (so later work may change or free the buffer),
+    /// and a thread of its own copies the snapshot out through the staging slots, on a
+    /// stream of its own, into a new result in 2 MiB pages. `None` where the snapshot would
+    /// not fit easily ([`HalInner::fits_easily`]) or no thread starts: the caller copies
+    /// the buffer now instead.
+    fn read_snapshot_on(&self, stream: &HalStream) -> Result<Option<PendingRead<T>>> {
+        let h = self.raw().hal().clone();
+        let (r, bytes) = (self.byte_range(), self.size_bytes());
+        if !h.fits_easily(bytes)? {
+            return Ok(None);
+        }
+        // Allocated on the main stream, before `stream` waits for it (`access_on`).
+        let snapshot = match RawBuffer::allocate(&h, Cow::Borrowed(READ_SNAPSHOT_NAME), bytes) {
+            Ok(s) => s,
+            Err(Error::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        self.access_on(stream, r.clone(), false)?;
+        let (d, ready) = (api()?, h.event()?);
+        // SAFETY: both ranges hold `bytes`: the buffer's, and the snapshot's own allocation,
+        // which lives until the thread below has copied it out.
+        let queued = unsafe {
+            d.cuMemcpyDtoDAsync(snapshot.base_ptr(), self.raw_ptr(), bytes, stream.raw())
+        }
+        .map_err(Error::from)
+        .and_then(|()| h.record_use(&ready, &stream.stream));
+        h.guard(queued)?;
+        h.ledger.copy(Dir::D2D, bytes);
+        self.after_on(stream, ready.clone(), r, false);
+        if !stream.is_main() {
+            // However the snapshot goes (a thread that fails, or none), its free waits for
+            // its copy on `stream`.
+            snapshot.side.add(stream.id, ready.clone());
+        }
+        let len = self.len();
+        let thread = std::thread::Builder::new()
+            .name("cuda-hal-read".into())
+            .spawn(move || {
+                h.enter()?;
+                // The snapshot is read on a stream of its own, not behind the main stream's
+                // later work; its free (on the main stream, as it goes) follows the copies,
+                // which `download_on` waits for.
+                let own = h.guard(Stream::new_non_blocking())?;
+                h.guard(own.wait_event(&ready))?;
+                let mut v = host_pages::zeroed::<T>(len);
+                let copied =
+                    h.download_on(&own, bytemuck::cast_slice_mut(&mut v), snapshot.base_ptr());
+                if copied.is_err() {
+                    // Copies queued before the failure may still read the snapshot, which
+                    // is freed next.
+                    let _ = own.synchronize();
+                }
+                copied.map(|()| PodVec(v))
+            });
+        match thread {
+            Ok(thread) => Ok(Some(PendingRead {
+                state: ReadState::Staging(thread),
+            })),
+            Err(e) => {
+                // (The snapshot went with the closure.)
+                log::debug!("read_async `{}`: no thread ({e}); copying now", self.name());
+                Ok(None)
+            }
+        }
     }
 
     /// Uploads `src` through pinned staging whatever the phase features: returns once the

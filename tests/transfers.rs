@@ -7,6 +7,7 @@ mod common;
 use common::{gpu, gpu_exclusive, Rng, MIB};
 use cuda_hal::{
     CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES,
+    READ_SNAPSHOT_NAME,
 };
 
 const POISON: u32 = 0xDEAD_BEEF;
@@ -947,6 +948,83 @@ fn a_read_past_the_pinned_pool_pins_no_block_of_its_own() {
         want[..MIB / 16]
     );
     assert_eq!(hal.stats().unwrap().pinned.misses, before.misses + 1);
+}
+
+/// A read past the pinned pool reads the buffer as it was when `read_async` was called:
+/// with phase 4 from a device snapshot that a thread copies out (so the call returns at
+/// once), else copied before the call returns. Work queued after the read (a kernel that
+/// rewrites the buffer, its free) does not reach the result; the snapshot is tracked under
+/// its own name and is gone once the read is taken or dropped; and where the HAL's limit
+/// leaves no room for it, the read is copied at once, with nothing refused.
+#[test]
+fn a_read_past_the_pinned_pool_reads_the_buffer_as_it_was() {
+    let Some(_device) = gpu() else { return };
+    let hal = with_pinned_pool(MIB);
+    let data = Rng::new(48).u32s(4 * MIB); // 16 MiB
+    let inp = hal.copy_from("in", &data).unwrap();
+    let side = hal.create_stream().unwrap();
+    let want = |rounds| data.iter().map(|&x| lcg(x, rounds)).collect::<Vec<u32>>();
+    let snapshot_totals = |hal: &CudaHal| {
+        let report = hal.memory_report();
+        let totals = report
+            .by_name
+            .into_iter()
+            .find(|t| t.name == READ_SNAPSHOT_NAME);
+        totals.map_or((0, 0), |t| (t.allocations, t.live))
+    };
+    let d2d = |hal: &CudaHal| hal.stats().unwrap().ledger.d2d.bytes;
+    let snapshot = u64::from(PHASES.async_copy);
+    for (round, on) in [(1u32, None), (2, Some(&side))] {
+        let out = hal.alloc::<u32>("out", data.len()).unwrap();
+        launch_lcg(&hal, on, &out, &inp, round);
+        let d2d_before = d2d(&hal);
+        let pending = match on {
+            None => out.read_async().unwrap(),
+            Some(s) => out.read_async_on(s).unwrap(),
+        };
+        // Queued after the read, on both streams: a rewrite, then the buffer's free.
+        launch_lcg(&hal, None, &out, &inp, round + 10);
+        launch_lcg(&hal, Some(&side), &out, &inp, round + 20);
+        drop(out);
+        assert!(pending.wait().unwrap() == want(round), "round {round}");
+        assert_eq!(
+            d2d(&hal) - d2d_before,
+            snapshot * (data.len() as u64 * 4),
+            "round {round}: the snapshot's device copy"
+        );
+        assert_eq!(snapshot_totals(&hal), (snapshot * u64::from(round), 0));
+    }
+    // Dropped before it is taken: the snapshot goes with the handle.
+    let out = hal.alloc::<u32>("out", data.len()).unwrap();
+    launch_lcg(&hal, None, &out, &inp, 3);
+    for _ in 0..3 {
+        drop(out.read_async().unwrap());
+        assert_eq!(snapshot_totals(&hal).1, 0, "a snapshot left after its read");
+    }
+    let mut pending = out.read_async().unwrap();
+    let got = loop {
+        if let Some(v) = pending.try_get().unwrap() {
+            break v;
+        }
+        std::hint::spin_loop();
+    };
+    assert!(got == want(3));
+    assert!(pending.try_get().is_err(), "taken twice");
+    // A HAL whose limit leaves no room for a snapshot copies the read at once.
+    let tight = CudaHal::with_config(
+        0,
+        HalConfig {
+            pinned_pool_bytes: MIB,
+            memory_limit: Some(24 * MIB),
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
+    let b = tight.copy_from("b", &data).unwrap();
+    let refused = tight.stats().unwrap().ledger.out_of_memory;
+    assert!(b.read_async().unwrap().wait().unwrap() == data);
+    assert_eq!(snapshot_totals(&tight), (0, 0));
+    assert_eq!(tight.stats().unwrap().ledger.out_of_memory, refused);
 }
 
 /// Results of 4 MiB and more land in new memory asked for in 2 MiB pages and written by
