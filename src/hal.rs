@@ -856,29 +856,36 @@ impl HalInner {
         Ok(ptr)
     }
 
-    /// Frees every cached block, waits for the stream, and trims the pool to `keep_bytes`.
+    /// Frees every cached block, waits for the stream, and trims the pool to `keep_bytes`:
+    /// each step even if one before it failed, and the first error is returned, so that a
+    /// free the driver refused (which keeps its block) does not keep the rest of the pool's
+    /// reserve from going back too (making room for a refused allocation, `trim_pool`).
     fn trim(&self, keep_bytes: usize) -> Result<()> {
         let blocks = self.allocs.drain_cache();
         let d = api()?;
+        let mut first = Ok(());
+        // Each result checked for poisoning; the first error kept.
+        let mut step = |r: Result<()>| {
+            let r = self.guard(r);
+            if first.is_ok() {
+                first = r;
+            }
+        };
         // Every drained block is freed even if one free fails: the tracker forgot them all.
-        let mut freed = Ok(());
         for ptr in blocks {
             // SAFETY: cached blocks came from the pool and are no longer referenced.
-            let r = unsafe { d.cuMemFreeAsync(ptr, self.stream.raw()) };
-            if freed.is_ok() {
-                freed = r;
-            }
+            step(unsafe { d.cuMemFreeAsync(ptr, self.stream.raw()) }.map_err(Error::from));
         }
-        self.guard(freed.map_err(Error::from))?;
-        self.guard(self.stream.synchronize())?;
+        step(self.stream.synchronize());
         // The pool's baseline for hits and misses, under its lock: an allocation that
-        // grows the pool back after the trim is a miss.
+        // grows the pool back after the trim is a miss. (The pool gives back only memory
+        // no allocation holds and no queued free still waits for.)
         let mut last = self.aside.pool_reserved.lock();
-        self.guard(self.pool.trim_to(keep_bytes))?;
+        step(self.pool.trim_to(keep_bytes));
         if let Ok(now) = self.pool.reserved_bytes() {
             *last = now;
         }
-        Ok(())
+        first
     }
 
     /// What an allocation the driver refused gives back before its retry: the prover
@@ -1251,8 +1258,8 @@ impl Drop for HalInner {
         let bound = self.ctx.bind();
         if let Err(e) = bound.and(self.trim(0)) {
             log::warn!("dropping the HAL of device {}: {e}", self.info.ordinal);
-            // The trim stops at its first failure, maybe before it waited for the stream:
-            // its copies may still read staging slots that are freed next.
+            // If the bind or the trim's wait failed, the stream's copies may still read
+            // staging slots that are freed next.
             let _ = self.stream.synchronize();
         }
     }
