@@ -1114,10 +1114,17 @@ impl HalInner {
         if bytes > self.allocs.room_under_limit() {
             return Ok(false);
         }
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: out-pointers are valid references; the caller bound the context.
-        self.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
+        let (free, _) = self.memory_info()?;
         Ok(bytes <= free / 2)
+    }
+
+    /// The device's free and total memory, as the driver reports them. The context is
+    /// current.
+    pub(crate) fn memory_info(&self) -> Result<(usize, usize)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers are valid references.
+        self.guard(unsafe { api()?.cuMemGetInfo(&mut free, &mut total) }.map_err(Error::from))?;
+        Ok((free, total))
     }
 
     /// Copies between device ranges on the stream (synchronous without phase 4).

@@ -123,12 +123,7 @@ impl CudaHal {
         // not count it, and two requests that each fit what is free must not both be made.
         let live = managed_live(h.info().ordinal);
         let mut handed_out = live.lock();
-        let (mut free, mut total) = (0usize, 0usize);
-        let mem_info = |free: &mut usize, total: &mut usize| {
-            // SAFETY: out-pointers are valid references.
-            h.guard(unsafe { api()?.cuMemGetInfo(free, total) }.map_err(Error::from))
-        };
-        mem_info(&mut free, &mut total)?;
+        let (mut free, mut total) = h.memory_info()?;
         // More than the device holds besides what is handed out can never fit: refused
         // before anything is trimmed (making room frees every HAL's caches and tables).
         let fits_at_all = bytes <= total.saturating_sub(*handed_out);
@@ -140,7 +135,7 @@ impl CudaHal {
             log::debug!("alloc_managed `{name}` of {bytes} bytes: not free; trimming");
             h.ledger.oom_retry();
             h.make_room_on_device()?;
-            mem_info(&mut free, &mut total)?;
+            (free, total) = h.memory_info()?;
         }
         let oom = || h.oom_of(name, bytes, total, None);
         // Pages already touched count twice (in use and handed out): the check errs on the

@@ -212,29 +212,28 @@ fn joined<T>(thread: std::thread::JoinHandle<Result<T>>) -> Result<T> {
 
 impl<T> Drop for PendingRead<T> {
     fn drop(&mut self) {
-        // The read's thread holds a device snapshot and staging slots: they are given back
-        // before the handle is gone, so that nothing of the read outlives it.
-        if let ReadState::Staging(_) = &self.state {
-            if let ReadState::Staging(thread) = std::mem::replace(&mut self.state, ReadState::Taken)
-            {
+        match std::mem::replace(&mut self.state, ReadState::Taken) {
+            // The read's thread holds a device snapshot and staging slots: they are given
+            // back before the handle is gone, so that nothing of the read outlives it.
+            ReadState::Staging(thread) => {
                 if let Err(e) = joined(thread) {
                     log::warn!("dropping a pending read: {e}");
                 }
             }
-            return;
-        }
-        if let ReadState::InFlight {
-            hal, landing, done, ..
-        } = &mut self.state
-        {
-            if let Some(b) = landing.take() {
+            ReadState::InFlight {
+                hal,
+                landing: Some(b),
+                done,
+                ..
+            } => {
                 // The pool waits for `done` before the block is reused or freed, and frees
                 // it (past its limit) on this thread: its context must be current here.
                 if let Err(e) = hal.ctx.bind() {
                     log::warn!("dropping a pending read: {e}");
                 }
-                hal.pinned.give_after(b, done.clone());
+                hal.pinned.give_after(b, done);
             }
+            _ => {}
         }
     }
 }
