@@ -173,12 +173,7 @@ mod imp {
     /// Stops counting for a while (calls made meanwhile neither count nor fail), until
     /// [`resume`]; what the run saw so far.
     pub fn pause() -> Injected {
-        let mut s = state();
-        s.armed = false;
-        Injected {
-            calls: s.calls,
-            failed: s.failed,
-        }
+        stop_counting(&mut state())
     }
 
     /// Counts again after [`pause`], from where it stopped.
@@ -189,8 +184,13 @@ mod imp {
     /// Stops counting; what the run saw.
     pub fn disarm() -> Injected {
         let mut s = state();
-        s.armed = false;
         s.late = None;
+        stop_counting(&mut s)
+    }
+
+    /// Stops counting; what the run saw so far.
+    fn stop_counting(s: &mut State) -> Injected {
+        s.armed = false;
         Injected {
             calls: s.calls,
             failed: s.failed,
