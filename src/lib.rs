@@ -46,6 +46,7 @@ mod hal_trait;
 pub mod host_cache;
 mod host_copies;
 mod host_pages;
+mod kept_threads;
 mod kernels;
 mod ledger;
 mod managed;

@@ -9,6 +9,7 @@ use crate::buffer::RawBuffer;
 use crate::driver::{api, Event, Stream};
 use crate::hal::HalInner;
 use crate::host_pages;
+use crate::kept_threads::{self, Task};
 use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
@@ -45,10 +46,11 @@ pub const READ_SNAPSHOT_NAME: &str = "read_async snapshot";
 /// [`Buffer::copy_to_slice`] copies, into a new result in 2 MiB pages. With phase 4 the
 /// buffer's bytes are first copied on the device into a snapshot, in the stream's order
 /// (tracked as [`READ_SNAPSHOT_NAME`]; work queued later may change or free the buffer),
-/// and `read_async` returns at once while a thread of its own copies the snapshot out; the
-/// snapshot is freed as the copy ends, and dropping the handle waits for that. Where the
-/// snapshot would not fit easily (past the HAL's limit, or more than half the device's free
-/// memory), or without phase 4, the read is copied before `read_async` returns and the
+/// and `read_async` returns at once while a kept thread (`cuda-hal-read`, started once and
+/// reused) copies the snapshot out; the snapshot is freed as the copy ends, and dropping
+/// the handle waits for that. Where the snapshot would not fit easily (past the HAL's
+/// limit, or, where the pool's spare reserve does not hold it, more than half the device's
+/// free memory), or without phase 4, the read is copied before `read_async` returns and the
 /// handle is ready at once. On the H200 host 256 MiB took 9-10 ms so, against 20-22 ms
 /// for a result registered with `cuMemHostRegister` for the copy (the design before: the
 /// registration alone took 8 ms and the unregistration 4 ms) and 5 ms for the device's
@@ -72,9 +74,9 @@ pub struct PendingRead<T> {
 
 enum ReadState<T> {
     Ready(Vec<T>),
-    /// A read past the pinned pool: a thread copies the device's snapshot of the bytes
-    /// into the result through the staging slots.
-    Staging(std::thread::JoinHandle<Result<PodVec<T>>>),
+    /// A read past the pinned pool: a kept thread copies the device's snapshot of the
+    /// bytes into the result through the staging slots.
+    Staging(Task<Result<PodVec<T>>>),
     InFlight {
         hal: Arc<HalInner>,
         /// The pinned pool block the copy lands in, copied out when the read is taken.
@@ -104,7 +106,7 @@ impl<T: Pod> PendingRead<T> {
     /// ```
     pub fn is_ready(&self) -> bool {
         match &self.state {
-            ReadState::Staging(thread) => thread.is_finished(),
+            ReadState::Staging(task) => task.is_finished(),
             ReadState::InFlight { hal, done, .. } => hal
                 .ctx
                 .bind()
@@ -117,7 +119,7 @@ impl<T: Pod> PendingRead<T> {
     fn finish(&mut self) -> Result<Vec<T>> {
         match std::mem::replace(&mut self.state, ReadState::Taken) {
             ReadState::Ready(v) => Ok(v),
-            ReadState::Staging(thread) => joined(thread).map(|v| v.0),
+            ReadState::Staging(task) => joined(task).map(|v| v.0),
             ReadState::InFlight {
                 hal,
                 mut landing,
@@ -203,20 +205,19 @@ struct PodVec<T>(Vec<T>);
 // SAFETY: `PodVec` is built only of `Pod` elements, plain bytes that any thread may own.
 unsafe impl<T: Pod> Send for PodVec<T> {}
 
-/// What the read's thread returned; a thread that panicked is an error.
-fn joined<T>(thread: std::thread::JoinHandle<Result<T>>) -> Result<T> {
-    thread
-        .join()
+/// What the read's task returned; a task that panicked (or never ran) is an error.
+fn joined<T>(task: Task<Result<T>>) -> Result<T> {
+    task.join()
         .unwrap_or_else(|_| Err(Error::InvalidArgument("the read's thread panicked".into())))
 }
 
 impl<T> Drop for PendingRead<T> {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.state, ReadState::Taken) {
-            // The read's thread holds a device snapshot and staging slots: they are given
+            // The read's task holds a device snapshot and staging slots: they are given
             // back before the handle is gone, so that nothing of the read outlives it.
-            ReadState::Staging(thread) => {
-                if let Err(e) = joined(thread) {
+            ReadState::Staging(task) => {
+                if let Err(e) = joined(task) {
                     log::warn!("dropping a pending read: {e}");
                 }
             }
@@ -339,8 +340,8 @@ impl<T: Pod> Buffer<T> {
 
     /// A read past the pinned pool that returns at once: the bytes are copied on the device
     /// into a snapshot, in `stream`'s order (so later work may change or free the buffer),
-    /// and a thread of its own copies the snapshot out through the staging slots, on a
-    /// stream of its own, into a new result in 2 MiB pages. `None` where the snapshot would
+    /// and a kept thread copies the snapshot out through the staging slots, on a stream of
+    /// its own, into a new result in 2 MiB pages. `None` where the snapshot would
     /// not fit easily ([`HalInner::fits_easily`]) or no thread starts: the caller copies
     /// the buffer now instead.
     fn read_snapshot_on(&self, stream: &HalStream) -> Result<Option<PendingRead<T>>> {
@@ -373,28 +374,25 @@ impl<T: Pod> Buffer<T> {
             snapshot.side.add(stream.id, ready.clone());
         }
         let len = self.len();
-        let thread = std::thread::Builder::new()
-            .name("cuda-hal-read".into())
-            .spawn(move || {
-                h.enter()?;
-                // The snapshot is read on a stream of its own, not behind the main stream's
-                // later work; its free (on the main stream, as it goes) follows the copies,
-                // which `download_on` waits for.
-                let own = h.guard(Stream::new_non_blocking())?;
-                h.guard(own.wait_event(&ready))?;
-                let mut v = host_pages::zeroed::<T>(len);
-                let copied =
-                    h.download_on(&own, bytemuck::cast_slice_mut(&mut v), snapshot.base_ptr());
-                if copied.is_err() {
-                    // Copies queued before the failure may still read the snapshot, which
-                    // is freed next.
-                    let _ = own.synchronize();
-                }
-                copied.map(|()| PodVec(v))
-            });
-        match thread {
-            Ok(thread) => Ok(Some(PendingRead {
-                state: ReadState::Staging(thread),
+        let task = kept_threads::run(move || {
+            h.enter()?;
+            // The snapshot is read on a stream of its own, not behind the main stream's
+            // later work; its free (on the main stream, as it goes) follows the copies,
+            // which `download_on` waits for.
+            let own = h.guard(Stream::new_non_blocking())?;
+            h.guard(own.wait_event(&ready))?;
+            let mut v = host_pages::zeroed::<T>(len);
+            let copied = h.download_on(&own, bytemuck::cast_slice_mut(&mut v), snapshot.base_ptr());
+            if copied.is_err() {
+                // Copies queued before the failure may still read the snapshot, which
+                // is freed next.
+                let _ = own.synchronize();
+            }
+            copied.map(|()| PodVec(v))
+        });
+        match task {
+            Ok(task) => Ok(Some(PendingRead {
+                state: ReadState::Staging(task),
             })),
             Err(e) => {
                 // (The snapshot went with the closure.)

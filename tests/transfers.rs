@@ -1010,6 +1010,21 @@ fn a_read_past_the_pinned_pool_reads_the_buffer_as_it_was() {
     };
     assert!(got == want(3));
     assert!(pending.try_get().is_err(), "taken twice");
+    // Reads in flight together (on kept threads, one each while they overlap), each of
+    // the buffer as it was when it was asked for.
+    let reads: Vec<_> = (4u32..8)
+        .map(|round| {
+            launch_lcg(&hal, None, &out, &inp, round);
+            out.read_async().unwrap()
+        })
+        .collect();
+    for (round, read) in (4u32..8).zip(reads) {
+        assert!(
+            read.wait().unwrap() == want(round),
+            "read {round} of four together"
+        );
+    }
+    assert_eq!(snapshot_totals(&hal).1, 0, "a snapshot left after its read");
     // A HAL whose limit leaves no room for a snapshot copies the read at once.
     let tight = CudaHal::with_config(
         0,

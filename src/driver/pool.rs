@@ -163,6 +163,26 @@ impl MemPool {
         self.attr(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
     }
 
+    /// Reserved bytes no allocation uses (two attribute reads): what allocations can take
+    /// without the pool growing, fragmentation aside.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{MemPool, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let pool = MemPool::new(0, u64::MAX).unwrap();
+    /// assert_eq!(pool.spare_bytes().unwrap(), 0); // nothing reserved yet
+    /// ```
+    pub fn spare_bytes(&self) -> Result<u64> {
+        use CUmemPool_attribute as A;
+        let reserved = self.attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = self.attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        Ok(reserved.saturating_sub(used))
+    }
+
     /// Reads reserved and used bytes, current and high-water.
     ///
     /// ```
