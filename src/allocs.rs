@@ -243,6 +243,12 @@ impl Allocs {
         s.tracker.room(s.blocks.bytes)
     }
 
+    /// Whether the block cache keeps a block of exactly `bytes`: an allocation of that
+    /// size then takes no device memory.
+    pub(crate) fn caches_block_of(&self, bytes: usize) -> bool {
+        self.state.lock().blocks.holds(bytes)
+    }
+
     /// Bytes of blocks in the cache.
     pub(crate) fn cached_bytes(&self) -> usize {
         self.state.lock().blocks.bytes

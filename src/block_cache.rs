@@ -96,6 +96,15 @@ impl BlockCache {
         self.put(class, block, usize::MAX);
     }
 
+    /// Whether a block of exactly `bytes` is kept: an allocation of that size would take
+    /// it, and no device memory. Numbers no class.
+    pub(crate) fn holds(&self, bytes: usize) -> bool {
+        self.by_size
+            .get(&bytes)
+            .and_then(|&class| self.classes.get(class as usize))
+            .is_some_and(|c| !c.parked.is_empty())
+    }
+
     /// Empties the cache: every block with its size.
     pub(crate) fn drain(&mut self) -> Vec<(Parked, usize)> {
         self.bytes = 0;
@@ -142,8 +151,11 @@ mod tests {
         assert_eq!(c.bytes, 500);
         assert_eq!(c.parked_slots().collect::<Vec<_>>(), vec![7, 7]);
         assert_eq!(c.parked_count(), 2);
+        assert!(c.holds(100) && c.holds(400));
+        assert!(!c.holds(200), "no block of that size");
         assert_eq!(c.take(small), Some(block(0xA)));
         assert_eq!((c.take(small), c.bytes), (None, 400));
+        assert!(!c.holds(100), "its one block was taken");
         c.put_back(small, block(0xA));
         c.put_back(small, block(0xE));
         assert_eq!(c.bytes, 600, "put back whatever the limit");
@@ -163,6 +175,7 @@ mod tests {
         let past = MAX_CLASSES + 1;
         assert_eq!(c.class_of(past), NO_CLASS);
         assert_eq!(c.class_of(past), NO_CLASS, "and stays so");
+        assert!(!c.holds(past));
         assert_eq!(
             (c.classes.len(), c.by_size.len()),
             (MAX_CLASSES, MAX_CLASSES)

@@ -1109,21 +1109,22 @@ impl HalInner {
     }
 
     /// Whether an allocation of `bytes` the HAL makes for itself, for a while, fits easily:
-    /// within the HAL's limit, and either within what the pool holds and no allocation uses
-    /// (it then takes no device memory) or at most half the device memory the driver
-    /// reports free.
+    /// within the HAL's limit, and either served by memory the HAL holds unused (a block
+    /// of that size in the block cache, or the pool's spare reserve: it then takes no
+    /// device memory) or at most half the device memory the driver reports free.
     ///
-    /// The pool's two attribute reads come first: `cuMemGetInfo` took 60-90 us in
-    /// `read_async` after a large read on the GPU machines (6 us in a quiet process).
+    /// The HAL's own memory is checked first: `cuMemGetInfo` took 60-100 us in
+    /// `read_async` after a large read on the GPU machines (5-8 us called again at once).
     pub(crate) fn fits_easily(&self, bytes: usize) -> Result<bool> {
         if bytes > self.allocs.room_under_limit() {
             return Ok(false);
         }
         if PHASES.pool_alloc
-            && self
-                .pool
-                .spare_bytes()
-                .is_ok_and(|spare| spare >= bytes as u64)
+            && (self.allocs.caches_block_of(bytes)
+                || self
+                    .pool
+                    .spare_bytes()
+                    .is_ok_and(|spare| spare >= bytes as u64))
         {
             return Ok(true);
         }
