@@ -1,7 +1,7 @@
 //! Threads kept for work that runs beside its caller: a read past the pinned pool copies
 //! its device snapshot out on one of them, so that `read_async` returns at once.
 //!
-//! Starting a thread for each such read took 50-70 us of `read_async` on the GPU machines,
+//! Starting a thread for each such read took 50-90 us of `read_async` on the GPU machines,
 //! and the new thread's first instruction ran about 90 us after that: more than the rest
 //! of the call together. A kept thread takes its next task in a few microseconds.
 //!

@@ -49,9 +49,9 @@ pub const READ_SNAPSHOT_NAME: &str = "read_async snapshot";
 /// and `read_async` returns at once while a kept thread (`cuda-hal-read`, started once and
 /// reused) copies the snapshot out; the snapshot is freed as the copy ends, and dropping
 /// the handle waits for that. Where the snapshot would not fit easily (past the HAL's
-/// limit, or, where the pool's spare reserve does not hold it, more than half the device's
-/// free memory), or without phase 4, the read is copied before `read_async` returns and the
-/// handle is ready at once. On the H200 host 256 MiB took 9-10 ms so, against 20-22 ms
+/// limit; or more than half the device's free memory, where neither a cached block of its
+/// size nor the pool's spare reserve serves it), or without phase 4, the read is copied
+/// before `read_async` returns and the handle is ready at once. On the H200 host 256 MiB took 9-10 ms so, against 20-22 ms
 /// for a result registered with `cuMemHostRegister` for the copy (the design before: the
 /// registration alone took 8 ms and the unregistration 4 ms) and 5 ms for the device's
 /// copy alone. A pinned block of the read's own size would take longer still (48 ms to
@@ -205,7 +205,7 @@ struct PodVec<T>(Vec<T>);
 // SAFETY: `PodVec` is built only of `Pod` elements, plain bytes that any thread may own.
 unsafe impl<T: Pod> Send for PodVec<T> {}
 
-/// What the read's task returned; a task that panicked (or never ran) is an error.
+/// What the read's task returned; a task that panicked is an error.
 fn joined<T>(task: Task<Result<T>>) -> Result<T> {
     task.join()
         .unwrap_or_else(|_| Err(Error::InvalidArgument("the read's thread panicked".into())))
