@@ -442,6 +442,24 @@ mod tests {
         assert_eq!(a.report().current_bytes, 200);
     }
 
+    /// A cached block of a size serves the next allocation of exactly that size, whatever
+    /// its name, and is then no longer cached: what `HalInner::fits_easily` asks.
+    #[test]
+    fn a_cached_block_is_found_by_its_exact_size_until_it_is_taken() {
+        for tracking in [false, true] {
+            let a = Allocs::new(tracking, None, 1000);
+            assert!(!a.caches_block_of(300), "nothing cached yet");
+            let g = a.alloc(&COL, 300, true).unwrap();
+            assert!(!a.caches_block_of(300), "in use, not cached");
+            assert!(a.free(0xA, 300, g.ticket, true));
+            assert!(a.caches_block_of(300));
+            assert!(!a.caches_block_of(299) && !a.caches_block_of(301));
+            let other = Cow::Borrowed("read_async snapshot");
+            assert_eq!(a.alloc(&other, 300, true).unwrap().cached, Some(0xA));
+            assert!(!a.caches_block_of(300), "taken by another name");
+        }
+    }
+
     #[test]
     fn without_tracking_only_the_cache_and_counts_are_kept() {
         let a = Allocs::new(false, None, 1000);
