@@ -7,6 +7,10 @@
 //!
 //! Threads start as tasks need them (as many as run at once) and end after [`KEEP`]
 //! without a task. They are named `cuda-hal-read`, which is how Nsight Systems shows them.
+//!
+//! Not the copy threads (`copy_threads.rs`): a read's task itself runs a staged download,
+//! whose chunks go to the copy threads. A task on one of them would wait for its own pool,
+//! and `copy_threads::run_each` gives such a caller a thread of its own per chunk instead.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
