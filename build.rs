@@ -12,6 +12,10 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[allow(dead_code)]
+#[path = "src/ntt_plan.rs"]
+mod ntt_plan;
+
 /// SASS targets, plus the PTX fallback below.
 const SASS_ARCHS: [&str; 4] = ["90", "100", "120", "121"];
 const PTX_ARCH: &str = "90";
@@ -21,6 +25,7 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
     let fatbin = out.join("kernels.fatbin");
     println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-changed=src/ntt_plan.rs");
     for var in [
         "NVCC",
         "CUDA_PATH",
@@ -45,12 +50,28 @@ fn main() {
     // A reinstalled or upgraded nvcc rebuilds the kernels.
     println!("cargo:rerun-if-changed={}", nvcc.display());
 
-    // One translation unit that includes every kernel source, compiled into one fatbin.
+    // One translation unit that includes every kernel source, compiled into one fatbin,
+    // then the NTT passes compiled for their sizes (`NTT_FIXED_PASS` in babybear.cu).
     let unit = out.join("all_kernels.cu");
-    let body: String = sources
+    let mut body: String = sources
         .iter()
         .map(|p| format!("#include \"{}\"\n", p.display()))
         .collect();
+    let fixed_passes: String = ntt_plan::fixed_passes()
+        .map(|(log_n, i, p)| {
+            format!(
+                "NTT_FIXED_PASS({log_n}, {i}, {}, {}, {}, {}, {}, {}, {})\n",
+                p.k,
+                p.s0,
+                p.c,
+                p.cpos,
+                u32::from(p.bitrev),
+                p.p_load,
+                p.p_store
+            )
+        })
+        .collect();
+    body.push_str(&fixed_passes);
     fs::write(&unit, body).expect("write kernel unit");
 
     // The fatbin depends only on the sources, nvcc and the flags, not on cargo features:
@@ -69,6 +90,7 @@ fn main() {
     for h in &headers {
         fs::read(h).unwrap_or_default().hash(&mut hasher);
     }
+    fixed_passes.hash(&mut hasher);
     // The compiler's own version, not only its path: an nvcc upgraded in place must not
     // reuse the kernels the old one built.
     let nvcc_version = Command::new(&nvcc)

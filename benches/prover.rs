@@ -10,7 +10,7 @@ use common::{gbps, median, median_us};
 use cuda_hal::cuda_sys;
 use cuda_hal::driver::Module;
 use cuda_hal::field::Elem;
-use cuda_hal::{Buffer, CudaHal, Digest, Hal, LaunchDims};
+use cuda_hal::{Buffer, CudaHal, Digest, Hal, HalConfig, LaunchDims};
 
 fn row(op: &str, crate_us: f64, floor: &str, floor_us: f64, bytes: i64, target: &str) {
     println!("ROW|prover|{op}|{crate_us:.3}|{floor}|{floor_us:.3}|{bytes}|{target}");
@@ -242,6 +242,15 @@ fn bench_eltwise(hal: &CudaHal) {
 }
 
 fn bench_ntt(hal: &CudaHal) {
+    // The generic pass kernels (sizes as arguments), for the passes compiled per size.
+    let generic = CudaHal::with_config(
+        0,
+        HalConfig {
+            ntt_fixed_passes: false,
+            ..HalConfig::default()
+        },
+    )
+    .unwrap();
     for (log_n, cols, target, op) in [
         (24u32, 1usize, "<=200 us (sppark 222 us)", "ntt 2^24 x1"),
         (16, 1024, "<=1500 us", "ntt 2^16 x1024"),
@@ -275,13 +284,28 @@ fn bench_ntt(hal: &CudaHal) {
             bytes as i64,
             "-",
         );
+        let generic_io = generic.copy_from("ntt", &elems(n, 3)).unwrap();
+        let tg = median_us(20, 500, || {
+            Hal::batch_ntt(&generic, &generic_io, log_n, false).unwrap();
+            generic.synchronize().unwrap();
+        });
+        row(
+            &format!("{op}, generic passes"),
+            tg,
+            "cuMemcpyDtoD same bytes",
+            floor,
+            bytes as i64,
+            "-",
+        );
+        drop(generic_io);
         let tr = median_us(5, 300, || {
             hal.batch_ntt_radix2(&io, log_n, false).unwrap();
             hal.synchronize().unwrap();
         });
         info(&format!(
-            "{op}: fused {t:.1} us ({:.0} GB/s per pass-equivalent copy {floor:.1} us), radix-2 reference path {tr:.1} us",
-            gbps(2 * bytes, t)
+            "{op}: fused {t:.1} us ({:.0} GB/s per pass-equivalent copy {floor:.1} us), generic passes {tg:.1} us ({:+.1}%), radix-2 reference path {tr:.1} us",
+            gbps(2 * bytes, t),
+            (t / tg - 1.0) * 100.0
         ));
     }
 }

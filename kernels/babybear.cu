@@ -243,6 +243,22 @@ NTT_PASS_KERNEL(11)
 NTT_PASS_KERNEL(12)
 #undef NTT_PASS_KERNEL
 
+// Pass `I` of a 2^LOG_N-point NTT compiled for it: ntt_pass<K> with every parameter of
+// its plan a constant, so the compiler folds the strides, layouts and twiddle indices that
+// ntt_pass_k*_bb computes from its arguments (its code for sm_90 is about half as long). A
+// 2^24 NTT's three passes took 152 us against 184 us in a probe on an H200. The arguments
+// are those of ntt_pass_k*_bb; only the pointers, the inverse's scale and the tile count
+// are read. build.rs instantiates one for each pass of every multi-pass plan, from the
+// plan in src/ntt_plan.rs, by which the crate launches them.
+#define NTT_FIXED_PASS(LOG_N, I, K, S0, C, CPOS, BITREV, P_LOAD, P_STORE)                        \
+    extern "C" __global__ void __launch_bounds__(256, 5) ntt_pass_n##LOG_N##_##I##_bb(            \
+        uint32_t* dst, const uint32_t* src, const uint32_t* tw, uint32_t, uint32_t, uint32_t,   \
+        uint32_t, uint32_t, uint32_t, uint32_t, uint32_t do_scale, uint32_t scale_mont,         \
+        uint64_t num_tiles) {                                                                   \
+        const ntt::Pass ps{LOG_N, S0, C, CPOS, BITREV, P_LOAD, P_STORE, do_scale, scale_mont};  \
+        ntt_pass<K>(dst, src, tw, ps, num_tiles);                                               \
+    }
+
 // Coset LDE, step 1: out column c (2^(log_n + log_blowup) elements) = column c of coeffs
 // times shift^j (shift_pows[j] = shift^j in Montgomery form), zero-padded.
 extern "C" __global__ void lde_expand_bb(uint32_t* out, const uint32_t* coeffs,

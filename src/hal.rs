@@ -86,6 +86,12 @@ pub struct HalConfig {
     /// grew it then counts as a hit. Off, those allocations are not classified:
     /// `pool_hits` then counts only the block cache's hits and `pool_misses` stays 0.
     pub count_pool_hits: bool,
+    /// NTTs of `2^13` to `2^27` points run pass kernels compiled for their size, with
+    /// every stride and layout a constant (`build.rs` compiles one for each pass of each
+    /// plan): a `2^24`-point NTT took 165 us against 190 us with the generic passes
+    /// (bench-prover, H200). Off, they run the generic pass kernels, which take those as
+    /// arguments (to compare the two; both give the same results).
+    pub ntt_fixed_passes: bool,
 }
 
 impl Default for HalConfig {
@@ -100,6 +106,7 @@ impl Default for HalConfig {
             track_allocations: true,
             time_transfers: false,
             count_pool_hits: true,
+            ntt_fixed_passes: true,
         }
     }
 }

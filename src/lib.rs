@@ -51,6 +51,7 @@ mod kernels;
 mod ledger;
 mod managed;
 mod multi;
+mod ntt_plan;
 pub mod nvtx;
 pub mod ops;
 mod phases;

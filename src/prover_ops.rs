@@ -14,9 +14,10 @@
 //! - `prover-poseidon2`: the Poseidon2 round constants and internal diagonal (width 16 and
 //!   24), from [`Poseidon2`], converted to Montgomery form on the host and uploaded.
 //!
-//! The NTT runs as fused shared-memory passes (see [`plan_ntt`]): one pass for columns of up
+//! The NTT runs as fused shared-memory passes (see `plan_ntt`): one pass for columns of up
 //! to `2^12` points, else `⌈log_n / 8⌉` passes of up to 8 stages through a scratch buffer of
-//! the batch's size (`prover-ntt-scratch`, taken from the pool for the call).
+//! the batch's size (`prover-ntt-scratch`, taken from the pool for the call). Each pass of
+//! a multi-pass plan runs a kernel compiled for it (`HalConfig::ntt_fixed_passes`).
 //! [`CudaHal::batch_ntt_radix2`] is the simple reference path (one launch per stage).
 
 use std::borrow::Cow;
@@ -27,6 +28,7 @@ use parking_lot::Mutex;
 
 use crate::field::{Elem, FieldElement};
 use crate::hal_trait::{check, Hal};
+use crate::ntt_plan::{pass_kernel, plan_ntt, Loc, NttPass, REG_LOG};
 use crate::poseidon2::{Digest, Poseidon2};
 use crate::{Buffer, CudaHal, Error, LaunchDims, Result};
 
@@ -92,56 +94,10 @@ impl ProverCache {
     }
 }
 
-/// Largest tile (log2 elements) of the fused NTT passes: a pass of `k` stages moves tiles
-/// of `2^(k + c)` elements (`c` coalescing bits) through 16 KiB of shared memory at most,
-/// with `2^(k + c - REG_LOG)` threads (the kernels are built for 256).
-const TILE_LOG: u32 = 12;
-/// Coalescing bits of a single-pass NTT (whole columns per tile, up to 32 of them).
-const SINGLE_COALESCE_LOG: u32 = 5;
-/// Stages and coalescing bits of each pass of a multi-pass NTT: 4096-element tiles of 256
-/// threads, 16 consecutive points (64 bytes) per lane group. On an H100 this measured 5%
-/// faster for 2^24 than 8192-element tiles with 32 consecutive points.
-const MAX_PASS_STAGES: u32 = 8;
-const MULTI_COALESCE_LOG: u32 = 4;
-/// Each thread of a pass holds `2^REG_LOG` values; passes need `k >= REG_LOG`.
-const REG_LOG: u32 = 4;
-
-/// Where a pass reads or writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Loc {
-    /// The caller's buffer.
-    Io,
-    /// The scratch buffer.
-    Scratch,
-}
-
-/// One launch of `ntt_pass_k{k}_bb` (parameters as in `kernels/ntt.cuh`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct NttPass {
-    pub(crate) s0: u32,
-    pub(crate) k: u32,
-    pub(crate) c: u32,
-    pub(crate) cpos: u32,
-    pub(crate) bitrev: bool,
-    /// First lane bit of the load and store layouts (tile bits `0..k` are the stages',
-    /// `k..k + c` the coalescing bits).
-    pub(crate) p_load: u32,
-    pub(crate) p_store: u32,
-    pub(crate) src: Loc,
-    pub(crate) dst: Loc,
-    pub(crate) scale: bool,
-}
-
 /// An operation on columns of one point leaves `io` as it is, but checks what every call
 /// does: a usable HAL, and no host view open on the elements (as `CpuHal` does).
 fn left_as_it_is(io: &Buffer<Elem>) -> Result<()> {
     io.device_ptr().map(drop)
-}
-
-impl NttPass {
-    fn uses_scratch(&self) -> bool {
-        self.src == Loc::Scratch || self.dst == Loc::Scratch
-    }
 }
 
 /// What an NTT needs, made before it runs ([`CudaHal::ntt_prepare`]).
@@ -152,77 +108,6 @@ struct NttWork {
     /// For the fused passes: their scratch (if the plan has one) and how many columns it
     /// serves at a time. `None`: the radix-2 path.
     fused: Option<(Option<Buffer<Elem>>, usize)>,
-}
-
-/// The pass kernels by stage count, `REG_LOG..=TILE_LOG`.
-const NTT_PASS_KERNELS: [&str; 9] = [
-    "ntt_pass_k4_bb",
-    "ntt_pass_k5_bb",
-    "ntt_pass_k6_bb",
-    "ntt_pass_k7_bb",
-    "ntt_pass_k8_bb",
-    "ntt_pass_k9_bb",
-    "ntt_pass_k10_bb",
-    "ntt_pass_k11_bb",
-    "ntt_pass_k12_bb",
-];
-
-/// The passes of a `2^log_n`-point NTT over `cols` columns (`log_n >= REG_LOG`).
-///
-/// - `log_n <= 12`: one in-place pass whose tiles hold whole columns (and `2^c` of them at
-///   once, `c` limited by the column count's power-of-two factor), bit reversal on load.
-///   Lanes load along the column's top bits (consecutive after reversal) and store along
-///   its low bits.
-/// - else: `⌈log_n / 8⌉` passes of up to 8 stages, with 16 consecutive points on the lanes
-///   (the coalescing bits at position 0). The first reads the bit-reversed input from `Io`
-///   into `Scratch` (its tiles read other positions than they write; its coalescing bits
-///   are the column's top four, consecutive after reversal, and it stores along the low
-///   stage bits), the middle ones work in place on `Scratch`, the last writes to `Io`.
-///
-/// The inverse's `1/n` is applied on the last pass's stores.
-pub(crate) fn plan_ntt(log_n: u32, cols: usize, inverse: bool) -> Vec<NttPass> {
-    debug_assert!(log_n >= REG_LOG);
-    if log_n <= TILE_LOG {
-        let k = log_n;
-        let c = (TILE_LOG - k)
-            .min(SINGLE_COALESCE_LOG)
-            .min(cols.trailing_zeros());
-        return vec![NttPass {
-            s0: 0,
-            k,
-            c,
-            cpos: k,
-            bitrev: true,
-            p_load: k.saturating_sub(5).max(REG_LOG),
-            p_store: if k > REG_LOG { 0 } else { REG_LOG },
-            src: Loc::Io,
-            dst: Loc::Io,
-            scale: inverse,
-        }];
-    }
-    let passes = log_n.div_ceil(MAX_PASS_STAGES);
-    let mut out = Vec::new();
-    let mut s0 = 0;
-    for i in 0..passes {
-        // Spread the stages evenly, the larger shares first.
-        let k = log_n / passes + u32::from(i < log_n % passes);
-        let first = i == 0;
-        let last = i + 1 == passes;
-        out.push(NttPass {
-            s0,
-            k,
-            c: MULTI_COALESCE_LOG,
-            cpos: if first { log_n - MULTI_COALESCE_LOG } else { 0 },
-            bitrev: first,
-            p_load: k,
-            p_store: if first { 0 } else { k },
-            src: if first { Loc::Io } else { Loc::Scratch },
-            dst: if last { Loc::Io } else { Loc::Scratch },
-            scale: last && inverse,
-        });
-        s0 += k;
-    }
-    out
 }
 
 impl CudaHal {
@@ -384,7 +269,7 @@ impl CudaHal {
                 }
             }
         };
-        for p in plan {
+        for (i, p) in plan.iter().enumerate() {
             let tile_log = p.k + p.c;
             let tiles = io.len() >> tile_log;
             let grid = u32::try_from(tiles)
@@ -396,7 +281,8 @@ impl CudaHal {
                 block: (1 << (tile_log - REG_LOG), 1, 1),
                 shared_bytes: 4 << tile_log,
             };
-            let launch = self.launch_embedded(NTT_PASS_KERNELS[(p.k - REG_LOG) as usize], dims);
+            let kernel = pass_kernel(plan, i, log_n, self.config().ntt_fixed_passes);
+            let launch = self.launch_embedded(&kernel, dims);
             let launch = if p.src == p.dst {
                 // In place: the kernel reads and writes `dst` (a null `src`).
                 launch.inout(pick(p.dst)?).scalar(0u64)
@@ -759,6 +645,7 @@ mod tests {
     use super::*;
     use crate::cpu_ops;
     use crate::field::P;
+    use crate::ntt_plan::TILE_LOG;
 
     #[test]
     fn an_ntt_shape_asks_first_for_the_column_group_that_fitted() {

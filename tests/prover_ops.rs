@@ -716,6 +716,47 @@ fn cuda_large_and_extra() {
     assert_same("large merkle layer", &layer.to_vec().unwrap(), &next);
 }
 
+/// NTTs of every size whose passes are compiled for it (`2^13` to `2^27` points, the
+/// default) give what the generic pass kernels give, forward and inverse, and the inverse
+/// undoes the forward. Up to `2^22`, `cuda_large_and_extra` checks them against `cpu_ops`
+/// too; larger sizes rest on the generic kernels, whose code the host check runs.
+#[test]
+fn cuda_fixed_ntt_passes_match_the_generic_ones() {
+    let Some(device) = common::gpu() else { return };
+    let hal: &cuda_hal::CudaHal = &device;
+    assert!(hal.config().ntt_fixed_passes, "on by default");
+    let generic = cuda_hal::CudaHal::with_config(
+        0,
+        cuda_hal::HalConfig {
+            ntt_fixed_passes: false,
+            ..cuda_hal::HalConfig::default()
+        },
+    )
+    .unwrap();
+    let mut rng = Rng::new(0xf1d);
+    let shapes = (13..=27)
+        .map(|log_n| (log_n, 1))
+        .chain([(13, 5), (16, 3), (20, 2)]);
+    for (log_n, cols) in shapes {
+        let v = randoms::<Elem>(&mut rng, cols << log_n);
+        let (a, b) = (
+            hal.copy_from("io", &v).unwrap(),
+            generic.copy_from("io", &v).unwrap(),
+        );
+        for inverse in [false, true] {
+            Hal::batch_ntt(hal, &a, log_n, inverse).unwrap();
+            Hal::batch_ntt(&generic, &b, log_n, inverse).unwrap();
+            let what = format!("log_n={log_n} cols={cols} inverse={inverse}");
+            assert_same(&what, &a.to_vec().unwrap(), &b.to_vec().unwrap());
+        }
+        assert_same(
+            &format!("round trip log_n={log_n}"),
+            &a.to_vec().unwrap(),
+            &v,
+        );
+    }
+}
+
 /// Past the memory for a whole batch's NTT scratch (a HAL's byte limit, here), the fused
 /// NTT runs its columns in groups whose scratch fits; a coset LDE that cannot get even one
 /// column's scratch is refused and leaves its output as it was. Before, the NTT failed with
