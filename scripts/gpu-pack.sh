@@ -82,7 +82,7 @@ for b in "${builds[@]}"; do
   # Word splitting of the feature arguments is intended.
   read -r -a fargs <<< "${FEATURE_ARGS[$b]}"
   echo "== [$b] cargo features: ${FEATURE_ARGS[$b]:-(default)}" >&2
-  rm -rf "${bundle:?}/$b"
+  rm -rf "${bundle:?}/$b" "$bundle/$b.tar.xz"
   mkdir -p "$bundle/$b"
   tests="$GPU_TESTS"
   if [ "$b" = all ]; then tests="$tests $GPU_TESTS_ALL_ONLY"; fi
@@ -107,7 +107,7 @@ done
 # all build.
 if [[ " ${builds[*]} " == *" all "* ]]; then
   echo "== [nokernels] tests/gpu.rs built without kernels" >&2
-  rm -rf "${bundle:?}/nokernels"
+  rm -rf "${bundle:?}/nokernels" "$bundle/nokernels.tar.xz"
   mkdir -p "$bundle/nokernels"
   exe="$(NVCC=/nonexistent CARGO_TARGET_DIR="$root/target/nokernels" \
            cargo test --release --no-run -p cuda-hal --test gpu --message-format=json \
@@ -132,7 +132,8 @@ fi
 
 echo "== prover_demo example (default features)" >&2
 # (The examples' compressed copies of an earlier pack go: they are packed anew below.)
-rm -f "$bundle"/prover_demo*.gz "$bundle"/prover_demo*.xz "$bundle"/alloc_free_loop*
+rm -f "$bundle"/prover_demo*.gz "$bundle"/prover_demo*.xz "$bundle"/alloc_free_loop* \
+  "$bundle/examples.tar.xz"
 exe="$(cargo build --release -p cuda-hal --example prover_demo --message-format=json \
          | pick_exe example prover_demo)"
 cp "$exe" "$bundle/prover_demo"
@@ -182,10 +183,30 @@ rm -f "$bundle/kernels.fatbin" "$bundle/kernels.fatbin.gz"
    done)
 } > "$bundle/manifest.txt"
 
-# Compress the executables with xz (a tenth smaller than gzip -9, which no longer fit one
-# carry beside the tracked files). The manifest above lists those built this time
-# unpacked, and those of builds left from an earlier pack as they are (compressed).
-find "$bundle" -type f -perm -u+x ! -name '*.gz' ! -name '*.xz' -exec xz -6 -T1 -f {} +
+# Compress the executables with xz, each build's in one archive (<build>.tar.xz, and
+# examples.tar.xz for the examples): every executable embeds the same kernel image, which
+# nvcc compresses already (1.4 MiB since each NTT pass is compiled per size), so files
+# compressed one by one kept a copy each and no longer fit one carry; an archive keeps it
+# once. The manifest above lists those built this time unpacked, and those of builds left
+# from an earlier pack as they are (compressed).
+compress_dir() {  # compress_dir NAME FILE...: FILEs (relative to the bundle) into NAME.tar.xz
+  local name="$1"
+  shift
+  tar -cf - -C "$bundle" "$@" | xz -9 -T1 > "$bundle/$name.tar.xz"
+  (cd "$bundle" && rm -rf "$@")
+}
+for dir in "$bundle"/*/; do
+  d="$(basename "$dir")"
+  [ "$d" = doctests ] && continue
+  if [ -n "$(find "$dir" -type f -perm -u+x ! -name '*.gz' ! -name '*.xz' -print -quit)" ]; then
+    compress_dir "$d" "$d"
+  fi
+done
+mapfile -t loose < <(find "$bundle" -maxdepth 1 -type f -perm -u+x ! -name '*.gz' ! -name '*.xz' \
+                       -printf '%f\n' | sort)
+if [ "${#loose[@]}" -gt 0 ]; then
+  compress_dir examples "${loose[@]}"
+fi
 
 total_bytes="$(du -sb "$bundle" | cut -f1)"
 total_mib="$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1048576 }')"

@@ -14,7 +14,7 @@ while IFS= read -r -d '' gz; do
 done < <(find "$bundle" -type f -name '*.gz' -print0)
 # The executables gpu-pack.sh compressed with xz, through Python's lzma (the machine may
 # have no xz).
-find "$bundle" -type f -name '*.xz' ! -name 'doctests.tar.xz' -print0 | python3 -c '
+find "$bundle" -type f -name '*.xz' ! -name '*.tar.xz' -print0 | python3 -c '
 import lzma, os, shutil, sys
 for path in filter(None, sys.stdin.buffer.read().split(b"\0")):
     out = path[:-3]
@@ -23,10 +23,13 @@ for path in filter(None, sys.stdin.buffer.read().split(b"\0")):
     os.chmod(out, 0o755)
     os.remove(path)
 '
-# The doc examples: <bundle>/doctests/<source file and line>/rust_out. Python's tarfile,
+# The executables of each build (<build>.tar.xz, examples.tar.xz) and the doc examples
+# (doctests.tar.xz: <bundle>/doctests/<source file and line>/rust_out). Python's tarfile,
 # in case the machine has no xz.
-if [ -f "$bundle/doctests.tar.xz" ]; then
-  rm -rf "$bundle/doctests"
+for archive in "$bundle"/*.tar.xz; do
+  [ -f "$archive" ] || continue
+  name="$(basename "$archive" .tar.xz)"
+  [ "$name" = examples ] || rm -rf "${bundle:?}/$name"
   python3 -c '
 import sys, tarfile
 with tarfile.open(sys.argv[1]) as t:
@@ -35,6 +38,6 @@ with tarfile.open(sys.argv[1]) as t:
     except TypeError:  # a Python without extraction filters
         t.extractall(sys.argv[2])
 ' \
-    "$bundle/doctests.tar.xz" "$bundle"
-  rm -f "$bundle/doctests.tar.xz"
-fi
+    "$archive" "$bundle"
+  rm -f "$archive"
+done
