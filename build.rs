@@ -59,16 +59,8 @@ fn main() {
         .collect();
     let fixed_passes: String = ntt_plan::fixed_passes()
         .map(|(log_n, i, p)| {
-            format!(
-                "NTT_FIXED_PASS({log_n}, {i}, {}, {}, {}, {}, {}, {}, {})\n",
-                p.k,
-                p.s0,
-                p.c,
-                p.cpos,
-                u32::from(p.bitrev),
-                p.p_load,
-                p.p_store
-            )
+            let shape = p.shape().map(|v| v.to_string()).join(", ");
+            format!("NTT_FIXED_PASS({log_n}, {i}, {shape})\n")
         })
         .collect();
     body.push_str(&fixed_passes);

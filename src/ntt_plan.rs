@@ -47,6 +47,22 @@ pub(crate) struct NttPass {
 }
 
 impl NttPass {
+    /// The pass's parameters in the order `NTT_FIXED_PASS` and the host check take them:
+    /// `k, s0, c, cpos, bitrev, p_load, p_store`.
+    #[cfg_attr(not(test), allow(dead_code))] // used by build.rs and the tests' host check
+    pub(crate) fn shape(&self) -> [u32; 7] {
+        let p = self;
+        [
+            p.k,
+            p.s0,
+            p.c,
+            p.cpos,
+            u32::from(p.bitrev),
+            p.p_load,
+            p.p_store,
+        ]
+    }
+
     pub(crate) fn uses_scratch(&self) -> bool {
         self.src == Loc::Scratch || self.dst == Loc::Scratch
     }

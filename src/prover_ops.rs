@@ -710,15 +710,9 @@ mod tests {
         ) -> Vec<u32> {
             use std::io::{BufRead, Write};
             let scale = Elem::inv_pow2(log_n).to_montgomery();
+            let [k, s0, c, cpos, bitrev, p_load, p_store] = p.shape();
             let mut cmd = format!(
-                "nttpass {} {log_n} {} {} {} {} {} {} {} {scale} {} {}\n",
-                p.k,
-                p.s0,
-                p.c,
-                p.cpos,
-                u32::from(p.bitrev),
-                p.p_load,
-                p.p_store,
+                "nttpass {k} {log_n} {s0} {c} {cpos} {bitrev} {p_load} {p_store} {} {scale} {} {}\n",
                 u32::from(p.scale),
                 u32::from(dst.is_none()),
                 src.len()
