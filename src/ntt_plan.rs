@@ -29,7 +29,8 @@ pub(crate) enum Loc {
     Scratch,
 }
 
-/// One launch of `ntt_pass_k{k}_bb` (parameters as in `kernels/ntt.cuh`).
+/// One pass: a launch of `ntt_pass_k{k}_bb`, or of the kernel compiled for it (see
+/// [`pass_kernel`]; parameters as in `kernels/ntt.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct NttPass {
     pub(crate) s0: u32,
@@ -69,7 +70,7 @@ impl NttPass {
 }
 
 /// The pass kernels by stage count, `REG_LOG..=TILE_LOG`.
-pub(crate) const NTT_PASS_KERNELS: [&str; 9] = [
+const NTT_PASS_KERNELS: [&str; 9] = [
     "ntt_pass_k4_bb",
     "ntt_pass_k5_bb",
     "ntt_pass_k6_bb",
