@@ -57,10 +57,16 @@ fn main() {
         .iter()
         .map(|p| format!("#include \"{}\"\n", p.display()))
         .collect();
+    // Each first pass also reading a coset LDE's coefficients (`NTT_FIXED_LDE_PASS`).
     let fixed_passes: String = ntt_plan::fixed_passes()
         .map(|(log_n, i, p)| {
             let shape = p.shape().map(|v| v.to_string()).join(", ");
-            format!("NTT_FIXED_PASS({log_n}, {i}, {shape})\n")
+            let lde = if i == 0 {
+                format!("NTT_FIXED_LDE_PASS({log_n}, {shape})\n")
+            } else {
+                String::new()
+            };
+            format!("NTT_FIXED_PASS({log_n}, {i}, {shape})\n{lde}")
         })
         .collect();
     body.push_str(&fixed_passes);

@@ -1,12 +1,14 @@
 // Prover kernels over BabyBear: element-wise arithmetic (base field "bb" and quartic
 // extension "bb4"), batched bit reversal, batched NTT (radix-2 stage kernels and a fused
-// shared-memory pass kernel), coset-LDE expansion, and Poseidon2 (row hashing, Merkle
+// shared-memory pass kernel, and its first pass for a coset LDE), coset-LDE expansion, and Poseidon2 (row hashing, Merkle
 // layers, plain permutations). Buffers hold canonical values; see babybear.cuh.
 //
 // Every kernel is extern "C" and loops over its work with a grid stride (or over tiles with
 // a block stride), so any grid size covers any length. Counts are 64-bit.
 #include "babybear.cuh"
 #include "ntt.cuh"
+
+#include <type_traits>
 
 #define BB_GRID_STRIDE(i, n) \
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < (n); \
@@ -191,9 +193,9 @@ extern "C" __global__ void ntt_stage_bb(uint32_t* io, const uint32_t* tw, uint32
     }
 }
 
-template <int K, int R>
+template <int K, int R, class Src>
 __device__ __forceinline__ void ntt_rounds(const ntt::Tile<K>& tile, uint32_t (&x)[16],
-                                           const uint32_t (&c16)[8], const uint32_t* src,
+                                           const uint32_t (&c16)[8], const Src& src,
                                            uint32_t* dst, const uint32_t* tw, uint32_t* sm) {
     tile.template phase<R>(threadIdx.x, x, c16, src, dst, tw, sm);
     if constexpr (R + 1 < ntt::Tile<K>::NR) {
@@ -208,12 +210,15 @@ __device__ __forceinline__ void ntt_rounds(const ntt::Tile<K>& tile, uint32_t (&
 // faster for 2^24 than two 512-thread blocks, and those 25% faster than letting the
 // compiler pick (the same 64 registers with a worse schedule). A per-block table of round
 // 0's twiddles (made once per block instead of once per thread) measured 15% slower.
-template <int K>
-__device__ __forceinline__ void ntt_pass(uint32_t* dst, const uint32_t* src, const uint32_t* tw,
+// Src: the input (`const uint32_t*`, null for in place) or an LDE's `ntt::LdeSource`.
+template <int K, class Src>
+__device__ __forceinline__ void ntt_pass(uint32_t* dst, Src src, const uint32_t* tw,
                                          const ntt::Pass& ps, uint64_t num_tiles) {
     extern __shared__ uint32_t sm[];
     if (blockIdx.x >= num_tiles) return;
-    if (src == nullptr) src = dst;
+    if constexpr (std::is_pointer_v<Src>) {
+        if (src == nullptr) src = dst;
+    }
     const ntt::Tile<K> tile(ps, blockIdx.x);
     uint32_t x[16], c16[8];
     tile.roots16(tw, c16);
@@ -259,7 +264,43 @@ NTT_PASS_KERNEL(12)
         ntt_pass<K>(dst, src, tw, ps, num_tiles);                                               \
     }
 
-// Coset LDE, step 1: out column c (2^(log_n + log_blowup) elements) = column c of coeffs
+// A coset LDE's first pass (kernels/ntt.cuh, `LdeSource`): ntt_pass_k*_bb's arguments with
+// the coefficients as src (never null), then the shift powers (Montgomery form) and
+// log_small. The expanded column is never written: this pass reads only the coefficients.
+#define NTT_LDE_PASS_KERNEL(K)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 5) ntt_lde_pass_k##K##_bb(                 \
+        uint32_t* dst, const uint32_t* coeffs, const uint32_t* tw, uint32_t log_n, uint32_t s0, \
+        uint32_t c, uint32_t cpos, uint32_t bitrev, uint32_t p_load, uint32_t p_store,          \
+        uint32_t do_scale, uint32_t scale_mont, uint64_t num_tiles, const uint32_t* shift,      \
+        uint32_t log_small) {                                                                   \
+        const ntt::Pass ps{log_n, s0, c, cpos, bitrev, p_load, p_store, do_scale, scale_mont};  \
+        ntt_pass<K>(dst, ntt::LdeSource{coeffs, shift, log_small}, tw, ps, num_tiles);          \
+    }
+NTT_LDE_PASS_KERNEL(4)
+NTT_LDE_PASS_KERNEL(5)
+NTT_LDE_PASS_KERNEL(6)
+NTT_LDE_PASS_KERNEL(7)
+NTT_LDE_PASS_KERNEL(8)
+NTT_LDE_PASS_KERNEL(9)
+NTT_LDE_PASS_KERNEL(10)
+NTT_LDE_PASS_KERNEL(11)
+NTT_LDE_PASS_KERNEL(12)
+#undef NTT_LDE_PASS_KERNEL
+
+// The first pass of a 2^LOG_N-point NTT compiled for it (as NTT_FIXED_PASS), reading an
+// LDE's source: the arguments of ntt_lde_pass_k*_bb. build.rs instantiates one for the
+// first pass of every multi-pass plan.
+#define NTT_FIXED_LDE_PASS(LOG_N, K, S0, C, CPOS, BITREV, P_LOAD, P_STORE)                       \
+    extern "C" __global__ void __launch_bounds__(256, 5) ntt_lde_pass_n##LOG_N##_0_bb(            \
+        uint32_t* dst, const uint32_t* coeffs, const uint32_t* tw, uint32_t, uint32_t, uint32_t, \
+        uint32_t, uint32_t, uint32_t, uint32_t, uint32_t do_scale, uint32_t scale_mont,          \
+        uint64_t num_tiles, const uint32_t* shift, uint32_t log_small) {                         \
+        const ntt::Pass ps{LOG_N, S0, C, CPOS, BITREV, P_LOAD, P_STORE, do_scale, scale_mont};   \
+        ntt_pass<K>(dst, ntt::LdeSource{coeffs, shift, log_small}, tw, ps, num_tiles);           \
+    }
+
+// Coset LDE, step 1 where the NTT does not read the coefficients itself (the radix-2
+// path, or `HalConfig::lde_fused_expand` off): out column c (2^(log_n + log_blowup) elements) = column c of coeffs
 // times shift^j (shift_pows[j] = shift^j in Montgomery form), zero-padded.
 extern "C" __global__ void lde_expand_bb(uint32_t* out, const uint32_t* coeffs,
                                          const uint32_t* shift_pows, uint32_t log_n,

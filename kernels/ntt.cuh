@@ -29,6 +29,10 @@
 // others, and the second is one of eight constants w_16^0..7. `tw` holds w_n^k for k < n/2
 // in Montgomery form (w_n inverted for the inverse NTT), so every root above is a table entry.
 //
+// A coset LDE's first pass reads its source another way (`LdeSource`): the column of
+// 2^log_n points is the 2^log_small coefficients times the shift's powers, then zeros,
+// and neither the zeros nor the expanded column are ever in memory.
+//
 // Everything here is __host__ __device__: kernels/host_check runs the same per-thread phases
 // on the CPU, thread by thread, to check the index arithmetic against the Rust reference.
 #pragma once
@@ -47,6 +51,15 @@ struct Pass {
     uint32_t p_store;     // first lane bit of the layout of the global stores
     uint32_t do_scale;    // multiply stored values by scale_mont (the inverse's 1/n)
     uint32_t scale_mont;
+};
+
+// The source of a coset LDE's first pass (bit-reversed, from stage 0): position j < 2^log_n
+// of column col holds coeffs[col * 2^log_small + j] * shift[j] for j < 2^log_small (shift
+// in Montgomery form, so the product is canonical), zero above. log_small <= log_n.
+struct LdeSource {
+    const uint32_t* coeffs;
+    const uint32_t* shift;
+    uint32_t log_small;
 };
 
 // Registers on tile bits q..q+3, thread bits on the others in cyclic order from bit p.
@@ -182,6 +195,24 @@ struct Tile {
         }
     }
 
+    // Round 0's values of an LDE's first pass (ps.bitrev, ps.s0 == 0): as load() above, the
+    // registers at column offsets rev4(i) << (log_n - 4), but from `lde`. The zeros are not
+    // read: with a blowup of at most 16 the same registers of every thread are zero (the
+    // offsets' top bits are the registers'), so whole warps skip those loads.
+    BB_HD void load(uint32_t (&x)[16], uint64_t pos, const LdeSource& lde) const {
+        const uint64_t nmask = (1ull << ps.log_n) - 1;
+        const uint32_t j0 = bb::bit_rev((uint32_t)(pos & nmask), ps.log_n);
+        const uint64_t col = pos >> ps.log_n;
+        const uint32_t* p = lde.coeffs + (col << lde.log_small);
+        const uint32_t small = 1u << lde.log_small;
+        const uint32_t sh = ps.log_n - 4;
+#pragma unroll
+        for (uint32_t i = 0; i < 16; i++) {
+            const uint32_t j = j0 + (rev4(i) << sh);
+            x[i] = j < small ? bb::mont_mul(p[j], lde.shift[j]) : 0u;
+        }
+    }
+
     // The values to global memory; registers on tile bits q..q+3.
     BB_HD void store(const uint32_t (&x)[16], uint64_t pos, uint32_t q, uint32_t* dst) const {
         uint32_t* p = dst + pos;
@@ -251,9 +282,10 @@ struct Tile {
     // Phase r of a thread: get the values (global for round 0, else shared), run round r,
     // then put them to shared memory for the next phase or store them. The caller puts a
     // barrier between phases; within a phase a thread writes only the slots it read.
-    template <int r>
+    // Src: a `const uint32_t*` (the pass's input) or an `LdeSource`.
+    template <int r, class Src>
     BB_HD void phase(uint32_t t, uint32_t (&x)[16], const uint32_t (&c16)[8],
-                     const uint32_t* src, uint32_t* dst, const uint32_t* tw, uint32_t* sm) const {
+                     const Src& src, uint32_t* dst, const uint32_t* tw, uint32_t* sm) const {
         const Layout L = layout<r>();
         const uint32_t e = thread_bits(t, tile_log, L);
         const uint64_t pos = pos_of(e);

@@ -440,6 +440,12 @@ impl<T: Pod> Buffer<T> {
         self.offset * sz..(self.offset + self.len) * sz
     }
 
+    /// Whether this and `other` share bytes of one allocation.
+    pub(crate) fn overlaps<U: Pod>(&self, other: &Buffer<U>) -> bool {
+        let (a, b) = (self.byte_range(), other.byte_range());
+        Arc::ptr_eq(&self.raw, &other.raw) && a.start < b.end && b.start < a.end
+    }
+
     /// The allocation's bytes holding element `i` of this buffer or slice.
     pub(crate) fn element_range(&self, i: usize) -> Range<usize> {
         let sz = std::mem::size_of::<T>();
@@ -958,13 +964,13 @@ impl<T: Pod> Buffer<T> {
                 name: src.name().to_string(),
             });
         }
-        let (rd, rs) = (self.byte_range(), src.byte_range());
-        if Arc::ptr_eq(&self.raw, &src.raw) && rd.start < rs.end && rs.start < rd.end {
+        if self.overlaps(src) {
             return Err(Error::Aliasing {
                 output: self.name().to_string(),
                 other: src.name().to_string(),
             });
         }
+        let (rd, rs) = (self.byte_range(), src.byte_range());
         let h = &self.raw.hal;
         h.enter()?;
         src.raw.prepare_device_access(rs, false)?;

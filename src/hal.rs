@@ -92,6 +92,12 @@ pub struct HalConfig {
     /// (bench-prover, H200). Off, they run the generic pass kernels, which take those as
     /// arguments (to compare the two; both give the same results).
     pub ntt_fixed_passes: bool,
+    /// A coset LDE's NTT reads the coefficients in its first pass (times the shift's
+    /// powers, zeros above), so the expanded column is never written and read back.
+    /// Off, an expansion kernel writes it into the output first and the NTT reads it
+    /// there (to compare the two; both give the same results). The radix-2 path (columns
+    /// of fewer than 16 points) always expands first.
+    pub lde_fused_expand: bool,
 }
 
 impl Default for HalConfig {
@@ -107,6 +113,7 @@ impl Default for HalConfig {
             time_transfers: false,
             count_pool_hits: true,
             ntt_fixed_passes: true,
+            lde_fused_expand: true,
         }
     }
 }

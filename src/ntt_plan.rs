@@ -166,6 +166,14 @@ pub(crate) fn pass_kernel(
     }
 }
 
+/// The kernel that runs the first pass of `plan` (a plan of `2^log_n`-point columns) for a
+/// coset LDE, reading the coefficients rather than the expanded column: as
+/// [`pass_kernel`], with `ntt_lde_pass_` for `ntt_pass_` (the same arguments and two
+/// more, see `kernels/babybear.cu`).
+pub(crate) fn lde_pass_kernel(plan: &[NttPass], log_n: u32, fixed: bool) -> String {
+    pass_kernel(plan, 0, log_n, fixed).replacen("ntt_pass_", "ntt_lde_pass_", 1)
+}
+
 /// Every pass compiled for its size: `(log_n, index, pass)`, the forward plan's (an
 /// inverse plan differs only in its last pass's `scale`, which stays an argument).
 /// Multi-pass plans do not depend on the column count.
@@ -205,12 +213,28 @@ mod tests {
                     for (i, p) in plan.iter().enumerate() {
                         let generic = format!("ntt_pass_k{}_bb", p.k);
                         assert_eq!(pass_kernel(&plan, i, log_n, false), generic);
+                        if i == 0 {
+                            let lde = format!("ntt_lde_pass_k{}_bb", p.k);
+                            assert_eq!(lde_pass_kernel(&plan, log_n, false), lde);
+                        }
                         if !FIXED_LOG_N.contains(&log_n) {
                             assert_eq!(pass_kernel(&plan, i, log_n, true), generic);
+                            if i == 0 {
+                                let lde = format!("ntt_lde_pass_k{}_bb", p.k);
+                                assert_eq!(lde_pass_kernel(&plan, log_n, true), lde);
+                            }
                             continue;
                         }
                         let name = format!("ntt_pass_n{log_n}_{i}_bb");
                         assert_eq!(pass_kernel(&plan, i, log_n, true), name);
+                        if i == 0 {
+                            let lde = format!("ntt_lde_pass_n{log_n}_0_bb");
+                            assert_eq!(lde_pass_kernel(&plan, log_n, true), lde);
+                            assert!(
+                                p.bitrev && p.s0 == 0,
+                                "an LDE's source is read bit-reversed from stage 0"
+                            );
+                        }
                         let compiled = fixed
                             .iter()
                             .find(|&&(l, j, _)| (l, j) == (log_n, i))

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 use crate::field::{Elem, FieldElement};
 use crate::hal_trait::{check, Hal};
-use crate::ntt_plan::{pass_kernel, plan_ntt, Loc, NttPass, REG_LOG};
+use crate::ntt_plan::{lde_pass_kernel, pass_kernel, plan_ntt, Loc, NttPass, REG_LOG};
 use crate::poseidon2::{Digest, Poseidon2};
 use crate::{Buffer, CudaHal, Error, LaunchDims, Result};
 
@@ -108,6 +108,17 @@ struct NttWork {
     /// For the fused passes: their scratch (if the plan has one) and how many columns it
     /// serves at a time. `None`: the radix-2 path.
     fused: Option<(Option<Buffer<Elem>>, usize)>,
+}
+
+/// What a coset LDE's NTT reads in its first pass instead of the expanded column
+/// (`HalConfig::lde_fused_expand`): column `c`'s point `j` is `coeffs[c·2^log_small + j]`
+/// times `shift[j]` below `2^log_small`, zero above.
+#[derive(Clone, Copy)]
+struct LdeSource<'a> {
+    coeffs: &'a Buffer<Elem>,
+    /// `shift^j` in Montgomery form, `j < 2^log_small` (`prover-shift-powers`).
+    shift: &'a Buffer<u32>,
+    log_small: u32,
 }
 
 impl CudaHal {
@@ -224,34 +235,44 @@ impl CudaHal {
         })
     }
 
-    /// Runs the NTT `work` was prepared for over `io`.
-    fn ntt_run(&self, io: &Buffer<Elem>, work: &NttWork) -> Result<()> {
+    /// Runs the NTT `work` was prepared for over `io`; with `lde`, its first pass reads
+    /// `io`'s columns from there (only with the fused passes: see `NttWork::fused`).
+    fn ntt_run(&self, io: &Buffer<Elem>, work: &NttWork, lde: Option<LdeSource>) -> Result<()> {
         let NttWork {
             tw, log_n, inverse, ..
         } = work;
         let Some((scratch, group)) = &work.fused else {
+            debug_assert!(lde.is_none(), "the radix-2 path reads the expanded column");
             return self.ntt_radix2_unchecked(io, *log_n, *inverse, tw);
         };
         let cols = io.len() >> log_n;
         for first in (0..cols).step_by(*group) {
             let n = (*group).min(cols - first);
-            let part = if n == cols {
-                io.clone()
-            } else {
-                io.slice(first << log_n, n << log_n)?
+            let columns = |b: &Buffer<Elem>, log: u32| {
+                if n == cols {
+                    Ok(b.clone())
+                } else {
+                    b.slice(first << log, n << log)
+                }
             };
+            let part = columns(io, *log_n)?;
+            let coeffs = lde.map(|l| columns(l.coeffs, l.log_small)).transpose()?;
+            let lde = lde
+                .zip(coeffs.as_ref())
+                .map(|(l, coeffs)| LdeSource { coeffs, ..l });
             let scratch = match scratch {
                 Some(s) if n != *group => Some(s.slice(0, n << log_n)?),
                 s => s.clone(),
             };
             let plan = plan_ntt(*log_n, n, *inverse);
-            self.ntt_passes(&part, scratch.as_ref(), &plan, tw, *log_n)?;
+            self.ntt_passes(&part, scratch.as_ref(), &plan, tw, *log_n, lde)?;
         }
         Ok(())
     }
 
     /// The fused passes of `plan` over `io` (its columns of `2^log_n` points), with
-    /// `scratch` of `io`'s length where the plan uses one.
+    /// `scratch` of `io`'s length where the plan uses one; with `lde`, the first pass reads
+    /// from there instead of `io`.
     fn ntt_passes(
         &self,
         io: &Buffer<Elem>,
@@ -259,6 +280,7 @@ impl CudaHal {
         plan: &[NttPass],
         tw: &Buffer<u32>,
         log_n: u32,
+        lde: Option<LdeSource>,
     ) -> Result<()> {
         let scale = Elem::inv_pow2(log_n).to_montgomery();
         let pick = |loc: Loc| -> Result<&Buffer<Elem>> {
@@ -281,33 +303,44 @@ impl CudaHal {
                 block: (1 << (tile_log - REG_LOG), 1, 1),
                 shared_bytes: 4 << tile_log,
             };
-            let kernel = pass_kernel(plan, i, log_n, self.config().ntt_fixed_passes);
+            let fixed = self.config().ntt_fixed_passes;
+            let lde = lde.filter(|_| i == 0);
+            let kernel = match lde {
+                Some(_) => lde_pass_kernel(plan, log_n, fixed).into(),
+                None => pass_kernel(plan, i, log_n, fixed),
+            };
             let launch = self.launch_embedded(&kernel, dims);
-            let launch = if p.src == p.dst {
+            let launch = match lde {
+                Some(l) => launch.output(pick(p.dst)?).input(l.coeffs),
                 // In place: the kernel reads and writes `dst` (a null `src`).
-                launch.inout(pick(p.dst)?).scalar(0u64)
-            } else {
-                launch.output(pick(p.dst)?).input(pick(p.src)?)
+                None if p.src == p.dst => launch.inout(pick(p.dst)?).scalar(0u64),
+                None => launch.output(pick(p.dst)?).input(pick(p.src)?),
+            };
+            let launch = launch
+                .input(tw)
+                .scalar(log_n)
+                .scalar(p.s0)
+                .scalar(p.c)
+                .scalar(p.cpos)
+                .scalar(u32::from(p.bitrev))
+                .scalar(p.p_load)
+                .scalar(p.p_store)
+                .scalar(u32::from(p.scale))
+                .scalar(scale)
+                .scalar(tiles as u64);
+            let launch = match lde {
+                Some(l) => launch.input(l.shift).scalar(l.log_small),
+                None => launch,
             };
             // SAFETY: ntt_pass_k*_bb(dst, src, tw, log_n, s0, c, cpos, bitrev, p_load, p_store, do_scale,
             // scale, num_tiles), src 0 for in place; the plan's tiles cover `io`'s (or the
             // scratch's, of the same length) elements exactly, and `tw` holds the 2^(log_n-1)
-            // twiddles the passes read.
-            unsafe {
-                launch
-                    .input(tw)
-                    .scalar(log_n)
-                    .scalar(p.s0)
-                    .scalar(p.c)
-                    .scalar(p.cpos)
-                    .scalar(u32::from(p.bitrev))
-                    .scalar(p.p_load)
-                    .scalar(p.p_store)
-                    .scalar(u32::from(p.scale))
-                    .scalar(scale)
-                    .scalar(tiles as u64)
-                    .run()
-            }?;
+            // twiddles the passes read. An LDE's first pass, ntt_lde_pass_*(..., num_tiles,
+            // shift, log_small) (only a first pass: bit-reversed, from stage 0), reads instead
+            // column c's points j < 2^log_small of `coeffs` and `shift`: `check::lde` matched
+            // `coeffs` with `io`'s columns (the same slice of columns), and the shift table
+            // holds 2^log_small powers.
+            unsafe { launch.run() }?;
         }
         Ok(())
     }
@@ -557,7 +590,7 @@ impl Hal for CudaHal {
             return left_as_it_is(io);
         }
         let work = self.ntt_prepare(io.len(), log_n, inverse)?;
-        self.ntt_run(io, &work)
+        self.ntt_run(io, &work, None)
     }
 
     fn coset_lde(
@@ -575,6 +608,14 @@ impl Hal for CudaHal {
             log_n,
             log_blowup,
         )?;
+        // Checked here for every path (as `CpuHal` does): an NTT whose first pass writes
+        // the scratch would launch nothing that overlaps.
+        if out.overlaps(coeffs) {
+            return Err(Error::Aliasing {
+                output: out.name().to_string(),
+                other: coeffs.name().to_string(),
+            });
+        }
         let shift = self.table(TableKey::ShiftPowers { log_n }, || {
             self.powers_table("prover-shift-powers", Elem::GENERATOR, 1 << log_n)
         })?;
@@ -583,6 +624,17 @@ impl Hal for CudaHal {
         let ntt = (log_big > 0)
             .then(|| self.ntt_prepare(out.len(), log_big, false))
             .transpose()?;
+        if let Some(work) = ntt
+            .as_ref()
+            .filter(|w| w.fused.is_some() && self.config().lde_fused_expand)
+        {
+            let lde = LdeSource {
+                coeffs,
+                shift: &shift,
+                log_small: log_n,
+            };
+            return self.ntt_run(out, work, Some(lde));
+        }
         // SAFETY: lde_expand_bb(out, coeffs, shift_pows, log_n, log_blowup, total_out) writes
         // out[0..total_out) and reads coeffs by column of 2^log_n and shift_pows[0..2^log_n);
         // `check::lde` matched the lengths.
@@ -597,7 +649,7 @@ impl Hal for CudaHal {
                 .run()
         }?;
         match &ntt {
-            Some(work) => self.ntt_run(out, work),
+            Some(work) => self.ntt_run(out, work, None),
             None => Ok(()),
         }
     }
@@ -708,7 +760,6 @@ mod tests {
             dst: Option<&[u32]>,
             tw: &[u32],
         ) -> Vec<u32> {
-            use std::io::{BufRead, Write};
             let scale = Elem::inv_pow2(log_n).to_montgomery();
             let [k, s0, c, cpos, bitrev, p_load, p_store] = p.shape();
             let mut cmd = format!(
@@ -721,6 +772,36 @@ mod tests {
                 cmd.push_str(&v.to_string());
                 cmd.push(' ');
             }
+            self.answer(cmd)
+        }
+
+        /// Runs an LDE's first pass (`ntt_lde_pass_k*_bb`) on the host: `coeffs` in columns
+        /// of `2^log_small`, `shift` their `2^log_small` powers, `tw` the `2^(log_n - 1)`
+        /// twiddles; returns the destination.
+        fn lde_pass(
+            &mut self,
+            p: &NttPass,
+            coeffs: &[u32],
+            shift: &[u32],
+            dst: &[u32],
+            tw: &[u32],
+        ) -> Vec<u32> {
+            let (log_n, log_small) = (tw.len().ilog2() + 1, shift.len().ilog2());
+            let [k, s0, c, cpos, bitrev, p_load, p_store] = p.shape();
+            let mut cmd = format!(
+                "ldepass {k} {log_n} {s0} {c} {cpos} {bitrev} {p_load} {p_store} 0 0 {log_small} {}\n",
+                dst.len()
+            );
+            for v in coeffs.iter().chain(shift).chain(dst).chain(tw) {
+                cmd.push_str(&v.to_string());
+                cmd.push(' ');
+            }
+            self.answer(cmd)
+        }
+
+        /// Sends one command and reads its answer line.
+        fn answer(&mut self, mut cmd: String) -> Vec<u32> {
+            use std::io::{BufRead, Write};
             cmd.push('\n');
             let stdin = self.child.stdin.as_mut().unwrap();
             stdin.write_all(cmd.as_bytes()).unwrap();
@@ -806,6 +887,80 @@ mod tests {
                     "log_n {log_n} cols {cols} inverse {inverse}: plan {plan:?}"
                 );
             }
+        }
+    }
+
+    /// The coset LDE's first pass reading the coefficients (`ntt_lde_pass_*`), then the
+    /// plan's other passes, all run on the host with the kernels' code, against
+    /// `cpu_ops::coset_lde`: single- and multi-pass plans, blowups up to 2^6 (past 16 the
+    /// zero registers differ from thread to thread), one column and several.
+    #[test]
+    fn the_lde_first_pass_matches_the_reference_on_the_host() {
+        let Some(mut host) = HostCheck::start() else {
+            return;
+        };
+        let mut x = 0x0bad_5eed_1234_5678u64;
+        let mut rand = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Elem::from_u64(x)
+        };
+        let cases = [
+            (2, 2, 1),
+            (3, 1, 3),
+            (4, 0, 2),
+            (4, 2, 2),
+            (6, 6, 1),
+            (8, 3, 1),
+            (10, 2, 4),
+            (12, 1, 1),
+            (11, 4, 2),
+            (14, 2, 1),
+            (12, 5, 1),
+            (16, 2, 1),
+        ];
+        for (log_small, log_blowup, cols) in cases {
+            let log_n = log_small + log_blowup;
+            let c: Vec<Elem> = (0..cols << log_small).map(|_| rand()).collect();
+            let mut want = vec![Elem::ZERO; cols << log_n];
+            cpu_ops::coset_lde(&mut want, &c, log_small, log_blowup);
+            let w = Elem::root_of_unity(log_n).unwrap();
+            let tw: Vec<u32> = (0..1u64 << (log_n - 1))
+                .map(|k| w.pow(k).to_montgomery())
+                .collect();
+            let shift: Vec<u32> = (0..1u64 << log_small)
+                .map(|j| Elem::GENERATOR.pow(j).to_montgomery())
+                .collect();
+            let coeffs: Vec<u32> = c.iter().map(|e| e.as_u32()).collect();
+            // Poisoned: a position a pass fails to write shows up in the output.
+            let mut io = vec![u32::MAX; cols << log_n];
+            let mut scratch = io.clone();
+            let plan = plan_ntt(log_n, cols, false);
+            for (i, p) in plan.iter().enumerate() {
+                let (src, dst) = match (p.src, p.dst) {
+                    (Loc::Io, Loc::Io) => (&io, &io),
+                    (Loc::Scratch, Loc::Scratch) => (&scratch, &scratch),
+                    (Loc::Io, Loc::Scratch) => (&io, &scratch),
+                    (Loc::Scratch, Loc::Io) => (&scratch, &io),
+                };
+                let got = if i == 0 {
+                    host.lde_pass(p, &coeffs, &shift, dst, &tw)
+                } else if p.src == p.dst {
+                    host.pass(p, log_n, src, None, &tw)
+                } else {
+                    host.pass(p, log_n, src, Some(dst), &tw)
+                };
+                match p.dst {
+                    Loc::Io => io = got,
+                    Loc::Scratch => scratch = got,
+                }
+            }
+            let got: Vec<Elem> = io.iter().map(|&v| Elem::new(v)).collect();
+            assert!(
+                got == want,
+                "2^{log_small} x {cols} blown up 2^{log_blowup}: plan {plan:?}"
+            );
         }
     }
 

@@ -757,6 +757,65 @@ fn cuda_fixed_ntt_passes_match_the_generic_ones() {
     }
 }
 
+/// A coset LDE whose NTT reads the coefficients in its first pass (the default) gives what
+/// the expansion kernel then the NTT give (`lde_fused_expand: false`), with the passes
+/// compiled per size and with the generic ones: one-pass and multi-pass plans from `2^4`
+/// to `2^24` points, blowups from 2 to 64 (past 16 the zero registers differ between
+/// threads), one column and several; against `cpu_ops` up to `2^18` elements. The output
+/// starts poisoned, so a position no pass writes shows.
+#[test]
+fn cuda_lde_reading_the_coefficients_matches_the_expansion() {
+    let Some(device) = common::gpu() else { return };
+    let hal: &cuda_hal::CudaHal = &device;
+    assert!(hal.config().lde_fused_expand, "on by default");
+    let with = |config: cuda_hal::HalConfig| cuda_hal::CudaHal::with_config(0, config).unwrap();
+    let expanded = with(cuda_hal::HalConfig {
+        lde_fused_expand: false,
+        ..cuda_hal::HalConfig::default()
+    });
+    let generic = with(cuda_hal::HalConfig {
+        ntt_fixed_passes: false,
+        ..cuda_hal::HalConfig::default()
+    });
+    let mut rng = Rng::new(0x1de);
+    let shapes = [
+        (2, 2, 1),
+        (3, 1, 3),
+        (8, 3, 2),
+        (10, 2, 4),
+        (6, 6, 1),
+        (12, 1, 1),
+        (11, 4, 2),
+        (14, 2, 3),
+        (16, 2, 1),
+        (12, 6, 1),
+        (18, 2, 2),
+        (20, 3, 1),
+        (22, 2, 1),
+        (16, 1, 16),
+    ];
+    for (log_n, log_blowup, cols) in shapes {
+        let what = format!("2^{log_n} x {cols} blown up 2^{log_blowup}");
+        let c = randoms::<Elem>(&mut rng, cols << log_n);
+        let big = cols << (log_n + log_blowup);
+        let lde = |hal: &cuda_hal::CudaHal| {
+            let coeffs = hal.copy_from("coeffs", &c).unwrap();
+            let out = poisoned(hal, "lde", big, poison_elem());
+            Hal::coset_lde(hal, &out, &coeffs, log_n, log_blowup).unwrap();
+            assert_same("the coefficients", &coeffs.to_vec().unwrap(), &c);
+            out.to_vec().unwrap()
+        };
+        let got = lde(hal);
+        assert_same(&format!("{what}, expanded first"), &got, &lde(&expanded));
+        assert_same(&format!("{what}, generic passes"), &got, &lde(&generic));
+        if big <= 1 << 18 {
+            let mut want = vec![Elem::ZERO; big];
+            cpu_ops::coset_lde(&mut want, &c, log_n, log_blowup);
+            assert_same(&format!("{what}, cpu_ops"), &got, &want);
+        }
+    }
+}
+
 /// Past the memory for a whole batch's NTT scratch (a HAL's byte limit, here), the fused
 /// NTT runs its columns in groups whose scratch fits; a coset LDE that cannot get even one
 /// column's scratch is refused and leaves its output as it was. Before, the NTT failed with

@@ -9,6 +9,11 @@
 //                                               (answer: dst after one ntt_pass_k{K}_bb
 //                                                launch, run thread by thread, phase by
 //                                                phase, with the kernel's own code)
+//   ldepass K log_n s0 c cpos bitrev p_load p_store do_scale scale_mont log_small len
+//           <len >> (log_n - log_small) u32 coefficients> <2^log_small u32 shift powers>
+//           <len u32 dst> <2^(log_n-1) u32 twiddles>
+//                                               (answer: dst after one ntt_lde_pass_k{K}_bb
+//                                                launch, run the same way)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,8 +29,8 @@ struct Regs {
     uint32_t c16[8];
 };
 
-template <int K, int R>
-void host_rounds(const ntt::Tile<K>& tile, std::vector<Regs>& regs, const uint32_t* src,
+template <int K, int R, class Src>
+void host_rounds(const ntt::Tile<K>& tile, std::vector<Regs>& regs, const Src& src,
                  uint32_t* dst, const uint32_t* tw, uint32_t* sm) {
     // Each phase runs for every thread before the next starts: the kernel's barriers.
     // Inside a phase, one thread at a time: one of the interleavings the GPU may run.
@@ -34,9 +39,10 @@ void host_rounds(const ntt::Tile<K>& tile, std::vector<Regs>& regs, const uint32
     if constexpr (R + 1 < ntt::Tile<K>::NR) host_rounds<K, R + 1>(tile, regs, src, dst, tw, sm);
 }
 
-// One launch of ntt_pass_k{K}_bb: every block (tile) in turn, as the kernel in babybear.cu.
-template <int K>
-void host_pass(const ntt::Pass& ps, const uint32_t* src, uint32_t* dst, const uint32_t* tw,
+// One launch of ntt_pass_k{K}_bb (src a pointer) or ntt_lde_pass_k{K}_bb (an LdeSource):
+// every block (tile) in turn, as the kernels in babybear.cu.
+template <int K, class Src>
+void host_pass(const ntt::Pass& ps, const Src& src, uint32_t* dst, const uint32_t* tw,
                uint64_t len) {
     const uint32_t tile_log = K + ps.c;
     std::vector<uint32_t> sm(1u << tile_log);
@@ -51,7 +57,8 @@ void host_pass(const ntt::Pass& ps, const uint32_t* src, uint32_t* dst, const ui
     }
 }
 
-bool dispatch_pass(uint32_t k, const ntt::Pass& ps, const uint32_t* src, uint32_t* dst,
+template <class Src>
+bool dispatch_pass(uint32_t k, const ntt::Pass& ps, const Src& src, uint32_t* dst,
                    const uint32_t* tw, uint64_t len) {
     switch (k) {
         case 4: host_pass<4>(ps, src, dst, tw, len); return true;
@@ -115,11 +122,28 @@ int main() {
                 bb::p2_permute_canonical<24, const uint32_t*>(s, t24.data());
             }
             for (int i = 0; i < w; i++) std::printf(i + 1 < w ? "%u " : "%u\n", s[i]);
-        } else if (!std::strcmp(op, "nttpass")) {
+        } else if (!std::strcmp(op, "nttpass") || !std::strcmp(op, "ldepass")) {
+            const bool lde = op[0] == 'l';
             uint32_t k = rd();
             ntt::Pass ps;
             ps.log_n = rd(), ps.s0 = rd(), ps.c = rd(), ps.cpos = rd(), ps.bitrev = rd();
             ps.p_load = rd(), ps.p_store = rd(), ps.do_scale = rd(), ps.scale_mont = rd();
+            if (lde) {
+                const uint32_t log_small = rd();
+                const uint64_t len = rd();
+                std::vector<uint32_t> coeffs(len >> (ps.log_n - log_small));
+                std::vector<uint32_t> shift(1ull << log_small), dst(len), tw(1ull << (ps.log_n - 1));
+                for (auto* v : {&coeffs, &shift, &dst, &tw})
+                    for (auto& x : *v) x = rd();
+                const ntt::LdeSource src{coeffs.data(), shift.data(), log_small};
+                if (!dispatch_pass(k, ps, src, dst.data(), tw.data(), len)) {
+                    std::fprintf(stderr, "ldepass: K = %u\n", k);
+                    return 2;
+                }
+                for (uint64_t i = 0; i < len; i++) std::printf(i + 1 < len ? "%u " : "%u\n", dst[i]);
+                std::fflush(stdout);
+                continue;
+            }
             bool in_place = rd() != 0;
             uint64_t len = rd();
             std::vector<uint32_t> src(len), dst, tw(1ull << (ps.log_n - 1));
