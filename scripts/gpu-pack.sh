@@ -185,7 +185,7 @@ rm -f "$bundle/kernels.fatbin" "$bundle/kernels.fatbin.gz"
 
 # Compress the executables with xz, each build's in one archive (<build>.tar.xz, and
 # examples.tar.xz for the examples): every executable embeds the same kernel image, which
-# nvcc compresses already (1.4 MiB since each NTT pass is compiled per size), so files
+# nvcc compresses already (2.1 MiB since each NTT pass is compiled per size), so files
 # compressed one by one kept a copy each and no longer fit one carry; an archive keeps it
 # once. The manifest above lists those built this time unpacked, and those of builds left
 # from an earlier pack as they are (compressed).
