@@ -738,8 +738,15 @@ mod tests {
     impl HostCheck {
         fn start() -> Option<Self> {
             use std::process::{Command, Stdio};
-            let exe = std::env::temp_dir()
-                .join(format!("cuda-hal-ntt-host-check-{}", std::process::id()));
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            // One executable per start: tests start theirs at once, and running a file
+            // another test's compiler is writing fails ("text file busy").
+            static STARTS: AtomicUsize = AtomicUsize::new(0);
+            let exe = std::env::temp_dir().join(format!(
+                "cuda-hal-ntt-host-check-{}-{}",
+                std::process::id(),
+                STARTS.fetch_add(1, Ordering::Relaxed)
+            ));
             build_host_check(&exe)?;
             let mut child = Command::new(&exe)
                 .stdin(Stdio::piped())
@@ -821,6 +828,26 @@ mod tests {
         }
     }
 
+    /// Pseudo-random elements (xorshift64) from `seed`.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> Elem {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            Elem::from_u64(seed)
+        }
+    }
+
+    /// The twiddle table the passes read: `ω^k` (`ω` inverted for the inverse), `k < n/2`,
+    /// in Montgomery form.
+    fn twiddles(log_n: u32, inverse: bool) -> Vec<u32> {
+        let w = Elem::root_of_unity(log_n).unwrap();
+        let w = if inverse { w.inv() } else { w };
+        (0..1u64 << (log_n - 1))
+            .map(|k| w.pow(k).to_montgomery())
+            .collect()
+    }
+
     /// The fused NTT's plan and its kernels' own code (every pass run on the host, thread by
     /// thread and phase by phase) against `cpu_ops::ntt`, forward and inverse, for every
     /// column size the fused kernels take and column counts with and without a
@@ -830,13 +857,7 @@ mod tests {
         let Some(mut host) = HostCheck::start() else {
             return;
         };
-        let mut x = 0x1234_5678_9abc_def1u64;
-        let mut rand = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            Elem::from_u64(x)
-        };
+        let mut rand = xorshift(0x1234_5678_9abc_def1);
         let cases: Vec<(u32, usize)> = (REG_LOG..=TILE_LOG)
             .flat_map(|l| [(l, 1), (l, 3), (l, 4), (l, 64)])
             .chain([
@@ -856,11 +877,7 @@ mod tests {
                 let v: Vec<Elem> = (0..cols << log_n).map(|_| rand()).collect();
                 let mut want = v.clone();
                 cpu_ops::ntt(&mut want, log_n, inverse);
-                let w = Elem::root_of_unity(log_n).unwrap();
-                let w = if inverse { w.inv() } else { w };
-                let tw: Vec<u32> = (0..1u64 << (log_n - 1))
-                    .map(|k| w.pow(k).to_montgomery())
-                    .collect();
+                let tw = twiddles(log_n, inverse);
                 let mut io: Vec<u32> = v.iter().map(|e| e.as_u32()).collect();
                 // Poisoned scratch: a position a pass fails to write shows up in the output.
                 let mut scratch = vec![u32::MAX; io.len()];
@@ -899,13 +916,7 @@ mod tests {
         let Some(mut host) = HostCheck::start() else {
             return;
         };
-        let mut x = 0x0bad_5eed_1234_5678u64;
-        let mut rand = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            Elem::from_u64(x)
-        };
+        let mut rand = xorshift(0x0bad_5eed_1234_5678);
         let cases = [
             (2, 2, 1),
             (3, 1, 3),
@@ -925,10 +936,7 @@ mod tests {
             let c: Vec<Elem> = (0..cols << log_small).map(|_| rand()).collect();
             let mut want = vec![Elem::ZERO; cols << log_n];
             cpu_ops::coset_lde(&mut want, &c, log_small, log_blowup);
-            let w = Elem::root_of_unity(log_n).unwrap();
-            let tw: Vec<u32> = (0..1u64 << (log_n - 1))
-                .map(|k| w.pow(k).to_montgomery())
-                .collect();
+            let tw = twiddles(log_n, false);
             let shift: Vec<u32> = (0..1u64 << log_small)
                 .map(|j| Elem::GENERATOR.pow(j).to_montgomery())
                 .collect();
