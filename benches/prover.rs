@@ -254,6 +254,8 @@ fn bench_ntt(hal: &CudaHal) {
     for (log_n, cols, target, op) in [
         (24u32, 1usize, "<=200 us (sppark 222 us)", "ntt 2^24 x1"),
         (16, 1024, "<=1500 us", "ntt 2^16 x1024"),
+        (18, 256, "-", "ntt 2^18 x256"),
+        (26, 1, "<=980 us (sppark 0.98 ms)", "ntt 2^26 x1"),
     ] {
         let n = cols << log_n;
         let io = hal.copy_from("ntt", &elems(n, 3)).unwrap();
