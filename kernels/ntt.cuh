@@ -73,7 +73,7 @@ struct Layout {
 // scripts/ntt-swizzle-search.py, which also checks them. Linear over XOR: swizzle(a ^ b) = swizzle(a) ^ swizzle(b), and a bijection,
 // since only the low five bits change and they change by a function of the others.
 BB_HD uint32_t swizzle(uint32_t e) {
-    constexpr uint32_t bank_of_bit[7] = {31, 29, 9, 17, 18, 21, 29};  // tile bits 5..11
+    constexpr uint32_t bank_of_bit[7] = {21, 26, 29, 17, 9, 30, 19};  // tile bits 5..11
     uint32_t f = 0;
 #pragma unroll
     for (uint32_t i = 0; i < 7; i++)

@@ -10,13 +10,14 @@ exchange, for column sizes 2^4 .. 2^27 and several column counts, and reports co
     scripts/ntt-swizzle-search.py            # check the kernel's vectors
     scripts/ntt-swizzle-search.py --search   # random search for conflict-free vectors
 
-Keep TILE_LOG, SINGLE_C, MULTI_C, MAX_STAGES and BANK_OF_BIT in step with the sources.
+Keep TILE_LOG, SINGLE_C, MULTI_C, MAX_STAGES and BANK_OF_BIT in step with the sources
+(src/ntt_plan.rs, kernels/ntt.cuh).
 """
 import random
 import sys
 
-TILE_LOG, SINGLE_C, MULTI_C, MAX_STAGES, REG = 12, 5, 4, 8, 4
-BANK_OF_BIT = [31, 29, 9, 17, 18, 21, 29]  # tile bits 5..11
+TILE_LOG, SINGLE_C, MULTI_C, MAX_STAGES, REG = 12, 5, 4, 9, 4
+BANK_OF_BIT = [21, 26, 29, 17, 9, 30, 19]  # tile bits 5..11
 
 
 def plan(log_n, cols):
@@ -29,7 +30,8 @@ def plan(log_n, cols):
     out = []
     for i in range(passes):
         k = log_n // passes + (1 if i < log_n % passes else 0)
-        out.append((k, MULTI_C, k, 0 if i == 0 else k))
+        c = TILE_LOG - MAX_STAGES if k == MAX_STAGES else MULTI_C
+        out.append((k, c, k, 0 if i == 0 else k))
     return out
 
 

@@ -13,10 +13,14 @@ pub(crate) const TILE_LOG: u32 = 12;
 /// Coalescing bits of a single-pass NTT (whole columns per tile, up to 32 of them).
 const SINGLE_COALESCE_LOG: u32 = 5;
 /// Stages and coalescing bits of each pass of a multi-pass NTT: 4096-element tiles of 256
-/// threads, 16 consecutive points (64 bytes) per lane group. On an H100 this measured 5%
-/// faster for 2^24 than 8192-element tiles with 32 consecutive points.
-const MAX_PASS_STAGES: u32 = 8;
+/// threads, 16 consecutive points (64 bytes) per lane group for a pass of up to 8 stages.
+/// On an H100 this measured 5% faster for 2^24 than 8192-element tiles with 32 consecutive
+/// points. A pass of 9 stages keeps the tile and takes 8 consecutive points (32 bytes, a
+/// whole sector): sizes that 9-stage passes cover in fewer passes than 8-stage ones
+/// (2^17, 2^18, 2^25 to 2^27) take them, and move a pass's worth less memory.
+const MAX_PASS_STAGES: u32 = 9;
 const MULTI_COALESCE_LOG: u32 = 4;
+const WIDE_PASS_COALESCE_LOG: u32 = TILE_LOG - MAX_PASS_STAGES;
 /// Each thread of a pass holds `2^REG_LOG` values; passes need `k >= REG_LOG`.
 pub(crate) const REG_LOG: u32 = 4;
 
@@ -88,11 +92,12 @@ const NTT_PASS_KERNELS: [&str; 9] = [
 ///   once, `c` limited by the column count's power-of-two factor), bit reversal on load.
 ///   Lanes load along the column's top bits (consecutive after reversal) and store along
 ///   its low bits.
-/// - else: `⌈log_n / 8⌉` passes of up to 8 stages, with 16 consecutive points on the lanes
-///   (the coalescing bits at position 0). The first reads the bit-reversed input from `Io`
-///   into `Scratch` (its tiles read other positions than they write; its coalescing bits
-///   are the column's top four, consecutive after reversal, and it stores along the low
-///   stage bits), the middle ones work in place on `Scratch`, the last writes to `Io`.
+/// - else: `⌈log_n / 9⌉` passes of up to 9 stages, the larger shares first, with 16
+///   consecutive points on the lanes (8 for a pass of 9 stages; the coalescing bits at
+///   position 0). The first reads the bit-reversed input from `Io` into `Scratch` (its
+///   tiles read other positions than they write; its coalescing bits are the column's top
+///   ones, consecutive after reversal, and it stores along the low stage bits), the middle
+///   ones work in place on `Scratch`, the last writes to `Io`.
 ///
 /// The inverse's `1/n` is applied on the last pass's stores.
 pub(crate) fn plan_ntt(log_n: u32, cols: usize, inverse: bool) -> Vec<NttPass> {
@@ -123,11 +128,16 @@ pub(crate) fn plan_ntt(log_n: u32, cols: usize, inverse: bool) -> Vec<NttPass> {
         let k = log_n / passes + u32::from(i < log_n % passes);
         let first = i == 0;
         let last = i + 1 == passes;
+        let c = if k == MAX_PASS_STAGES {
+            WIDE_PASS_COALESCE_LOG
+        } else {
+            MULTI_COALESCE_LOG
+        };
         out.push(NttPass {
             s0,
             k,
-            c: MULTI_COALESCE_LOG,
-            cpos: if first { log_n - MULTI_COALESCE_LOG } else { 0 },
+            c,
+            cpos: if first { log_n - c } else { 0 },
             bitrev: first,
             p_load: k,
             p_store: if first { 0 } else { k },
@@ -202,8 +212,8 @@ mod tests {
         let fixed: Vec<(u32, usize, NttPass)> = fixed_passes().collect();
         assert_eq!(
             fixed.len(),
-            4 * 2 + 8 * 3 + 3 * 4,
-            "2, 3 or 4 passes a size"
+            6 * 2 + 9 * 3,
+            "2 passes a size to 2^18, 3 above"
         );
         for log_n in REG_LOG..=Elem::TWO_ADICITY {
             for cols in [1, 3, 64, 1 << 12] {

@@ -15,7 +15,7 @@
 //!   24), from [`Poseidon2`], converted to Montgomery form on the host and uploaded.
 //!
 //! The NTT runs as fused shared-memory passes (see `plan_ntt`): one pass for columns of up
-//! to `2^12` points, else `⌈log_n / 8⌉` passes of up to 8 stages through a scratch buffer of
+//! to `2^12` points, else `⌈log_n / 9⌉` passes of up to 9 stages through a scratch buffer of
 //! the batch's size (`prover-ntt-scratch`, taken from the pool for the call). Each pass of
 //! a multi-pass plan runs a kernel compiled for it (`HalConfig::ntt_fixed_passes`).
 //! [`CudaHal::batch_ntt_radix2`] is the simple reference path (one launch per stage).
@@ -866,7 +866,9 @@ mod tests {
                 (15, 1),
                 (16, 2),
                 (17, 1),
+                (17, 2),
                 (18, 1),
+                (18, 3),
                 (19, 1),
                 (20, 1),
             ])
@@ -930,6 +932,7 @@ mod tests {
             (14, 2, 1),
             (12, 5, 1),
             (16, 2, 1),
+            (14, 3, 2),
         ];
         for (log_small, log_blowup, cols) in cases {
             let log_n = log_small + log_blowup;
