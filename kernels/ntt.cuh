@@ -1,7 +1,7 @@
 // Fused NTT passes over BabyBear (canonical data, Montgomery-form twiddles; see babybear.cuh).
 //
 // A batched forward or inverse NTT of 2^log_n points per column runs as a few passes (see
-// plan_ntt in src/prover_ops.rs); each pass does K consecutive radix-2 decimation-in-time
+// plan_ntt in src/ntt_plan.rs); each pass does K consecutive radix-2 decimation-in-time
 // stages s0 .. s0+K-1 on data whose first pass reads the input in bit-reversed order.
 //
 // Positions are DIT positions (after bit reversal), column bits above log_n included. A

@@ -4,7 +4,7 @@
 The kernel stores tile element e at e ^ f(e >> 5), f linear over GF(2): tile bit 5 + i
 adds BANK_OF_BIT[i] to the bank. A warp's shared access hits 32 distinct banks when the
 bank vectors of its five lane bits are linearly independent. This script mirrors plan_ntt
-(src/prover_ops.rs) and Tile::layout (kernels/ntt.cuh) to list every lane pattern of every
+(src/ntt_plan.rs) and Tile::layout (kernels/ntt.cuh) to list every lane pattern of every
 exchange, for column sizes 2^4 .. 2^27 and several column counts, and reports conflicts.
 
     scripts/ntt-swizzle-search.py            # check the kernel's vectors
