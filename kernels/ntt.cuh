@@ -130,11 +130,21 @@ struct Tile {
         }
         const uint32_t mid = r2s - (r1s + r1w);
         uint64_t rest = g;
+        // A first pass with fewer than 16 points on the lanes reads 32-byte runs, and the
+        // other half of each 64-byte access belongs to the tile whose position bit
+        // r2s - 1 differs (the address bit just above the run, after reversal). Give that
+        // bit the tile number's lowest bit, so the two halves go to neighbouring tiles,
+        // which run together, instead of tiles 2^(mid-1) apart, which at 2^26 run 128 MiB
+        // of reads apart and read every byte twice from DRAM.
+        const bool pair_halves = p.bitrev && p.c < 4 && p.cpos > p.s0 && mid > 0;
+        const uint64_t low = pair_halves ? (rest & 1) : 0;
+        if (pair_halves) rest >>= 1;
+        const uint32_t spread = pair_halves ? mid - 1 : mid;
         const uint64_t part0 = rest & ((1ull << r1s) - 1);
         rest >>= r1s;
-        const uint64_t part1 = rest & ((1ull << mid) - 1);
-        rest >>= mid;
-        base = part0 | (part1 << (r1s + r1w)) | (rest << (r2s + r2w));
+        const uint64_t part1 = rest & ((1ull << spread) - 1);
+        rest >>= spread;
+        base = part0 | (part1 << (r1s + r1w)) | (low << (r2s - 1)) | (rest << (r2s + r2w));
     }
 
     // The layout of round r: loads for round 0, stores for the last (when there are two or
