@@ -135,8 +135,10 @@ struct Tile {
         // r2s - 1 differs (the address bit just above the run, after reversal). Give that
         // bit the tile number's lowest bit, so the two halves go to neighbouring tiles,
         // which run together, instead of tiles 2^(mid-1) apart, which at 2^26 run 128 MiB
-        // of reads apart and read every byte twice from DRAM.
-        const bool pair_halves = p.bitrev && p.c < 4 && p.cpos > p.s0 && mid > 0;
+        // of reads apart and read every byte twice from DRAM. In a multi-pass plan only
+        // passes of 9 stages have fewer than 4 coalescing bits (4096-element tiles); K > 8
+        // keeps the test out of the generic kernels of fewer stages.
+        const bool pair_halves = K > 8 && p.bitrev && p.c < 4 && p.cpos > p.s0 && mid > 0;
         const uint64_t low = pair_halves ? (rest & 1) : 0;
         if (pair_halves) rest >>= 1;
         const uint32_t spread = pair_halves ? mid - 1 : mid;
