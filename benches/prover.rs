@@ -324,7 +324,16 @@ fn bench_lde(hal: &CudaHal) {
         },
     )
     .unwrap();
-    for (log_n, log_blowup, cols) in [(16u32, 2u32, 256usize), (22, 2, 1)] {
+    // Blowups of 4, 2 and 8 (an LDE's first pass skips the stages that only pair values
+    // with zeros: one per doubling, up to two); 2^10 -> 2^12 takes one pass.
+    let shapes = [
+        (16u32, 2u32, 256usize),
+        (22, 2, 1),
+        (17, 1, 128),
+        (21, 3, 1),
+        (10, 2, 4096),
+    ];
+    for (log_n, log_blowup, cols) in shapes {
         let op = format!("coset_lde 2^{log_n} -> 2^{} x{cols}", log_n + log_blowup);
         let c = elems(cols << log_n, 4);
         let time = |hal: &CudaHal| {

@@ -210,7 +210,7 @@ __device__ __forceinline__ void ntt_rounds(const ntt::Tile<K>& tile, uint32_t (&
 // faster for 2^24 than two 512-thread blocks, and those 25% faster than letting the
 // compiler pick (the same 64 registers with a worse schedule). A per-block table of round
 // 0's twiddles (made once per block instead of once per thread) measured 15% slower.
-// Src: the input (`const uint32_t*`, null for in place) or an LDE's `ntt::LdeSource`.
+// Src: the input (`const uint32_t*`, null for in place) or an LDE's `ntt::LdeSource<SKIP>`.
 template <int K, class Src>
 __device__ __forceinline__ void ntt_pass(uint32_t* dst, Src src, const uint32_t* tw,
                                          const ntt::Pass& ps, uint64_t num_tiles) {
@@ -267,6 +267,10 @@ NTT_PASS_KERNEL(12)
 // A coset LDE's first pass (kernels/ntt.cuh, `LdeSource`): ntt_pass_k*_bb's arguments with
 // the coefficients as src (never null), then the shift powers (Montgomery form) and
 // log_small. The expanded column is never written: this pass reads only the coefficients.
+// with_lde_source picks one of three copies of the pass by the blowup (ntt.cuh,
+// LDE_MAX_SKIP): with all three, ntt_lde_pass_k12_bb spills 12 bytes for sm_90 (none
+// alone), and 2^10 -> 2^12 over 4096 columns still ran 18% faster than with no stage
+// skipped (H100, 2026-11-27).
 #define NTT_LDE_PASS_KERNEL(K)                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 5) ntt_lde_pass_k##K##_bb(                 \
         uint32_t* dst, const uint32_t* coeffs, const uint32_t* tw, uint32_t log_n, uint32_t s0, \
@@ -274,7 +278,8 @@ NTT_PASS_KERNEL(12)
         uint32_t do_scale, uint32_t scale_mont, uint64_t num_tiles, const uint32_t* shift,      \
         uint32_t log_small) {                                                                   \
         const ntt::Pass ps{log_n, s0, c, cpos, bitrev, p_load, p_store, do_scale, scale_mont};  \
-        ntt_pass<K>(dst, ntt::LdeSource{coeffs, shift, log_small}, tw, ps, num_tiles);          \
+        ntt::with_lde_source(coeffs, shift, log_small, log_n,                                  \
+                             [&](auto src) { ntt_pass<K>(dst, src, tw, ps, num_tiles); });     \
     }
 NTT_LDE_PASS_KERNEL(4)
 NTT_LDE_PASS_KERNEL(5)
@@ -296,7 +301,8 @@ NTT_LDE_PASS_KERNEL(12)
         uint32_t, uint32_t, uint32_t, uint32_t, uint32_t do_scale, uint32_t scale_mont,          \
         uint64_t num_tiles, const uint32_t* shift, uint32_t log_small) {                         \
         const ntt::Pass ps{LOG_N, S0, C, CPOS, BITREV, P_LOAD, P_STORE, do_scale, scale_mont};   \
-        ntt_pass<K>(dst, ntt::LdeSource{coeffs, shift, log_small}, tw, ps, num_tiles);           \
+        ntt::with_lde_source(coeffs, shift, log_small, LOG_N,                                    \
+                             [&](auto src) { ntt_pass<K>(dst, src, tw, ps, num_tiles); });       \
     }
 
 // Coset LDE, step 1 where the NTT does not read the coefficients itself (the radix-2

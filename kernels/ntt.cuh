@@ -31,7 +31,9 @@
 //
 // A coset LDE's first pass reads its source another way (`LdeSource`): the column of
 // 2^log_n points is the 2^log_small coefficients times the shift's powers, then zeros,
-// and neither the zeros nor the expanded column are ever in memory.
+// and neither the zeros nor the expanded column are ever in memory. Its first log_n -
+// log_small stages only pair values with zeros: it skips up to LDE_MAX_SKIP of them and
+// copies the values instead.
 //
 // Everything here is __host__ __device__: kernels/host_check runs the same per-thread phases
 // on the CPU, thread by thread, to check the index arithmetic against the Rust reference.
@@ -56,11 +58,34 @@ struct Pass {
 // The source of a coset LDE's first pass (bit-reversed, from stage 0): position j < 2^log_n
 // of column col holds coeffs[col * 2^log_small + j] * shift[j] for j < 2^log_small (shift
 // in Montgomery form, so the product is canonical), zero above. log_small <= log_n.
+// SKIP: the stages the pass leaves out (Tile::stages_skipped), at most log_n - log_small;
+// a constant, so that the compiler drops them from the code (with_lde_source picks it).
+template <uint32_t SKIP>
 struct LdeSource {
+    static_assert(SKIP <= 4, "the skipped stages' copies are made in round 0's registers");
     const uint32_t* coeffs;
     const uint32_t* shift;
     uint32_t log_small;
 };
+
+// The most stages an LDE's first pass skips: a blowup of 4 (the common one) skips two.
+// Each value up to it is a separate copy of the pass's code.
+constexpr uint32_t LDE_MAX_SKIP = 2;
+
+// f(LdeSource<S>{coeffs, shift, log_small}) with S = min(log_n - log_small, LDE_MAX_SKIP).
+template <class F>
+BB_HD void with_lde_source(const uint32_t* coeffs, const uint32_t* shift, uint32_t log_small,
+                           uint32_t log_n, F&& f) {
+    static_assert(LDE_MAX_SKIP == 2, "one branch per skip");
+    const uint32_t b = log_n - log_small;
+    if (b >= 2) {
+        f(LdeSource<2>{coeffs, shift, log_small});
+    } else if (b == 1) {
+        f(LdeSource<1>{coeffs, shift, log_small});
+    } else {
+        f(LdeSource<0>{coeffs, shift, log_small});
+    }
+}
 
 // Registers on tile bits q..q+3, thread bits on the others in cyclic order from bit p.
 struct Layout {
@@ -207,11 +232,28 @@ struct Tile {
         }
     }
 
-    // Round 0's values of an LDE's first pass (ps.bitrev, ps.s0 == 0): as load() above, the
-    // registers at column offsets rev4(i) << (log_n - 4), but from `lde`. The zeros are not
-    // read: with a blowup of at most 16 the same registers of every thread are zero (the
-    // offsets' top bits are the registers'), so whole warps skip those loads.
-    BB_HD void load(uint32_t (&x)[16], uint64_t pos, const LdeSource& lde) const {
+    // Stages the pass leaves out: none, but see the LdeSource overload.
+    BB_HD static constexpr uint32_t stages_skipped(const uint32_t*) { return 0; }
+
+    // An LDE's first pass (ps.bitrev, ps.s0 == 0) with a blowup of 2^b: position x holds
+    // a coefficient only where x's bits 0..b-1 (the source index's top b bits) are zero.
+    // So each of stages 0..b-1 pairs a value with a zero, and only copies it: after the
+    // first k <= b of them, x holds the value of position x with bits 0..k-1 cleared. The
+    // pass skips those k = SKIP stages and loads that state instead (load() below).
+    template <uint32_t SKIP>
+    BB_HD static constexpr uint32_t stages_skipped(const LdeSource<SKIP>&) { return SKIP; }
+
+    // Round 0's values of an LDE's first pass, as they stand after its skipped stages
+    // 0..SKIP-1: position pos holds the source's value at pos with bits 0..SKIP-1 cleared.
+    // The source at position y is coeffs[col * 2^log_small + j] * shift[j] for j = rev(y) <
+    // 2^log_small, zero above (the positions with a bit in SKIP..b-1 set). Registers on
+    // tile bits 0..3 (position bits 0..3): those with a bit below SKIP set are copies, made
+    // by the same pairing as the stages; of the others, those whose j is past the
+    // coefficients are zero and not read. Both are the same registers in every thread
+    // (with a blowup of at most 16; past it the zeros differ between threads), so whole
+    // warps skip those loads.
+    template <uint32_t SKIP>
+    BB_HD void load(uint32_t (&x)[16], uint64_t pos, const LdeSource<SKIP>& lde) const {
         const uint64_t nmask = (1ull << ps.log_n) - 1;
         const uint32_t j0 = bb::bit_rev((uint32_t)(pos & nmask), ps.log_n);
         const uint64_t col = pos >> ps.log_n;
@@ -220,9 +262,15 @@ struct Tile {
         const uint32_t sh = ps.log_n - 4;
 #pragma unroll
         for (uint32_t i = 0; i < 16; i++) {
+            if (i & ((1u << SKIP) - 1)) continue;
             const uint32_t j = j0 + (rev4(i) << sh);
             x[i] = j < small ? bb::mont_mul(p[j], lde.shift[j]) : 0u;
         }
+#pragma unroll
+        for (int s = 0; s < (int)SKIP; s++)
+#pragma unroll
+            for (uint32_t i = 0; i < 16; i++)
+                if ((i >> s) & 1u) x[i] = x[i ^ (1u << s)];
     }
 
     // The values to global memory; registers on tile bits q..q+3.
@@ -247,11 +295,12 @@ struct Tile {
         for (uint32_t i = 0; i < 16; i++) x[i] = sm[at ^ swizzle(i << q)];
     }
 
-    // The stages of round r on this thread's 16 values (layout L).
+    // The stages of round r on this thread's 16 values (layout L), but for the pass's
+    // stages below `skip` (tile bits, as stages_skipped).
     // pos: pos_of(the thread's tile bits) in round r's layout.
     template <int r>
     BB_HD void butterflies(uint32_t (&x)[16], uint64_t pos, const uint32_t* tw,
-                           const uint32_t (&c16)[8]) const {
+                           const uint32_t (&c16)[8], uint32_t skip) const {
         constexpr uint32_t stages = stages_of(r);
         const uint32_t lo = ps.s0 + q_of(r);
         const uint32_t u = (uint32_t)(pos & ((1ull << lo) - 1));
@@ -267,6 +316,7 @@ struct Tile {
         }
 #pragma unroll
         for (uint32_t j = 0; j < stages; j++) {
+            if (q_of(r) + j < skip) continue;
             // w[v] = W[j] * w_{2^(j+1)}^v for v < 2^j.
             uint32_t w[8];
             if (unit) {
@@ -294,7 +344,7 @@ struct Tile {
     // Phase r of a thread: get the values (global for round 0, else shared), run round r,
     // then put them to shared memory for the next phase or store them. The caller puts a
     // barrier between phases; within a phase a thread writes only the slots it read.
-    // Src: a `const uint32_t*` (the pass's input) or an `LdeSource`.
+    // Src: a `const uint32_t*` (the pass's input) or an `LdeSource<SKIP>`.
     template <int r, class Src>
     BB_HD void phase(uint32_t t, uint32_t (&x)[16], const uint32_t (&c16)[8],
                      const Src& src, uint32_t* dst, const uint32_t* tw, uint32_t* sm) const {
@@ -306,7 +356,7 @@ struct Tile {
         } else {
             from_shared(x, e, L.q, sm);
         }
-        butterflies<r>(x, pos, tw, c16);
+        butterflies<r>(x, pos, tw, c16, stages_skipped(src));
         if (r < NR - 1 || relayout()) {
             to_shared(x, e, L.q, sm);
         } else {

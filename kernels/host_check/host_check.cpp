@@ -135,8 +135,12 @@ int main() {
                 std::vector<uint32_t> shift(1ull << log_small), dst(len), tw(1ull << (ps.log_n - 1));
                 for (auto* v : {&coeffs, &shift, &dst, &tw})
                     for (auto& x : *v) x = rd();
-                const ntt::LdeSource src{coeffs.data(), shift.data(), log_small};
-                if (!dispatch_pass(k, ps, src, dst.data(), tw.data(), len)) {
+                bool known = false;
+                ntt::with_lde_source(coeffs.data(), shift.data(), log_small, ps.log_n,
+                                     [&](auto src) {
+                                         known = dispatch_pass(k, ps, src, dst.data(), tw.data(), len);
+                                     });
+                if (!known) {
                     std::fprintf(stderr, "ldepass: K = %u\n", k);
                     return 2;
                 }
