@@ -50,6 +50,19 @@ BB_HD uint32_t mont_reduce(uint64_t x) {
     return reduce_once(t);
 }
 
+// x * w mod p for a constant w < p, with w_q = floor(w * 2^32 / p) (Shoup): q = hi(x * w_q)
+// is floor(x * w / p) or one less, so x * w - q * p lies in [0, 2p) and its low 32 bits
+// are the whole of it. Any x < 2^32; a Montgomery-form x gives a Montgomery-form product.
+// One high multiply and two low ones, against the wide, low and high ones of mont_mul.
+BB_HD uint32_t mul_shoup(uint32_t x, uint32_t w, uint32_t w_q) {
+#ifdef __CUDA_ARCH__
+    const uint32_t q = __umulhi(x, w_q);
+#else
+    const uint32_t q = (uint32_t)(((uint64_t)x * w_q) >> 32);
+#endif
+    return reduce_once(x * w - q * P);
+}
+
 // a * b * 2^-32 mod p; needs a < p (b any u32) so that a*b < p * 2^32.
 BB_HD uint32_t mont_mul(uint32_t a, uint32_t b) {
     return mont_reduce((uint64_t)a * b);
@@ -123,11 +136,13 @@ BB_HD Ext ext_mul_base_mont(const Ext& a, uint32_t s_mont) {
 // ---------------------------------------------------------------------------------------
 // Poseidon2 over Montgomery-form states.
 //
-// Constant table layout (u32, Montgomery form), width W, R_F = 8, R_P partial rounds:
+// Constant table layout (u32), width W, R_F = 8, R_P partial rounds:
 //   [0, 4W)              round constants of the 4 initial full rounds (round-major)
 //   [4W, 4W + R_P)       partial-round constants
 //   [4W + R_P, 8W + R_P) round constants of the 4 final full rounds
-//   [8W + R_P, 9W + R_P) internal diagonal mu_i (y_i = mu_i x_i + sum_j x_j)
+//   [8W + R_P, 9W + R_P) internal diagonal mu_i (y_i = mu_i x_i + sum_j x_j), canonical
+//   [9W + R_P, 10W + R_P) floor(mu_i * 2^32 / p), for mul_shoup
+// The round constants are in Montgomery form.
 // The Rust side (Poseidon2::device_table in src/poseidon2/mod.rs) builds it from grain.rs's
 // parameters.
 
@@ -136,12 +151,12 @@ struct P2Params;
 template <>
 struct P2Params<16> {
     static constexpr int RP = 13;
-    static constexpr int TABLE_LEN = 9 * 16 + RP;
+    static constexpr int TABLE_LEN = 10 * 16 + RP;
 };
 template <>
 struct P2Params<24> {
     static constexpr int RP = 21;
-    static constexpr int TABLE_LEN = 9 * 24 + RP;
+    static constexpr int TABLE_LEN = 10 * 24 + RP;
 };
 
 BB_HD uint32_t p2_sbox(uint32_t x) {
@@ -205,6 +220,7 @@ BB_HD void p2_permute_mont(uint32_t* s, Tbl t) {
     Tbl internal = t + 4 * W;
     Tbl ext_final = t + 4 * W + RP;
     Tbl diag = t + 8 * W + RP;
+    Tbl diag_q = t + 9 * W + RP;
     p2_external<W>(s);
     // No round loop is unrolled. Unrolled, the full rounds made the width-16 permutation
     // 78 KB of SASS, and warps spent 37% of their cycles between issues waiting on
@@ -220,7 +236,7 @@ BB_HD void p2_permute_mont(uint32_t* s, Tbl t) {
 #pragma unroll
         for (int i = 1; i < W; i++) sum = add(sum, s[i]);
 #pragma unroll
-        for (int i = 0; i < W; i++) s[i] = add(mont_mul(s[i], diag[i]), sum);
+        for (int i = 0; i < W; i++) s[i] = add(mul_shoup(s[i], diag[i], diag_q[i]), sum);
     }
 #pragma unroll 1
     for (int r = 0; r < 4; r++) p2_full_round<W, Tbl>(s, ext_final + r * W);

@@ -2,7 +2,7 @@
 // tests/kernel_host_check.rs, which feeds it commands on stdin and compares every answer
 // with the Rust field and Poseidon2 code. One command per line, one answer line each:
 //   add a b | sub a b | mul a b | pow a e | ext a0 a1 a2 a3 b0 b1 b2 b3 | rev x bits
-//   table16 <157 u32> | table24 <237 u32>       (Montgomery-form Poseidon2 tables; no answer)
+//   table16 <173 u32> | table24 <261 u32>       (Poseidon2 tables, babybear.cuh's layout; no answer)
 //   p16 <16 u32> | p24 <24 u32>                 (canonical states; answer: the permutation)
 //   nttpass K log_n s0 c cpos bitrev p_load p_store do_scale scale_mont in_place len
 //           <len u32 src> [<len u32 dst> unless in_place] <2^(log_n-1) u32 twiddles>

@@ -66,7 +66,7 @@ use std::sync::OnceLock;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::field::Elem;
+use crate::field::{Elem, P};
 
 /// Degree of the S-box `x ↦ x^7`.
 pub const SBOX_DEGREE: u64 = 7;
@@ -228,25 +228,34 @@ impl<const W: usize> Poseidon2<W> {
         &self.diag_m_1
     }
 
-    /// The constants as the kernels read them: in Montgomery form
-    /// ([`Elem::to_montgomery`]), in the layout of `kernels/babybear.cuh`: the initial
-    /// full rounds' constants, the partial rounds', the final full rounds', then the
-    /// internal diagonal `μ`.
+    /// The constants as the kernels read them, in the layout of `kernels/babybear.cuh`:
+    /// the initial full rounds' constants, the partial rounds', the final full rounds'
+    /// (all in Montgomery form, [`Elem::to_montgomery`]), then the internal diagonal `μ`
+    /// (canonical) and each `⌊μ·2^32/p⌋`, for the kernels' Shoup products by `μ`.
     ///
     /// ```
+    /// use cuda_hal::field::P;
     /// use cuda_hal::poseidon2::Poseidon2;
     /// let p = Poseidon2::babybear16();
     /// let t = p.device_table();
-    /// assert_eq!(t.len(), 16 * (p.rounds_f() + 1) + p.rounds_p());
+    /// assert_eq!(t.len(), 16 * (p.rounds_f() + 2) + p.rounds_p());
     /// assert_eq!(t[0], p.external_initial_constants()[0][0].to_montgomery());
-    /// assert_eq!(t[t.len() - 1], p.internal_diag_m_1()[15].to_montgomery());
+    /// let mu = p.internal_diag_m_1()[15].as_u32();
+    /// assert_eq!(t[t.len() - 17], mu);
+    /// assert_eq!(u64::from(t[t.len() - 1]), (u64::from(mu) << 32) / u64::from(P));
     /// ```
     pub fn device_table(&self) -> Vec<u32> {
         let mont = |e: &Elem| e.to_montgomery();
         let mut t: Vec<u32> = self.external_initial.iter().flatten().map(mont).collect();
         t.extend(self.internal.iter().map(mont));
         t.extend(self.external_final.iter().flatten().map(mont));
-        t.extend(self.diag_m_1.iter().map(mont));
+        t.extend(self.diag_m_1.iter().map(|e| e.as_u32()));
+        // μ < p < 2^32, so each quotient is below 2^32.
+        t.extend(
+            self.diag_m_1
+                .iter()
+                .map(|e| ((u64::from(e.as_u32()) << 32) / u64::from(P)) as u32),
+        );
         t
     }
 
