@@ -326,7 +326,7 @@ extern "C" __global__ void lde_expand_bb(uint32_t* out, const uint32_t* coeffs,
 }
 
 // ---------------------------------------------------------------------------------------
-// Poseidon2. `consts` is the Montgomery-form table described in babybear.cuh; each block
+// Poseidon2. `consts` is the constant table described in babybear.cuh; each block
 // copies it into shared memory first (every thread reads every constant).
 
 typedef const volatile uint32_t* P2Tbl;

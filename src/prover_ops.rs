@@ -11,8 +11,9 @@
 //! - `prover-twiddles`: for each NTT size and direction in use, `ω^k` for `k < n/2`, in
 //!   Montgomery form, computed on the device (`powers_mont_bb`);
 //! - `prover-shift-powers`: `31^j`, `j < n`, for the coset LDE of `n`-point columns;
-//! - `prover-poseidon2`: the Poseidon2 round constants and internal diagonal (width 16 and
-//!   24), from [`Poseidon2`], converted to Montgomery form on the host and uploaded.
+//! - `prover-poseidon2`: the Poseidon2 round constants (in Montgomery form) and internal
+//!   diagonal (with the quotients of its Shoup products), width 16 and 24, made from
+//!   [`Poseidon2`] on the host and uploaded.
 //!
 //! The NTT runs as fused shared-memory passes (see `plan_ntt`): one pass for columns of up
 //! to `2^12` points, else `⌈log_n / 9⌉` passes of up to 9 stages through a scratch buffer of
