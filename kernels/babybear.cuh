@@ -63,6 +63,28 @@ BB_HD uint32_t mul_shoup(uint32_t x, uint32_t w, uint32_t w_q) {
     return reduce_once(x * w - q * P);
 }
 
+// A constant as Shoup's operand: w < p and w_q = floor(w * 2^32 / p) (mul_shoup).
+struct Shoup {
+    uint32_t w, q;
+};
+
+BB_HD uint32_t mul_shoup(uint32_t x, Shoup s) { return mul_shoup(x, s.w, s.q); }
+
+// The Shoup operand of a value w given in Montgomery form, wm = w * 2^32 mod p with
+// 0 < wm < p (a root of unity, never zero). w * 2^32 = w_q * p + wm with w_q < 2^32, so
+// w_q = -wm * p^-1 mod 2^32 = wm * P_NEG_INV, one low multiply. And w = (w_q * p + wm) /
+// 2^32 = hi(w_q * p) + 1: the low half of w_q * p is 2^32 - wm, so adding wm carries one.
+// It costs one low and one high multiply; each product then taken as mul_shoup(x, ...)
+// instead of mont_mul(x, wm) saves a wide multiply (the NTT's butterflies, kernels/ntt.cuh).
+BB_HD Shoup shoup_of_mont(uint32_t wm) {
+    const uint32_t q = wm * P_NEG_INV;
+#ifdef __CUDA_ARCH__
+    return {__umulhi(q, P) + 1, q};
+#else
+    return {(uint32_t)(((uint64_t)q * P) >> 32) + 1, q};
+#endif
+}
+
 // a * b * 2^-32 mod p; needs a < p (b any u32) so that a*b < p * 2^32.
 BB_HD uint32_t mont_mul(uint32_t a, uint32_t b) {
     return mont_reduce((uint64_t)a * b);

@@ -28,6 +28,9 @@
 // where the first factor is one table load for the round's last stage and squarings for the
 // others, and the second is one of eight constants w_16^0..7. `tw` holds w_n^k for k < n/2
 // in Montgomery form (w_n inverted for the inverse NTT), so every root above is a table entry.
+// The squarings, the products by the constants and the butterflies of stages 0..2 are Shoup
+// products (`butterflies`), each operand's quotient taken from its Montgomery form with
+// one low multiply (bb::shoup_of_mont).
 //
 // A coset LDE's first pass reads its source another way (`LdeSource`): the column of
 // 2^log_n points is the 2^log_small coefficients times the shift's powers, then zeros,
@@ -298,43 +301,65 @@ struct Tile {
     // The stages of round r on this thread's 16 values (layout L), but for the pass's
     // stages below `skip` (tile bits, as stages_skipped).
     // pos: pos_of(the thread's tile bits) in round r's layout.
+    //
+    // Products by a twiddle are Shoup products (bb::mul_shoup) wherever the twiddle serves
+    // more than one of them, so that its conversion (bb::shoup_of_mont) pays: one high
+    // multiply and two low ones each, against mont_mul's wide, low and high ones. Stage 3's
+    // twiddles serve one butterfly each and stay in Montgomery form.
     template <int r>
     BB_HD void butterflies(uint32_t (&x)[16], uint64_t pos, const uint32_t* tw,
                            const uint32_t (&c16)[8], uint32_t skip) const {
         constexpr uint32_t stages = stages_of(r);
         const uint32_t lo = ps.s0 + q_of(r);
         const uint32_t u = (uint32_t)(pos & ((1ull << lo) - 1));
-        // W[j] = w_{2^(lo+j+1)}^u; the last from the table, the others by squaring.
-        // lo == 0 (round 0 of a pass from stage 0): u = 0, every W[j] is 1.
+        // W[j] = w_{2^(lo+j+1)}^u in Montgomery form, Ws[j] as a Shoup operand; the last
+        // from the table, the others by squaring. lo == 0 (round 0 of a pass from stage
+        // 0): u = 0, every W[j] is 1.
         const bool unit = r == 0 && lo == 0;
         uint32_t W[4];
+        bb::Shoup Ws[4];
         if (!unit) {
             W[stages - 1] = tw[(uint64_t)u << (ps.log_n - lo - stages)];
+            Ws[stages - 1] = bb::shoup_of_mont(W[stages - 1]);
 #pragma unroll
-            for (int j = 3; j > 0; j--)
-                if (j < (int)stages) W[j - 1] = bb::mont_mul(W[j], W[j]);
+            for (int j = 3; j > 0; j--) {
+                if (j >= (int)stages) continue;
+                W[j - 1] = bb::mul_shoup(W[j], Ws[j]);
+                Ws[j - 1] = bb::shoup_of_mont(W[j - 1]);
+            }
         }
 #pragma unroll
         for (uint32_t j = 0; j < stages; j++) {
             if (q_of(r) + j < skip) continue;
-            // w[v] = W[j] * w_{2^(j+1)}^v for v < 2^j.
-            uint32_t w[8];
-            if (unit) {
+            // w_v = W[j] * w_{2^(j+1)}^v for v < 2^j: wm[v] in Montgomery form (W[j]'s
+            // Shoup product with the root), ws[v] as a Shoup operand in stages 0..2.
+            // With unit, w_v is the root alone, and w_0 = 1 multiplies by nothing.
+            const bool shoup = j < 3;
+            uint32_t wm[8];
+            bb::Shoup ws[8];
 #pragma unroll
-                for (uint32_t v = 0; v < 8; v++)
-                    if (v < (1u << j)) w[v] = c16[v << (3 - j)];
-            } else {
-                w[0] = W[j];
-#pragma unroll
-                for (uint32_t v = 1; v < 8; v++)
-                    if (v < (1u << j)) w[v] = bb::mont_mul(W[j], c16[v << (3 - j)]);
+            for (uint32_t v = 0; v < 8; v++) {
+                if (v >= (1u << j)) continue;
+                if (unit) {
+                    wm[v] = c16[v << (3 - j)];
+                    if (shoup && v != 0) ws[v] = bb::shoup_of_mont(wm[v]);
+                } else if (v == 0) {
+                    wm[v] = W[j];
+                    ws[v] = Ws[j];
+                } else {
+                    wm[v] = bb::mul_shoup(c16[v << (3 - j)], Ws[j]);
+                    if (shoup) ws[v] = bb::shoup_of_mont(wm[v]);
+                }
             }
 #pragma unroll
             for (uint32_t i0 = 0; i0 < 16; i0++) {
                 if ((i0 >> j) & 1u) continue;
                 const uint32_t i1 = i0 | (1u << j);
+                const uint32_t v = i0 & ((1u << j) - 1);
                 const uint32_t a = x[i0];
-                const uint32_t b = bb::mont_mul(x[i1], w[i0 & ((1u << j) - 1)]);
+                const uint32_t b = (unit && v == 0) ? x[i1]
+                                   : shoup          ? bb::mul_shoup(x[i1], ws[v])
+                                                    : bb::mont_mul(x[i1], wm[v]);
                 x[i0] = bb::add(a, b);
                 x[i1] = bb::sub(a, b);
             }

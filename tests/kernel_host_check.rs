@@ -75,6 +75,32 @@ fn device_arithmetic_matches_the_reference_on_the_host() {
         );
         want.push(join(r.coeffs().map(Elem::as_u32)));
     }
+    // Shoup operands from Montgomery form (the NTT's twiddles): w = wm * 2^-32 mod p,
+    // q = floor(w * 2^32 / p), and x * w mod p for any 32-bit x.
+    let r_inv = u64::from(Elem::new(1 << 16).inv().as_u32()).pow(2) % u64::from(P);
+    let mut y = 0x9e37_79b9_7f4a_7c15u64;
+    let mut draw = || {
+        y ^= y << 13;
+        y ^= y >> 7;
+        y ^= y << 17;
+        y
+    };
+    for i in 0..4000 {
+        let wm = match special.get(i) {
+            Some(&v) if v != 0 => v,
+            _ => Elem::from_u64(draw()).as_u32().max(1),
+        };
+        let x = if i % 7 == 0 {
+            u32::MAX - i as u32
+        } else {
+            draw() as u32
+        };
+        let w = u64::from(wm) * r_inv % u64::from(P);
+        let q = (w << 32) / u64::from(P);
+        let prod = u64::from(x) * w % u64::from(P);
+        cmds += &format!("shoup {wm} {x}\n");
+        want.push(format!("{w} {q} {prod}"));
+    }
     for bits in 0..=27u32 {
         for v in [0u32, 1, 5, 0x0555_5555, u32::MAX] {
             let v = if bits == 0 { 0 } else { v & ((1 << bits) - 1) };

@@ -104,6 +104,10 @@ int main() {
             for (auto& c : b.c) c = rd();
             bb::Ext r = bb::ext_mul(a, b);
             std::printf("%u %u %u %u\n", r.c[0], r.c[1], r.c[2], r.c[3]);
+        } else if (!std::strcmp(op, "shoup")) {
+            uint32_t wm = rd(), x = rd();
+            const bb::Shoup s = bb::shoup_of_mont(wm);
+            std::printf("%u %u %u\n", s.w, s.q, bb::mul_shoup(x, s));
         } else if (!std::strcmp(op, "rev")) {
             uint32_t x = rd(), bits = rd();
             std::printf("%u\n", bb::bit_rev(x, bits));
