@@ -86,10 +86,11 @@ pub struct HalConfig {
     /// grew it then counts as a hit. Off, those allocations are not classified:
     /// `pool_hits` then counts only the block cache's hits and `pool_misses` stays 0.
     pub count_pool_hits: bool,
-    /// NTTs of `2^13` to `2^27` points run pass kernels compiled for their size, with
+    /// NTTs of `2^4` to `2^27` points run pass kernels compiled for their size, with
     /// every stride and layout a constant (`build.rs` compiles one for each pass of each
-    /// plan): a `2^24`-point NTT took 165 us against 190 us with the generic passes
-    /// (bench-prover, H200). Off, they run the generic pass kernels, which take those as
+    /// plan; a single-pass size, up to `2^12`, for a column count that is a multiple of
+    /// `min(32, 2^(12 - log_n))`, and other counts take the generic kernel): a `2^24`-point NTT took 165 us against 190
+    /// us with the generic passes (bench-prover, H200). Off, they run the generic pass kernels, which take those as
     /// arguments (to compare the two; both give the same results).
     pub ntt_fixed_passes: bool,
     /// A coset LDE's NTT reads the coefficients in its first pass (times the shift's

@@ -3,7 +3,7 @@
 //! `kernels/ntt.cuh`).
 //!
 //! Plain Rust with no dependency: `build.rs` includes this file too, to compile a pass
-//! kernel for each pass of every multi-pass plan ([`fixed_passes`]) with its parameters
+//! kernel for each pass of every plan ([`fixed_passes`]) with its parameters
 //! as constants, so the kernels and the plan the crate launches them by cannot disagree.
 
 /// Largest tile (log2 elements) of the fused NTT passes: a pass of `k` stages moves tiles
@@ -12,6 +12,9 @@
 pub(crate) const TILE_LOG: u32 = 12;
 /// Coalescing bits of a single-pass NTT (whole columns per tile, up to 32 of them).
 const SINGLE_COALESCE_LOG: u32 = 5;
+/// The column count the passes compiled per size are planned for: a multiple of 32 gives a
+/// single-pass plan its most coalescing bits (multi-pass plans do not depend on it).
+const FIXED_PLAN_COLS: usize = 1 << SINGLE_COALESCE_LOG;
 /// Stages and coalescing bits of each pass of a multi-pass NTT: 4096-element tiles of 256
 /// threads, 16 consecutive points (64 bytes) per lane group for a pass of up to 8 stages.
 /// On an H100 this measured 5% faster for 2^24 than 8192-element tiles with 32 consecutive
@@ -104,9 +107,7 @@ pub(crate) fn plan_ntt(log_n: u32, cols: usize, inverse: bool) -> Vec<NttPass> {
     debug_assert!(log_n >= REG_LOG);
     if log_n <= TILE_LOG {
         let k = log_n;
-        let c = (TILE_LOG - k)
-            .min(SINGLE_COALESCE_LOG)
-            .min(cols.trailing_zeros());
+        let c = single_pass_coalesce_log(k, cols);
         return vec![NttPass {
             s0: 0,
             k,
@@ -150,9 +151,18 @@ pub(crate) fn plan_ntt(log_n: u32, cols: usize, inverse: bool) -> Vec<NttPass> {
     out
 }
 
-/// Column sizes (log2) whose NTT passes are compiled for their size: every multi-pass
-/// plan, up to BabyBear's two-adicity (27).
-pub(crate) const FIXED_LOG_N: std::ops::RangeInclusive<u32> = TILE_LOG + 1..=27;
+/// Coalescing bits of a single-pass plan of `2^log_n` points over `cols` columns: as many
+/// whole columns a tile as fit, at most 32, and a power of two that divides `cols`.
+fn single_pass_coalesce_log(log_n: u32, cols: usize) -> u32 {
+    (TILE_LOG - log_n)
+        .min(SINGLE_COALESCE_LOG)
+        .min(cols.trailing_zeros())
+}
+
+/// Column sizes (log2) whose NTT passes are compiled for their size: every size, up to
+/// BabyBear's two-adicity (27). A single-pass size is compiled for its plan over a multiple
+/// of 32 columns; a column count with fewer coalescing bits takes the generic kernel.
+pub(crate) const FIXED_LOG_N: std::ops::RangeInclusive<u32> = REG_LOG..=27;
 
 /// The kernel of pass `index` of a `2^log_n`-point NTT compiled for it (`log_n` in
 /// [`FIXED_LOG_N`]): `ntt_pass_n{log_n}_{index}_bb`.
@@ -169,7 +179,9 @@ pub(crate) fn pass_kernel(
     log_n: u32,
     fixed: bool,
 ) -> std::borrow::Cow<'static, str> {
-    if fixed && plan.len() > 1 && FIXED_LOG_N.contains(&log_n) {
+    let compiled =
+        plan.len() > 1 || plan[index].c == single_pass_coalesce_log(log_n, FIXED_PLAN_COLS);
+    if fixed && compiled && FIXED_LOG_N.contains(&log_n) {
         fixed_pass_kernel(log_n, index).into()
     } else {
         NTT_PASS_KERNELS[(plan[index].k - REG_LOG) as usize].into()
@@ -184,13 +196,13 @@ pub(crate) fn lde_pass_kernel(plan: &[NttPass], log_n: u32, fixed: bool) -> Stri
     pass_kernel(plan, 0, log_n, fixed).replacen("ntt_pass_", "ntt_lde_pass_", 1)
 }
 
-/// Every pass compiled for its size: `(log_n, index, pass)`, the forward plan's (an
-/// inverse plan differs only in its last pass's `scale`, which stays an argument).
-/// Multi-pass plans do not depend on the column count.
+/// Every pass compiled for its size: `(log_n, index, pass)`, the forward plan's over
+/// [`FIXED_PLAN_COLS`] columns (an inverse plan differs only in its last pass's `scale`,
+/// which stays an argument).
 #[cfg_attr(not(test), allow(dead_code))] // build.rs compiles the kernels from it
 pub(crate) fn fixed_passes() -> impl Iterator<Item = (u32, usize, NttPass)> {
     FIXED_LOG_N.flat_map(|log_n| {
-        plan_ntt(log_n, 1, false)
+        plan_ntt(log_n, FIXED_PLAN_COLS, false)
             .into_iter()
             .enumerate()
             .map(move |(i, p)| (log_n, i, p))
@@ -212,27 +224,37 @@ mod tests {
         let fixed: Vec<(u32, usize, NttPass)> = fixed_passes().collect();
         assert_eq!(
             fixed.len(),
-            6 * 2 + 9 * 3,
-            "2 passes a size to 2^18, 3 above"
+            9 + 6 * 2 + 9 * 3,
+            "1 pass a size to 2^12, 2 to 2^18, 3 above"
         );
+        let mut generic_single = 0;
         for log_n in REG_LOG..=Elem::TWO_ADICITY {
-            for cols in [1, 3, 64, 1 << 12] {
+            for cols in [1, 2, 3, 32, 64, 1 << 12] {
                 for inverse in [false, true] {
                     let plan = plan_ntt(log_n, cols, inverse);
                     assert_eq!(plan.len() > 1, log_n > TILE_LOG, "log_n {log_n}");
                     for (i, p) in plan.iter().enumerate() {
                         let generic = format!("ntt_pass_k{}_bb", p.k);
+                        let generic_lde = format!("ntt_lde_pass_k{}_bb", p.k);
                         assert_eq!(pass_kernel(&plan, i, log_n, false), generic);
                         if i == 0 {
-                            let lde = format!("ntt_lde_pass_k{}_bb", p.k);
-                            assert_eq!(lde_pass_kernel(&plan, log_n, false), lde);
+                            assert_eq!(lde_pass_kernel(&plan, log_n, false), generic_lde);
                         }
-                        if !FIXED_LOG_N.contains(&log_n) {
+                        let compiled = fixed
+                            .iter()
+                            .find(|&&(l, j, _)| (l, j) == (log_n, i))
+                            .map(|&(_, _, p)| p)
+                            .expect("every size is compiled");
+                        let launched = NttPass { scale: false, ..*p };
+                        if compiled != launched {
+                            // Only a single-pass plan over too few columns for the
+                            // compiled one's coalescing bits differs; it runs the generic
+                            // kernel.
+                            assert!(plan.len() == 1 && p.c < compiled.c, "log_n {log_n}");
+                            assert_eq!(NttPass { c: p.c, ..compiled }, launched);
                             assert_eq!(pass_kernel(&plan, i, log_n, true), generic);
-                            if i == 0 {
-                                let lde = format!("ntt_lde_pass_k{}_bb", p.k);
-                                assert_eq!(lde_pass_kernel(&plan, log_n, true), lde);
-                            }
+                            assert_eq!(lde_pass_kernel(&plan, log_n, true), generic_lde);
+                            generic_single += 1;
                             continue;
                         }
                         let name = format!("ntt_pass_n{log_n}_{i}_bb");
@@ -245,17 +267,14 @@ mod tests {
                                 "an LDE's source is read bit-reversed from stage 0"
                             );
                         }
-                        let compiled = fixed
-                            .iter()
-                            .find(|&&(l, j, _)| (l, j) == (log_n, i))
-                            .map(|&(_, _, p)| p);
                         let last = i + 1 == plan.len();
-                        let launched = NttPass { scale: false, ..*p };
-                        assert_eq!(compiled, Some(launched), "{name}");
                         assert_eq!(p.scale, inverse && last, "{name}");
                     }
                 }
             }
         }
+        // 2^4 to 2^11 over 1, 2 and 3 columns (2^11 over 2 has its one coalescing bit),
+        // forward and inverse.
+        assert_eq!(generic_single, (8 * 3 - 1) * 2);
     }
 }

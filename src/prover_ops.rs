@@ -17,8 +17,9 @@
 //!
 //! The NTT runs as fused shared-memory passes (see `plan_ntt`): one pass for columns of up
 //! to `2^12` points, else `⌈log_n / 9⌉` passes of up to 9 stages through a scratch buffer of
-//! the batch's size (`prover-ntt-scratch`, taken from the pool for the call). Each pass of
-//! a multi-pass plan runs a kernel compiled for it (`HalConfig::ntt_fixed_passes`).
+//! the batch's size (`prover-ntt-scratch`, taken from the pool for the call). Each pass
+//! runs a kernel compiled for it (`HalConfig::ntt_fixed_passes`; a single pass when the
+//! column count is a multiple of `min(32, 2^(12 - log_n))`).
 //! [`CudaHal::batch_ntt_radix2`] is the simple reference path (one launch per stage).
 
 use std::borrow::Cow;

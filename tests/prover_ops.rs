@@ -716,11 +716,14 @@ fn cuda_large_and_extra() {
     assert_same("large merkle layer", &layer.to_vec().unwrap(), &next);
 }
 
-/// NTTs of every size whose passes are compiled for it (`2^13` to `2^27` points, the
+/// NTTs of every size whose passes are compiled for it (`2^4` to `2^27` points, the
 /// default) give what the generic pass kernels give, forward and inverse, and the inverse
-/// undoes the forward. Up to `2^22`, `cuda_large_and_extra` checks them against `cpu_ops`
-/// too; from `2^23` (no host check runs such plans), a few outputs of each forward
-/// transform are checked against the polynomial evaluated on the host.
+/// undoes the forward. The single-pass sizes (up to `2^12`) run over 32 columns, the
+/// count their kernels are compiled for, and over 1 and 3 (the generic kernel but at
+/// `2^12`), each checked against `cpu_ops` too. Up to `2^22`, `cuda_large_and_extra`
+/// checks the others against `cpu_ops`; from `2^23` (no host check runs such plans), a few
+/// outputs of each forward transform are checked against the polynomial evaluated on the
+/// host.
 #[test]
 fn cuda_fixed_ntt_passes_match_the_generic_ones() {
     let Some(device) = common::gpu() else { return };
@@ -735,8 +738,9 @@ fn cuda_fixed_ntt_passes_match_the_generic_ones() {
     )
     .unwrap();
     let mut rng = Rng::new(0xf1d);
-    let shapes = (13..=27)
-        .map(|log_n| (log_n, 1))
+    let shapes = (4..=12)
+        .flat_map(|log_n| [(log_n, 32), (log_n, 1), (log_n, 3)])
+        .chain((13..=27).map(|log_n| (log_n, 1)))
         .chain([(13, 5), (16, 3), (20, 2)]);
     for (log_n, cols) in shapes {
         let v = randoms::<Elem>(&mut rng, cols << log_n);
@@ -744,12 +748,17 @@ fn cuda_fixed_ntt_passes_match_the_generic_ones() {
             hal.copy_from("io", &v).unwrap(),
             generic.copy_from("io", &v).unwrap(),
         );
+        let mut want = v.clone();
         for inverse in [false, true] {
             Hal::batch_ntt(hal, &a, log_n, inverse).unwrap();
             Hal::batch_ntt(&generic, &b, log_n, inverse).unwrap();
             let what = format!("log_n={log_n} cols={cols} inverse={inverse}");
             let got = a.to_vec().unwrap();
             assert_same(&what, &got, &b.to_vec().unwrap());
+            if log_n <= 12 {
+                cpu_ops::ntt(&mut want, log_n, inverse);
+                assert_same(&format!("{what} against cpu_ops"), &got, &want);
+            }
             if !inverse && log_n >= 23 {
                 let n = 1u64 << log_n;
                 for i in [0, 1, n / 2 + 3, rng.next_u64() % n] {
@@ -808,6 +817,8 @@ fn cuda_lde_reading_the_coefficients_matches_the_expansion() {
         (20, 3, 1),
         (22, 2, 1),
         (16, 1, 16),
+        (4, 2, 32),
+        (6, 3, 64),
     ];
     for (log_n, log_blowup, cols) in shapes {
         let what = format!("2^{log_n} x {cols} blown up 2^{log_blowup}");
