@@ -89,9 +89,10 @@ pub struct HalConfig {
     /// NTTs of `2^4` to `2^27` points run pass kernels compiled for their size, with
     /// every stride and layout a constant (`build.rs` compiles one for each pass of each
     /// plan; a single-pass size, up to `2^12`, for a column count that is a multiple of
-    /// `min(32, 2^(12 - log_n))`, and other counts take the generic kernel): a `2^24`-point NTT took 165 us against 190
-    /// us with the generic passes (bench-prover, H200). Off, they run the generic pass kernels, which take those as
-    /// arguments (to compare the two; both give the same results).
+    /// `min(32, 2^(12 - log_n))`, and other counts take the generic kernel): a
+    /// `2^24`-point NTT took 165 us against 190 us with the generic passes (bench-prover,
+    /// H200). Off, they run the generic pass kernels, which take those as arguments (to
+    /// compare the two; both give the same results).
     pub ntt_fixed_passes: bool,
     /// A coset LDE's NTT reads the coefficients in its first pass (times the shift's
     /// powers, zeros above), so the expanded column is never written and read back.

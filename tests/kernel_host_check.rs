@@ -19,6 +19,14 @@ fn join(v: impl IntoIterator<Item = u32>) -> String {
         .join(" ")
 }
 
+/// The next value of a xorshift generator (the inputs' source).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 #[test]
 fn device_arithmetic_matches_the_reference_on_the_host() {
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("babybear_host_check");
@@ -30,12 +38,7 @@ fn device_arithmetic_matches_the_reference_on_the_host() {
     let mut cmds = String::new();
     let mut want: Vec<String> = Vec::new();
     let mut x = 0x0123_4567_89ab_cdefu64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = || xorshift(&mut x);
     let special = [0, 1, 2, P - 1, P - 2, P / 2, 0x0fff_fffe, 11];
     let mut elem = |i: usize| -> Elem {
         if i < special.len() * special.len() {
@@ -79,12 +82,7 @@ fn device_arithmetic_matches_the_reference_on_the_host() {
     // q = floor(w * 2^32 / p), and x * w mod p for any 32-bit x.
     let r_inv = u64::from(Elem::new(1 << 16).inv().as_u32()).pow(2) % u64::from(P);
     let mut y = 0x9e37_79b9_7f4a_7c15u64;
-    let mut draw = || {
-        y ^= y << 13;
-        y ^= y >> 7;
-        y ^= y << 17;
-        y
-    };
+    let mut draw = || xorshift(&mut y);
     for i in 0..4000 {
         let wm = match special.get(i) {
             Some(&v) if v != 0 => v,
