@@ -256,6 +256,8 @@ fn bench_ntt(hal: &CudaHal) {
         (16, 1024, "<=1500 us", "ntt 2^16 x1024"),
         (18, 256, "-", "ntt 2^18 x256"),
         (26, 1, "<=980 us (sppark 0.98 ms)", "ntt 2^26 x1"),
+        // One pass: every stage in one kernel.
+        (12, 4096, "-", "ntt 2^12 x4096"),
     ] {
         let n = cols << log_n;
         let io = hal.copy_from("ntt", &elems(n, 3)).unwrap();

@@ -273,7 +273,9 @@ NTT_PASS_KERNEL(12)
 // LDE_MAX_SKIP): with all three, the 9-stage first passes compiled per size
 // (ntt_lde_pass_n17_0_bb, n18_0, n25_0 to n27_0) spill 8 bytes for sm_90 since the Shoup
 // twiddles (eb7c219), and still ran faster; 2^10 -> 2^12 over 4096 columns ran 18% faster
-// than with no stage skipped (H100, 2026-11-27).
+// than with no stage skipped (H100, 2026-11-27). Compiled with __launch_bounds__(256, 4)
+// (63 registers, no spill), they and ntt_pass_n11_0/n12_0 ran no faster (H200 A/B,
+// 2026-11-28: every NTT and LDE row within 2%).
 #define NTT_LDE_PASS_KERNEL(K)                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 5) ntt_lde_pass_k##K##_bb(                 \
         uint32_t* dst, const uint32_t* coeffs, const uint32_t* tw, uint32_t log_n, uint32_t s0, \
