@@ -762,6 +762,8 @@ struct SmallSlices {
     batched: f64,
     each: f64,
     floor: f64,
+    /// The driver's own route for the same slices: one pageable `cuMemcpyHtoDAsync` each.
+    per_slice_floor: f64,
     bytes: usize,
     one_batch: cuda_hal::LedgerSnapshot,
 }
@@ -794,6 +796,19 @@ fn time_small_slices(
         }
         hal.synchronize().unwrap();
     });
+    let ptrs: Vec<CUdeviceptr> = bufs
+        .iter()
+        .map(|b| b.device_ptr_mut().unwrap().addr)
+        .collect();
+    hal.synchronize().unwrap();
+    let per_slice_floor = median_us(rounds.1, 300, || {
+        for (p, h) in ptrs.iter().zip(&host) {
+            // SAFETY: `p` is a live allocation of 1 KiB, `h` holds 1 KiB.
+            unsafe { d().cuMemcpyHtoDAsync(*p, h.as_ptr().cast(), 1024, hal.stream_handle()) }
+                .unwrap();
+        }
+        hal.synchronize().unwrap();
+    });
     let bytes = n * 1024;
     let pin = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
     let dst = hal.alloc::<u8>("dst", bytes).unwrap();
@@ -804,6 +819,7 @@ fn time_small_slices(
         batched,
         each,
         floor,
+        per_slice_floor,
         bytes,
         one_batch,
     }
@@ -822,6 +838,16 @@ impl SmallSlices {
             "-",
         );
         row(each, self.each, &floor, self.floor, self.bytes as i64, "-");
+        // The same batch against the driver's route for it, which scatters too.
+        let n = self.bytes / 1024;
+        row(
+            &format!("{batched}, against the driver per slice"),
+            self.batched,
+            &format!("{n} x cuMemcpyHtoDAsync 1 KiB pageable"),
+            self.per_slice_floor,
+            self.bytes as i64,
+            "-",
+        );
     }
 }
 
