@@ -255,8 +255,9 @@ NTT_PASS_KERNEL(12)
 // are those of ntt_pass_k*_bb; only the pointers, the inverse's scale and the tile count
 // are read. build.rs instantiates one for each pass of every plan (a single-pass one planned
 // for 32 columns, which serves any multiple of min(32, 2^(12 - log_n))), from the plan in
-// src/ntt_plan.rs, by which the crate launches them. The one pass of 2^12 points: 2^10 -> 2^12 LDEs over 4096 columns took 67-68 us
-// against 78 us with ntt_lde_pass_k12_bb (H100, 2026-11-27).
+// src/ntt_plan.rs, by which the crate launches them. With the one pass of 2^12 points,
+// 2^10 -> 2^12 LDEs over 4096 columns took 67-68 us against 78 us with
+// ntt_lde_pass_k12_bb (H100, 2026-11-27).
 #define NTT_FIXED_PASS(LOG_N, I, K, S0, C, CPOS, BITREV, P_LOAD, P_STORE)                        \
     extern "C" __global__ void __launch_bounds__(256, 5) ntt_pass_n##LOG_N##_##I##_bb(            \
         uint32_t* dst, const uint32_t* src, const uint32_t* tw, uint32_t, uint32_t, uint32_t,   \
