@@ -719,11 +719,7 @@ fn coalescing(hal: &CudaHal) {
     // 256 slices of 1 KiB into 256 buffers.
     let s = Stream::new_non_blocking().unwrap();
     let t = time_small_slices(hal, &s, 256, (100, 20));
-    t.rows(
-        "upload_batch 256 x 1 KiB",
-        "256 x copy_from_slice 1 KiB",
-        "256 KiB",
-    );
+    t.rows("256 x 1 KiB", "256 x {} 1 KiB", "256 KiB");
     upload_batch_stores(hal);
     upload_batch_past_the_pinned_pool(&s);
 }
@@ -756,21 +752,33 @@ fn upload_batch_stores(hal: &CudaHal) {
     ));
 }
 
-/// `n` slices of 1 KiB into `n` buffers, timed both ways (each with a synchronize), with
-/// the pinned floor of their bytes and what one batch did.
+/// `n` slices of 1 KiB into `n` buffers and back, timed both ways (each with a
+/// synchronize), with the pinned floor of their bytes and what one batch did.
 struct SmallSlices {
-    batched: f64,
-    each: f64,
-    floor: f64,
-    /// The driver's own route for the same slices: one pageable `cuMemcpyHtoDAsync` each.
-    per_slice_floor: f64,
+    up: SmallSliceTimes,
+    down: SmallSliceTimes,
     bytes: usize,
-    one_batch: cuda_hal::LedgerSnapshot,
+    /// The ledger of one `upload_batch`, and of one `download_batch`.
+    one_batch: (cuda_hal::LedgerSnapshot, cuda_hal::LedgerSnapshot),
 }
 
-/// Times `n` slices of 1 KiB into `n` buffers of `hal`: one `upload_batch` (`rounds.0`
-/// runs at least) and one `copy_from_slice` each (`rounds.1`), against a pinned copy of
-/// their bytes on `stream`.
+/// One direction of [`SmallSlices`], in microseconds.
+struct SmallSliceTimes {
+    /// One `upload_batch` or `download_batch`.
+    batched: f64,
+    /// One `copy_from_slice` or `copy_to_slice` a slice.
+    each: f64,
+    /// A pinned copy of the slices' bytes.
+    floor: f64,
+    /// The driver's own route for the same slices: one pageable copy each
+    /// (`cuMemcpyHtoDAsync` up, `cuMemcpyDtoH` down).
+    per_slice_floor: f64,
+}
+
+/// Times `n` slices of 1 KiB into `n` buffers of `hal` and back: one `upload_batch` or
+/// `download_batch` (`rounds.0` runs at least) and one `copy_from_slice` or `copy_to_slice`
+/// each (`rounds.1`), against a pinned copy of their bytes on `stream` and the driver's
+/// route, one pageable copy a slice.
 fn time_small_slices(
     hal: &CudaHal,
     stream: &Stream,
@@ -785,7 +793,7 @@ fn time_small_slices(
         bufs.iter().zip(&host).map(|(b, h)| (b, &h[..])).collect();
     let before = hal.ledger();
     hal.upload_batch(&items).unwrap();
-    let one_batch = hal.ledger().since(&before);
+    let one_up = hal.ledger().since(&before);
     let batched = median_us(rounds.0, 300, || {
         hal.upload_batch(&items).unwrap();
         hal.synchronize().unwrap();
@@ -809,45 +817,96 @@ fn time_small_slices(
         }
         hal.synchronize().unwrap();
     });
+    // Back: the buffers have no host copy (written by the device's copies), so every
+    // batch reads the device.
+    let mut outs: Vec<Vec<u32>> = vec![vec![0; 256]; n];
+    let download = |outs: &mut [Vec<u32>]| {
+        let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = bufs
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(b, o)| (b, &mut o[..]))
+            .collect();
+        hal.download_batch(&mut items).unwrap();
+    };
+    let before = hal.ledger();
+    download(&mut outs);
+    let one_down = hal.ledger().since(&before);
+    assert!(outs
+        .iter()
+        .enumerate()
+        .all(|(k, o)| o.iter().all(|&x| x == k as u32)));
+    let down_batched = median_us(rounds.0, 300, || download(&mut outs));
+    let down_each = median_us(rounds.1, 300, || {
+        for (b, o) in bufs.iter().zip(outs.iter_mut()) {
+            b.copy_to_slice(o).unwrap();
+        }
+    });
+    let down_per_slice_floor = median_us(rounds.1, 300, || {
+        for (p, o) in ptrs.iter().zip(outs.iter_mut()) {
+            // SAFETY: `p` is a live allocation of 1 KiB, `o` has room for 1 KiB.
+            unsafe { d().cuMemcpyDtoH(o.as_mut_ptr().cast(), *p, 1024) }.unwrap();
+        }
+    });
     let bytes = n * 1024;
     let pin = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
     let dst = hal.alloc::<u8>("dst", bytes).unwrap();
     let draw = dst.device_ptr_mut().unwrap().addr;
     hal.synchronize().unwrap();
-    let floor = pinned_copy_floor(stream, pin.as_ptr(), draw, bytes, true);
     SmallSlices {
-        batched,
-        each,
-        floor,
-        per_slice_floor,
+        up: SmallSliceTimes {
+            batched,
+            each,
+            floor: pinned_copy_floor(stream, pin.as_ptr(), draw, bytes, true),
+            per_slice_floor,
+        },
+        down: SmallSliceTimes {
+            batched: down_batched,
+            each: down_each,
+            floor: pinned_copy_floor(stream, pin.as_ptr(), draw, bytes, false),
+            per_slice_floor: down_per_slice_floor,
+        },
         bytes,
-        one_batch,
+        one_batch: (one_up, one_down),
     }
 }
 
 impl SmallSlices {
-    /// The two rows, against the pinned floor of their bytes (`size`, as the row says it).
-    fn rows(&self, batched: &str, each: &str, size: &str) {
-        let floor = format!("pinned H2D {size}");
-        row(
-            batched,
-            self.batched,
-            &floor,
-            self.floor,
-            self.bytes as i64,
-            "-",
-        );
-        row(each, self.each, &floor, self.floor, self.bytes as i64, "-");
-        // The same batch against the driver's route for it, which scatters too.
+    /// The rows of both directions, against the pinned floor of their bytes (`size`, as
+    /// the row says it) and the driver's route. `each` names the one-copy-a-slice rows:
+    /// `{}` is where the method goes.
+    fn rows(&self, label: &str, each: &str, size: &str) {
         let n = self.bytes / 1024;
-        row(
-            &format!("{batched}, against the driver per slice"),
-            self.batched,
-            &format!("{n} x cuMemcpyHtoDAsync 1 KiB pageable"),
-            self.per_slice_floor,
-            self.bytes as i64,
-            "-",
-        );
+        for (t, batch, method, dir, driver) in [
+            (
+                &self.up,
+                "upload_batch",
+                "copy_from_slice",
+                "H2D",
+                "cuMemcpyHtoDAsync",
+            ),
+            (
+                &self.down,
+                "download_batch",
+                "copy_to_slice",
+                "D2H",
+                "cuMemcpyDtoH",
+            ),
+        ] {
+            let (batched, floor) = (format!("{batch} {label}"), format!("pinned {dir} {size}"));
+            let bytes = self.bytes as i64;
+            row(&batched, t.batched, &floor, t.floor, bytes, "-");
+            let each = each.replace("{}", method);
+            row(&each, t.each, &floor, t.floor, bytes, "-");
+            // The same batch against the driver's route for it, which scatters too.
+            row(
+                &format!("{batched}, against the driver per slice"),
+                t.batched,
+                &format!("{n} x {driver} 1 KiB pageable"),
+                t.per_slice_floor,
+                bytes,
+                "-",
+            );
+        }
     }
 }
 
@@ -863,13 +922,14 @@ fn upload_batch_past_the_pinned_pool(stream: &Stream) {
     let hal = CudaHal::with_config(0, config).unwrap();
     let t = time_small_slices(&hal, stream, 4096, (20, 5));
     t.rows(
-        "upload_batch 4096 x 1 KiB, 1 MiB pinned pool",
-        "4096 x copy_from_slice 1 KiB (the replaced route)",
+        "4096 x 1 KiB, 1 MiB pinned pool",
+        "4096 x {} 1 KiB (the replaced route)",
         "4 MiB",
     );
+    let (up, down) = &t.one_batch;
     info(&format!(
-        "upload_batch 4096 x 1 KiB past a 1 MiB pinned pool: {} copies and {} scatters a batch",
-        t.one_batch.h2d.calls, t.one_batch.launches
+        "upload_batch 4096 x 1 KiB past a 1 MiB pinned pool: {} copies and {} scatters a batch; download_batch: {} copies and {} gathers",
+        up.h2d.calls, up.launches, down.d2h.calls, down.launches
     ));
 }
 

@@ -1,27 +1,40 @@
 // Kernels for coalesced transfers: scatter many segments of one staged upload to their
-// destinations, and gather many single elements into one contiguous download.
+// destinations, gather many segments into one contiguous download, and gather many single
+// elements into one.
 #include <stdint.h>
 
 struct Segment {
     uint64_t src_offset;  // byte offset in the staged data
-    uint64_t dst;         // device address
+    uint64_t dst;         // device address (the source, for gather_segments)
     uint64_t len;         // bytes
 };
 
-// One block per segment (grid-stride over segments); 4-byte words when everything is
-// 4-byte aligned, bytes otherwise.
+// Copies `len` bytes from `src` to `dst` with the block's threads: 4-byte words when both
+// and the length are 4-byte aligned, bytes otherwise.
+__device__ __forceinline__ void copy_segment(uint8_t* dst, const uint8_t* src, uint64_t len) {
+    if ((((uint64_t)src | (uint64_t)dst | len) & 3) == 0) {
+        const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
+        uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+        for (uint64_t i = threadIdx.x; i < len / 4; i += blockDim.x) d4[i] = s4[i];
+    } else {
+        for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+// One block per segment (grid-stride over segments): data + src_offset -> dst.
 extern "C" __global__ void scatter_segments(const Segment* segs, const uint8_t* data, uint32_t count) {
     for (uint32_t s = blockIdx.x; s < count; s += gridDim.x) {
         const Segment g = segs[s];
-        const uint8_t* src = data + g.src_offset;
-        uint8_t* dst = reinterpret_cast<uint8_t*>(g.dst);
-        if (((g.src_offset | g.dst | g.len) & 3) == 0) {
-            const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
-            uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
-            for (uint64_t i = threadIdx.x; i < g.len / 4; i += blockDim.x) d4[i] = s4[i];
-        } else {
-            for (uint64_t i = threadIdx.x; i < g.len; i += blockDim.x) dst[i] = src[i];
-        }
+        copy_segment(reinterpret_cast<uint8_t*>(g.dst), data + g.src_offset, g.len);
+    }
+}
+
+// The reverse, for a coalesced download: dst (the segment's device address) -> data +
+// src_offset, one block per segment.
+extern "C" __global__ void gather_segments(const Segment* segs, uint8_t* data, uint32_t count) {
+    for (uint32_t s = blockIdx.x; s < count; s += gridDim.x) {
+        const Segment g = segs[s];
+        copy_segment(data + g.src_offset, reinterpret_cast<const uint8_t*>(g.dst), g.len);
     }
 }
 

@@ -882,25 +882,32 @@ impl<T: Pod> Buffer<T> {
         }
         let h = &self.raw.hal;
         h.enter()?;
-        let r = self.byte_range();
-        if PHASES.host_cache {
-            let c = self.raw.cache.lock();
-            if let (true, Some(host)) = (
-                c.state.plan_read(&r).is_ok_and(|m| m.is_empty()),
-                c.bytes.as_ref(),
-            ) {
-                h.ledger.cache(true);
-                // SAFETY: r is readable and no exclusive view covers it (plan_read), and the
-                // lock keeps one from starting during the copy.
+        if PHASES.host_cache && self.copy_from_host_copy(dst) {
+            return Ok(());
+        }
+        self.raw.prepare_device_access(self.byte_range(), false)?;
+        h.download(bytemuck::cast_slice_mut(dst), self.raw_ptr())
+    }
+
+    /// Phase 2's part of [`Buffer::copy_to_slice`]: copies the elements into `dst` (of the
+    /// same length) from the host copy when it is valid for all of them, counted in the
+    /// ledger as a cache hit or miss. False, with `dst` untouched, when it is not.
+    pub(crate) fn copy_from_host_copy(&self, dst: &mut [T]) -> bool {
+        let (h, r) = (&self.raw.hal, self.byte_range());
+        let c = self.raw.cache.lock();
+        let served = match (c.state.plan_read(&r), c.bytes.as_ref()) {
+            (Ok(misses), Some(host)) if misses.is_empty() => {
+                // SAFETY: r is readable and no exclusive view covers it (plan_read), and
+                // the lock keeps one from starting during the copy.
                 let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
                 bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src);
-                return Ok(());
+                true
             }
-            drop(c);
-            h.ledger.cache(false);
-        }
-        self.raw.prepare_device_access(r, false)?;
-        h.download(bytemuck::cast_slice_mut(dst), self.raw_ptr())
+            _ => false,
+        };
+        drop(c);
+        h.ledger.cache(served);
+        served
     }
 
     /// Overwrites the buffer with `src`, which must have the same length.

@@ -685,16 +685,7 @@ impl CudaHal {
         // pins memory of its own size or needs a device scratch of it.
         let (mut start, mut staged) = (0, false);
         while start < items.len() {
-            // The staged bytes of items[start..end] (as `batch_layout` lays them out).
-            let (mut end, mut data) = (start, 0usize);
-            while let Some((buf, _)) = items.get(end) {
-                let more = data.saturating_add(buf.size_bytes().next_multiple_of(16));
-                let table = ((end + 1 - start) * SEGMENT_BYTES).next_multiple_of(16);
-                if !h.pinned.keeps_two(table.saturating_add(more)) {
-                    break;
-                }
-                (end, data) = (end + 1, more);
-            }
+            let mut end = self.batch_group_end(items.len(), start, |k| items[k].0.size_bytes());
             if end == start {
                 let (buf, data) = &items[start];
                 let r = h.upload_staged(buf.raw_ptr(), bytemuck::cast_slice(data));
@@ -719,7 +710,7 @@ impl CudaHal {
     /// scratch, each slice is copied from the block to its buffer.
     fn upload_group<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
         let h = &self.inner;
-        let (offsets, total) = batch_layout(items);
+        let (offsets, total) = batch_layout(items.iter().map(|(buf, _)| buf.size_bytes()));
         let data_start = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
         {
@@ -827,6 +818,196 @@ impl CudaHal {
         }
         Ok(())
     }
+
+    /// The end of the group of consecutive slices from `start` (of `n`) whose staged bytes
+    /// (as [`batch_layout`] lays them out, `size(k)` bytes for slice `k`) the pinned pool
+    /// keeps two blocks of: `start` itself when that slice is too large alone.
+    fn batch_group_end(&self, n: usize, start: usize, size: impl Fn(usize) -> usize) -> usize {
+        let (mut end, mut data) = (start, 0usize);
+        while end < n {
+            let more = data.saturating_add(size(end).next_multiple_of(16));
+            let table = ((end + 1 - start) * SEGMENT_BYTES).next_multiple_of(16);
+            if !self.inner.pinned.keeps_two(table.saturating_add(more)) {
+                break;
+            }
+            (end, data) = (end + 1, more);
+        }
+        end
+    }
+
+    /// Downloads many buffers (or slices) into host slices of the same lengths with one
+    /// gather kernel and one copy, instead of one copy each: the reverse of
+    /// [`CudaHal::upload_batch`]. Returns once every slice is written. With phase 2 a
+    /// buffer whose host copy is valid is read from it. A batch larger than the pinned pool
+    /// keeps two blocks of goes in groups of consecutive buffers that fit, a gather and a
+    /// copy each, and a buffer too large alone is downloaded on its own (as
+    /// [`Buffer::copy_to_slice`] does): no batch pins memory of its own.
+    ///
+    /// ```
+    /// use cuda_hal::CudaHal;
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let a = hal.copy_from("a", &[1u32, 2]).unwrap();
+    /// let b = hal.copy_from("b", &[3u32, 4, 5]).unwrap();
+    /// let (mut x, mut y) = (vec![0; 2], vec![0; 3]);
+    /// hal.download_batch(&mut [(&a, &mut x[..]), (&b.slice(1, 2).unwrap(), &mut y[..2])])
+    ///     .unwrap();
+    /// assert_eq!((x, y), (vec![1, 2], vec![4, 5, 0]));
+    /// ```
+    pub fn download_batch<T: Pod>(&self, items: &mut [(&Buffer<T>, &mut [T])]) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("download_batch {} slices", items.len()));
+        let h = &self.inner;
+        if items.is_empty() {
+            return Err(Error::ZeroLength {
+                name: "download_batch".into(),
+            });
+        }
+        for (buf, dst) in items.iter() {
+            if !self.same(buf.raw().hal()) {
+                return Err(Error::ForeignBuffer {
+                    name: buf.name().to_string(),
+                });
+            }
+            if dst.len() != buf.len() {
+                return Err(Error::LengthMismatch {
+                    name: buf.name().to_string(),
+                    expected: buf.len(),
+                    actual: dst.len(),
+                });
+            }
+        }
+        h.enter()?;
+        // Those the host copies do not serve, in order.
+        let mut todo: Vec<usize> = Vec::with_capacity(items.len());
+        for (k, (buf, dst)) in items.iter_mut().enumerate() {
+            if !(PHASES.host_cache && buf.copy_from_host_copy(dst)) {
+                todo.push(k);
+            }
+        }
+        // Every buffer is this HAL's (checked above), whose context `enter` bound.
+        for &k in &todo {
+            let buf = items[k].0;
+            buf.raw()
+                .prepare_device_access_bound(buf.byte_range(), false)?;
+        }
+        let mut start = 0;
+        while start < todo.len() {
+            let end = self.batch_group_end(todo.len(), start, |j| items[todo[j]].0.size_bytes());
+            if end == start {
+                let (buf, dst) = &mut items[todo[start]];
+                h.download(bytemuck::cast_slice_mut(dst), buf.raw_ptr())?;
+                start += 1;
+            } else {
+                self.download_group(items, &todo[start..end])?;
+                start = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// Downloads `items[k]` for each `k` of `group` (checked, their device access
+    /// prepared) with one copy of the segment table into a device scratch, one gather
+    /// kernel and one copy of the gathered bytes into a pinned block; where memory does not
+    /// hold the scratch, each buffer is downloaded on its own.
+    fn download_group<T: Pod>(
+        &self,
+        items: &mut [(&Buffer<T>, &mut [T])],
+        group: &[usize],
+    ) -> Result<()> {
+        let h = &self.inner;
+        let (offsets, total) = batch_layout(group.iter().map(|&k| items[k].0.size_bytes()));
+        let data_start = (group.len() * SEGMENT_BYTES).next_multiple_of(16);
+        let mut block = h.guard(h.pinned.take(total))?;
+        {
+            let host = block.mem.as_mut_slice();
+            for (j, (&k, off)) in group.iter().zip(&offsets).enumerate() {
+                let buf = items[k].0;
+                let seg: [u64; 3] = [
+                    (off - data_start) as u64,
+                    buf.raw_ptr(),
+                    buf.size_bytes() as u64,
+                ];
+                host[j * SEGMENT_BYTES..(j + 1) * SEGMENT_BYTES]
+                    .copy_from_slice(bytemuck::cast_slice(&seg));
+            }
+        }
+        let scratch_alloc =
+            match h.alloc_raw(&std::borrow::Cow::Borrowed("download-batch-scratch"), total) {
+                Ok(scratch) => scratch,
+                // Where memory does not hold the scratch (as large as the group), each
+                // buffer is downloaded on its own.
+                Err(Error::OutOfMemory { .. }) => {
+                    h.pinned.give(block);
+                    return group.iter().try_for_each(|&k| {
+                        let (buf, dst) = &mut items[k];
+                        h.download(bytemuck::cast_slice_mut(dst), buf.raw_ptr())
+                    });
+                }
+                Err(e) => {
+                    h.pinned.give(block);
+                    return Err(e);
+                }
+            };
+        let scratch = scratch_alloc.ptr;
+        let result = (|| -> Result<()> {
+            let d = api()?;
+            let segments = u32::try_from(group.len()).map_err(|_| {
+                Error::InvalidArgument(format!("{} slices in one batch", group.len()))
+            })?;
+            // SAFETY: the block holds the table in its first `data_start` bytes and is not
+            // touched by the host until the stream synchronises below; scratch has `total`
+            // bytes.
+            unsafe {
+                d.cuMemcpyHtoDAsync(
+                    scratch,
+                    block.mem.as_ptr().cast(),
+                    data_start,
+                    h.stream.raw(),
+                )?
+            };
+            h.ledger.copy(Dir::H2D, data_start);
+            let f = h.kernels.get("gather_segments", true)?;
+            let blocks = segments.min(h.info_sms() * 8).max(1);
+            let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
+            let mut params = [
+                (&mut t as *mut u64).cast(),
+                (&mut dat as *mut u64).cast(),
+                (&mut c as *mut u32).cast(),
+            ];
+            // SAFETY: parameters match gather_segments(const Segment*, u8*, u32); each
+            // segment reads exactly its buffer's range and writes its own range of scratch.
+            unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &h.stream, &mut params)? };
+            h.ledger.launch();
+            // SAFETY: the block has room for `total` bytes; scratch holds them.
+            unsafe {
+                d.cuMemcpyDtoHAsync(
+                    block.mem.as_ptr().add(data_start).cast(),
+                    scratch + data_start as u64,
+                    total - data_start,
+                    h.stream.raw(),
+                )?
+            };
+            h.ledger.copy(Dir::D2H, total - data_start);
+            Ok(())
+        })();
+        // Waited for even where a step failed: nothing queued may still use the block when
+        // it goes back to the pool.
+        let result = result.and(h.stream.synchronize());
+        // Stream-ordered after the copy (pooled), or after a stream sync (driver).
+        h.free_raw("download-batch-scratch", scratch_alloc);
+        let result = h.guard(result);
+        if result.is_ok() {
+            let host = block.mem.as_slice();
+            for (&k, off) in group.iter().zip(&offsets) {
+                let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut *items[k].1);
+                dst.copy_from_slice(&host[*off..off + dst.len()]);
+            }
+        }
+        h.pinned.give(block);
+        result
+    }
 }
 
 /// Two of `ranges` (allocation, byte range) that share bytes of one allocation, as (the
@@ -861,14 +1042,15 @@ fn first_overlap(ranges: &[(usize, std::ops::Range<usize>)]) -> Option<(usize, u
 /// Bytes of one entry of `upload_batch`'s segment table: source offset, destination, length.
 const SEGMENT_BYTES: usize = 24;
 
-/// Layout of `upload_batch`'s staged bytes for `items`: the segment table, then each slice
-/// 16-byte aligned. The offset of each slice, and the total.
-fn batch_layout<T: Pod>(items: &[(&Buffer<T>, &[T])]) -> (Vec<usize>, usize) {
-    let mut offsets = Vec::with_capacity(items.len());
-    let mut cursor = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
-    for (buf, _) in items {
+/// Layout of a batch's staged bytes (`upload_batch`, `download_batch`) for slices of
+/// `sizes` bytes: the segment table, then each slice 16-byte aligned. The offset of each
+/// slice, and the total.
+fn batch_layout(sizes: impl ExactSizeIterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut cursor = (sizes.len() * SEGMENT_BYTES).next_multiple_of(16);
+    for size in sizes {
         offsets.push(cursor);
-        cursor = (cursor + buf.size_bytes()).next_multiple_of(16);
+        cursor = (cursor + size).next_multiple_of(16);
     }
     (offsets, cursor)
 }

@@ -493,6 +493,10 @@ fn reads_batches_and_gathers() {
         hal.upload_batch(&[(&x, &data[..1000]), (&y, &data[..3])])?;
         assert_eq!(b.get_many(&[0, 5, 2 * MIB - 1])?[1], data[5]);
         assert_eq!(hal.gather(&[(&x, 4), (&y, 2)])?, vec![data[4], data[2]]);
+        let (mut xs, mut ys) = (vec![0u32; 1000], vec![0u32; 3]);
+        let _ = x.device_ptr_mut()?; // as after a kernel's write: read from the device
+        hal.download_batch(&mut [(&x, &mut xs[..]), (&y, &mut ys[..])])?;
+        assert!(xs == data[..1000] && ys == data[..3]);
         Ok(())
     });
 }
@@ -654,6 +658,9 @@ fn reads_and_batches_past_the_pinned_pool() {
         );
         hal.upload_batch(&[(&x, &data[..]), (&y, &data[..7])])?;
         assert_eq!((x.get_at(2 * MIB)?, y.get_at(6)?), (data[2 * MIB], data[6]));
+        let (mut xs, mut ys) = (vec![0u32; data.len()], vec![0u32; 7]);
+        hal.download_batch(&mut [(&y, &mut ys[..]), (&x, &mut xs[..])])?;
+        assert!(xs == data && ys == data[..7]);
         Ok(())
     });
 }

@@ -467,6 +467,242 @@ fn upload_batch_scatters_many_slices_with_one_copy() {
     ));
 }
 
+/// `download_batch` reads many buffers and slices (of several lengths, byte-sized at odd
+/// offsets, overlapping each other) into host slices with one gather and one copy.
+#[test]
+fn download_batch_gathers_many_buffers_with_one_copy() {
+    let Some(hal) = gpu() else { return };
+    let mut rng = Rng::new(23);
+    let data = rng.u32s(10_000);
+    let whole = hal.copy_from("whole", &data).unwrap();
+    // As after a kernel's write: no host copy serves them.
+    let _ = whole.device_ptr_mut().unwrap();
+    let parts: Vec<_> = (0..50)
+        .map(|k| whole.slice(k * 200, 1 + k).unwrap())
+        .collect();
+    let other = hal.copy_from("other", &rng.u32s(333)).unwrap();
+    let other_data = other.to_vec().unwrap();
+    let _ = other.device_ptr_mut().unwrap();
+    let mut outs: Vec<Vec<u32>> = (0..50).map(|k| vec![POISON; 1 + k]).collect();
+    let mut other_out = vec![POISON; 333];
+    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = parts
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(p, o)| (p, &mut o[..]))
+        .collect();
+    items.push((&other, &mut other_out[..]));
+    let before = hal.ledger();
+    hal.download_batch(&mut items).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(
+        (d.d2h.calls, d.launches),
+        (1, 1),
+        "one gather and one copy for 51 buffers"
+    );
+    for (k, o) in outs.iter().enumerate() {
+        assert_eq!(o[..], data[k * 200..k * 200 + 1 + k], "slice {k}");
+    }
+    assert_eq!(other_out, other_data);
+    // Byte-sized elements at odd offsets, and two slices sharing bytes (reads may).
+    let bytes = hal
+        .copy_from("bytes", &(0..64u8).collect::<Vec<_>>())
+        .unwrap();
+    let _ = bytes.device_ptr_mut().unwrap();
+    let (x, y, z) = (
+        bytes.slice(1, 3).unwrap(),
+        bytes.slice(9, 5).unwrap(),
+        bytes.slice(2, 11).unwrap(),
+    );
+    let (mut ox, mut oy, mut oz) = ([0u8; 3], [0u8; 5], [0u8; 11]);
+    hal.download_batch(&mut [(&x, &mut ox[..]), (&y, &mut oy[..]), (&z, &mut oz[..])])
+        .unwrap();
+    assert_eq!((ox, oy), ([1, 2, 3], [9, 10, 11, 12, 13]));
+    assert_eq!(oz, [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+}
+
+/// Bad batches are refused before anything is read, with the destinations untouched, and
+/// the HAL goes on.
+#[test]
+fn a_bad_download_batch_is_refused_and_the_hal_goes_on() {
+    let Some(hal) = gpu() else { return };
+    let (a, b) = (
+        hal.copy_from("a", &[1u32, 2, 3]).unwrap(),
+        hal.copy_from("b", &[4u32, 5]).unwrap(),
+    );
+    assert!(matches!(
+        hal.download_batch::<u32>(&mut []),
+        Err(Error::ZeroLength { .. })
+    ));
+    let (mut x, mut short) = ([POISON; 3], [POISON; 1]);
+    assert!(matches!(
+        hal.download_batch(&mut [(&a, &mut x[..]), (&b, &mut short[..])]),
+        Err(Error::LengthMismatch {
+            expected: 2,
+            actual: 1,
+            ..
+        })
+    ));
+    assert_eq!((x, short), ([POISON; 3], [POISON; 1]), "nothing written");
+    let other = CudaHal::new(0).unwrap();
+    let foreign = other.copy_from("foreign", &[7u32, 8]).unwrap();
+    let mut y = [POISON; 2];
+    assert!(matches!(
+        hal.download_batch(&mut [(&a, &mut x[..]), (&foreign, &mut y[..])]),
+        Err(Error::ForeignBuffer { .. })
+    ));
+    assert_eq!(x, [POISON; 3], "nothing written");
+    let mut z = [0u32; 2];
+    hal.download_batch(&mut [(&a, &mut x[..]), (&b, &mut z[..])])
+        .unwrap();
+    assert_eq!((x, z), ([1, 2, 3], [4, 5]));
+    assert!(hal.poisoned().is_none());
+}
+
+/// With phase 2 a buffer whose host copy is valid, host edits included, is read from it;
+/// the rest of the batch comes from the device, after the host edits of a buffer whose
+/// host copy covers only part of it are uploaded.
+#[test]
+fn a_download_batch_reads_valid_host_copies_and_host_edits() {
+    let Some(hal) = gpu() else { return };
+    let (a, b, c) = (
+        hal.copy_from("a", &[1u32; 1000]).unwrap(),
+        hal.copy_from("b", &[2u32; 1000]).unwrap(),
+        hal.copy_from("c", &[3u32; 1000]).unwrap(),
+    );
+    a.view_mut(|s| s[999] = 10).unwrap(); // host-newer, or uploaded at once without phase 2
+    let _ = b.device_ptr_mut().unwrap(); // device-newer: read from the device
+    c.view(|_| ()).unwrap(); // a valid host copy with phase 2
+    let (mut x, mut y, mut z) = (vec![0u32; 1000], vec![0u32; 1000], vec![0u32; 1000]);
+    let before = hal.ledger();
+    hal.download_batch(&mut [(&a, &mut x[..]), (&b, &mut y[..]), (&c, &mut z[..])])
+        .unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!((x[0], x[999], y[500], z[999]), (1, 10, 2, 3));
+    if PHASES.host_cache {
+        assert_eq!(
+            (d.cache_hits, d.cache_misses, d.launches),
+            (2, 1, 1),
+            "a and c from their host copies, b gathered"
+        );
+    } else {
+        assert_eq!((d.d2h.calls, d.launches), (1, 1), "all three gathered");
+    }
+    // A kernel on a side stream writes `out`: the batch, on the main stream, waits for it.
+    let stream = hal.create_stream().unwrap();
+    let out = hal.alloc::<u32>("out", 1000).unwrap();
+    launch_lcg(&hal, Some(&stream), &out, &b, 5000);
+    let mut w = vec![0u32; 1000];
+    hal.download_batch(&mut [(&out, &mut w[..]), (&c, &mut z[..])])
+        .unwrap();
+    assert!(
+        w.iter().all(|&v| v == lcg(2, 5000)),
+        "read after the side stream's kernel"
+    );
+}
+
+/// Past the pinned pool, small buffers go in groups (a gather and a copy each) and a
+/// buffer too large alone is downloaded on its own: no device scratch, no pinned block of
+/// the batch's size.
+#[test]
+fn a_download_batch_past_the_pinned_pool_goes_in_groups() {
+    let Some(_device) = gpu() else { return };
+    let hal = with_pinned_pool(MIB); // two blocks of 512 KiB at most
+    let mut rng = Rng::new(24);
+    let (n, len) = (1000, 256);
+    let data = rng.u32s(n * (len + 4));
+    let whole = hal.copy_from("whole", &data).unwrap();
+    let _ = whole.device_ptr_mut().unwrap();
+    let views: Vec<_> = (0..n)
+        .map(|i| whole.slice(i * (len + 4), len).unwrap())
+        .collect();
+    let mut outs = vec![vec![POISON; len]; n];
+    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = views
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(v, o)| (v, &mut o[..]))
+        .collect();
+    let before = hal.ledger();
+    hal.download_batch(&mut items).unwrap();
+    let d = hal.ledger().since(&before);
+    assert!(
+        (2..=3).contains(&d.d2h.calls) && d.launches == d.d2h.calls,
+        "{} copies and {} gathers for {n} buffers of 1 KiB",
+        d.d2h.calls,
+        d.launches
+    );
+    for (i, o) in outs.iter().enumerate() {
+        let at = i * (len + 4);
+        assert!(o[..] == data[at..at + len], "buffer {i}");
+    }
+    // A buffer larger than the pool alone: no device scratch, no pinned block.
+    let big = hal.copy_from("big", &rng.u32s(MIB / 2 + 1)).unwrap();
+    let big_data = big.to_vec().unwrap();
+    let _ = big.device_ptr_mut().unwrap();
+    let mut b = vec![0u32; big.len()];
+    let (first, before) = (hal.stats().unwrap().pinned, hal.ledger());
+    hal.download_batch(&mut [(&big, &mut b[..])]).unwrap();
+    let (last, d) = (hal.stats().unwrap().pinned, hal.ledger().since(&before));
+    assert!(b == big_data, "the large buffer");
+    assert_eq!(
+        (
+            d.driver_allocs + d.pool_allocs + d.cached_allocs,
+            d.launches
+        ),
+        (0, 0),
+        "no device scratch, no gather"
+    );
+    assert_eq!(
+        (last.misses, last.hits),
+        (first.misses, first.hits),
+        "no pinned block"
+    );
+    // Between two small ones: they are gathered apart, before and after it.
+    let _ = big.device_ptr_mut().unwrap();
+    let (mut a, mut c) = (vec![0u32; len], vec![0u32; len]);
+    b.fill(0);
+    let before = hal.ledger();
+    hal.download_batch(&mut [
+        (&views[0], &mut a[..]),
+        (&big, &mut b[..]),
+        (&views[9], &mut c[..]),
+    ])
+    .unwrap();
+    let d = hal.ledger().since(&before);
+    assert!(a[..] == data[..len] && c[..] == data[9 * (len + 4)..9 * (len + 4) + len]);
+    assert!(b == big_data, "the large buffer");
+    assert_eq!(d.launches, 2, "two gathers of one buffer each");
+}
+
+/// Where memory does not hold the device scratch (as large as the group), each buffer is
+/// downloaded on its own, and no scratch is left.
+#[test]
+fn a_download_batch_past_the_memory_for_its_scratch_reads_each_buffer() {
+    let Some(_device) = gpu() else { return };
+    let config = HalConfig {
+        memory_limit: Some(3 * MIB),
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    let (x, y) = (Rng::new(42).u32s(MIB / 4), Rng::new(43).u32s(MIB / 4 + 3));
+    let (a, b) = (
+        hal.copy_from("a", &x).unwrap(),
+        hal.copy_from("b", &y).unwrap(),
+    );
+    let (_, _) = (a.device_ptr_mut().unwrap(), b.device_ptr_mut().unwrap());
+    let (mut ox, mut oy) = (vec![0u32; x.len()], vec![0u32; y.len()]);
+    let before = hal.ledger();
+    hal.download_batch(&mut [(&a, &mut ox[..]), (&b, &mut oy[..])])
+        .unwrap();
+    let d = hal.ledger().since(&before);
+    assert!(ox == x && oy == y);
+    assert_eq!(d.launches, 0, "no gather without its scratch");
+    assert_eq!(
+        hal.memory_report().current_bytes,
+        2 * MIB + 12,
+        "no scratch left"
+    );
+}
+
 /// A batch larger than the pinned pool keeps two blocks of goes slice by slice through the
 /// staging slots: before, every such batch pinned a block of its own size and allocated a
 /// device scratch as large.
