@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytemuck::Pod;
+use cuda_sys::CUdeviceptr;
 
 use crate::buffer::RawBuffer;
 use crate::driver::{api, Event, Stream};
@@ -644,25 +645,10 @@ impl CudaHal {
     pub fn upload_batch<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
         let _range = crate::nvtx::range(|| format!("upload_batch {} slices", items.len()));
         let h = &self.inner;
-        if items.is_empty() {
-            return Err(Error::ZeroLength {
-                name: "upload_batch".into(),
-            });
-        }
-        for (buf, data) in items {
-            if !self.same(buf.raw().hal()) {
-                return Err(Error::ForeignBuffer {
-                    name: buf.name().to_string(),
-                });
-            }
-            if data.len() != buf.len() {
-                return Err(Error::LengthMismatch {
-                    name: buf.name().to_string(),
-                    expected: buf.len(),
-                    actual: data.len(),
-                });
-            }
-        }
+        self.check_batch(
+            "upload_batch",
+            items.iter().map(|(buf, data)| (*buf, data.len())),
+        )?;
         let ranges: Vec<_> = items
             .iter()
             .map(|(buf, _)| (Arc::as_ptr(buf.raw()) as usize, buf.byte_range()))
@@ -776,19 +762,7 @@ impl CudaHal {
                 d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), total, h.stream.raw())?
             };
             h.ledger.copy(Dir::H2D, total);
-            let f = h.kernels.get("scatter_segments", true)?;
-            let blocks = segments.min(h.info_sms() * 8).max(1);
-            let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
-            let mut params = [
-                (&mut t as *mut u64).cast(),
-                (&mut dat as *mut u64).cast(),
-                (&mut c as *mut u32).cast(),
-            ];
-            // SAFETY: parameters match scatter_segments(const Segment*, const u8*, u32); each
-            // segment writes exactly its destination buffer's range.
-            unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &h.stream, &mut params)? };
-            h.ledger.launch();
-            Ok(())
+            self.launch_segments(false, scratch, data_start, segments)
         })();
         // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
         h.free_raw("upload-batch-scratch", scratch_alloc);
@@ -816,6 +790,65 @@ impl CudaHal {
         if !PHASES.async_copy {
             h.guard(h.stream.synchronize())?;
         }
+        Ok(())
+    }
+
+    /// Checks a batch (`what` names it in errors) of buffers, each with the length of its
+    /// host slice: not empty, every buffer this HAL's and as long as its slice.
+    fn check_batch<'b, T: Pod + 'b>(
+        &self,
+        what: &str,
+        items: impl ExactSizeIterator<Item = (&'b Buffer<T>, usize)>,
+    ) -> Result<()> {
+        if items.len() == 0 {
+            return Err(Error::ZeroLength { name: what.into() });
+        }
+        for (buf, len) in items {
+            if !self.same(buf.raw().hal()) {
+                return Err(Error::ForeignBuffer {
+                    name: buf.name().to_string(),
+                });
+            }
+            if len != buf.len() {
+                return Err(Error::LengthMismatch {
+                    name: buf.name().to_string(),
+                    expected: buf.len(),
+                    actual: len,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Launches `scatter_segments` (or, with `gather`, `gather_segments`) on the main
+    /// stream over the `segments` entries of the segment table at `scratch`, whose data
+    /// region starts `data_start` bytes in: one block per segment.
+    fn launch_segments(
+        &self,
+        gather: bool,
+        scratch: CUdeviceptr,
+        data_start: usize,
+        segments: u32,
+    ) -> Result<()> {
+        let h = &self.inner;
+        let name = if gather {
+            "gather_segments"
+        } else {
+            "scatter_segments"
+        };
+        let f = h.kernels.get(name, true)?;
+        let blocks = segments.min(h.info_sms() * 8).max(1);
+        let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
+        let mut params = [
+            (&mut t as *mut u64).cast(),
+            (&mut dat as *mut u64).cast(),
+            (&mut c as *mut u32).cast(),
+        ];
+        // SAFETY: parameters match both kernels' (const Segment*, u8*, u32); the caller's
+        // table holds `segments` entries, each a live device range of a buffer of this HAL
+        // and a range of the data region as long, which the kernel copies one to the other.
+        unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &h.stream, &mut params)? };
+        h.ledger.launch();
         Ok(())
     }
 
@@ -859,25 +892,10 @@ impl CudaHal {
     pub fn download_batch<T: Pod>(&self, items: &mut [(&Buffer<T>, &mut [T])]) -> Result<()> {
         let _range = crate::nvtx::range(|| format!("download_batch {} slices", items.len()));
         let h = &self.inner;
-        if items.is_empty() {
-            return Err(Error::ZeroLength {
-                name: "download_batch".into(),
-            });
-        }
-        for (buf, dst) in items.iter() {
-            if !self.same(buf.raw().hal()) {
-                return Err(Error::ForeignBuffer {
-                    name: buf.name().to_string(),
-                });
-            }
-            if dst.len() != buf.len() {
-                return Err(Error::LengthMismatch {
-                    name: buf.name().to_string(),
-                    expected: buf.len(),
-                    actual: dst.len(),
-                });
-            }
-        }
+        self.check_batch(
+            "download_batch",
+            items.iter().map(|(buf, dst)| (*buf, dst.len())),
+        )?;
         h.enter()?;
         // Those the host copies do not serve, in order.
         let mut todo: Vec<usize> = Vec::with_capacity(items.len());
@@ -968,18 +986,7 @@ impl CudaHal {
                 )?
             };
             h.ledger.copy(Dir::H2D, data_start);
-            let f = h.kernels.get("gather_segments", true)?;
-            let blocks = segments.min(h.info_sms() * 8).max(1);
-            let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
-            let mut params = [
-                (&mut t as *mut u64).cast(),
-                (&mut dat as *mut u64).cast(),
-                (&mut c as *mut u32).cast(),
-            ];
-            // SAFETY: parameters match gather_segments(const Segment*, u8*, u32); each
-            // segment reads exactly its buffer's range and writes its own range of scratch.
-            unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &h.stream, &mut params)? };
-            h.ledger.launch();
+            self.launch_segments(true, scratch, data_start, segments)?;
             // SAFETY: the block has room for `total` bytes; scratch holds them.
             unsafe {
                 d.cuMemcpyDtoHAsync(
