@@ -895,8 +895,11 @@ impl<T: Pod> Buffer<T> {
     pub(crate) fn copy_from_host_copy(&self, dst: &mut [T]) -> bool {
         let (h, r) = (&self.raw.hal, self.byte_range());
         let c = self.raw.cache.lock();
-        let served = match (c.state.plan_read(&r), c.bytes.as_ref()) {
-            (Ok(misses), Some(host)) if misses.is_empty() => {
+        // (No host copy, the common case of a result the device wrote, is known before
+        // the state is planned.)
+        let host = c.bytes.as_ref();
+        let served = match host.map(|host| (host, c.state.plan_read(&r))) {
+            Some((host, Ok(misses))) if misses.is_empty() => {
                 // SAFETY: r is readable and no exclusive view covers it (plan_read), and
                 // the lock keeps one from starting during the copy.
                 let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
