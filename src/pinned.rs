@@ -610,7 +610,8 @@ impl<T> Drop for RegisteredHost<'_, T> {
 }
 
 impl<T: Pod> Buffer<T> {
-    fn check_len(&self, n: usize) -> Result<()> {
+    /// `LengthMismatch` unless `n` is the buffer's length.
+    pub(crate) fn check_len(&self, n: usize) -> Result<()> {
         if n != self.len() {
             return Err(Error::LengthMismatch {
                 name: self.name().to_string(),

@@ -575,17 +575,8 @@ impl CudaHal {
         let scratch_alloc = h.alloc_raw(&std::borrow::Cow::Borrowed("gather-scratch"), total)?;
         let scratch = scratch_alloc.ptr;
         let result = (|| -> Result<()> {
-            // SAFETY: the block holds the table; scratch has `total` bytes; the block is
-            // not touched by the host until the stream synchronises below.
-            unsafe {
-                d.cuMemcpyHtoDAsync(
-                    scratch,
-                    block.mem.as_ptr().cast(),
-                    table_bytes,
-                    h.stream.raw(),
-                )?
-            };
-            h.ledger.copy(Dir::H2D, table_bytes);
+            // The block is not touched by the host until the stream synchronises below.
+            h.copy_table_up(scratch, &block, table_bytes)?;
             let f = h.kernels.get("gather_elements", true)?;
             let dims = LaunchDims::for_elements(n, h.info_sms());
             let (mut t, mut o, mut c, mut e) =
@@ -809,13 +800,7 @@ impl CudaHal {
                     name: buf.name().to_string(),
                 });
             }
-            if len != buf.len() {
-                return Err(Error::LengthMismatch {
-                    name: buf.name().to_string(),
-                    expected: buf.len(),
-                    actual: len,
-                });
-            }
+            buf.check_len(len)?;
         }
         Ok(())
     }
@@ -974,18 +959,8 @@ impl CudaHal {
             let segments = u32::try_from(group.len()).map_err(|_| {
                 Error::InvalidArgument(format!("{} slices in one batch", group.len()))
             })?;
-            // SAFETY: the block holds the table in its first `data_start` bytes and is not
-            // touched by the host until the stream synchronises below; scratch has `total`
-            // bytes.
-            unsafe {
-                d.cuMemcpyHtoDAsync(
-                    scratch,
-                    block.mem.as_ptr().cast(),
-                    data_start,
-                    h.stream.raw(),
-                )?
-            };
-            h.ledger.copy(Dir::H2D, data_start);
+            // The block is not touched by the host until the stream synchronises below.
+            h.copy_table_up(scratch, &block, data_start)?;
             self.launch_segments(true, scratch, data_start, segments)?;
             // SAFETY: the block has room for `total` bytes; scratch holds them.
             unsafe {
@@ -1014,6 +989,27 @@ impl CudaHal {
         }
         h.pinned.give(block);
         result
+    }
+}
+
+impl HalInner {
+    /// Queues the copy of the first `bytes` of `block` (a gather's or a batch's table,
+    /// staged there) to `scratch` on the main stream. The caller keeps the block unchanged
+    /// until the stream has passed the copy.
+    fn copy_table_up(&self, scratch: CUdeviceptr, block: &PinnedBlock, bytes: usize) -> Result<()> {
+        debug_assert!(bytes <= block.mem.len());
+        // SAFETY: the block holds at least `bytes` bytes, left unchanged until the copy is
+        // done (the caller's part); scratch, the caller's allocation, has room for them.
+        unsafe {
+            api()?.cuMemcpyHtoDAsync(
+                scratch,
+                block.mem.as_ptr().cast(),
+                bytes,
+                self.stream.raw(),
+            )?
+        };
+        self.ledger.copy(Dir::H2D, bytes);
+        Ok(())
     }
 }
 
