@@ -722,6 +722,123 @@ fn coalescing(hal: &CudaHal) {
     t.rows("256 x 1 KiB", "256 x {} 1 KiB", "256 KiB");
     upload_batch_stores(hal);
     upload_batch_past_the_pinned_pool(&s);
+    batch_routes(hal);
+}
+
+/// Buffers of one batch, moved up and back down with `upload_batch` and `download_batch`.
+struct SmallBatch<'h> {
+    hal: &'h CudaHal,
+    bufs: Vec<cuda_hal::Buffer<u32>>,
+}
+
+impl<'h> SmallBatch<'h> {
+    fn new(hal: &'h CudaHal, n: usize, len: usize) -> Self {
+        let bufs = (0..n).map(|_| hal.alloc::<u32>("small", len).unwrap());
+        SmallBatch {
+            hal,
+            bufs: bufs.collect(),
+        }
+    }
+
+    /// One `upload_batch`, waited for.
+    fn up(&self, host: &[Vec<u32>]) {
+        let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> = self
+            .bufs
+            .iter()
+            .zip(host)
+            .map(|(b, x)| (b, &x[..]))
+            .collect();
+        self.hal.upload_batch(&items).unwrap();
+        self.hal.synchronize().unwrap();
+    }
+
+    /// One `download_batch` (the buffers have no host copy: every batch reads the device).
+    fn down(&self, outs: &mut [Vec<u32>]) {
+        let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = self
+            .bufs
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(b, o)| (b, &mut o[..]))
+            .collect();
+        self.hal.download_batch(&mut items).unwrap();
+    }
+}
+
+/// Small batches moved in place through the pinned block's device mapping (the default)
+/// and through a device scratch (`mapped_batches: false`), timed in turns: 256 slices of
+/// 1 KiB and 32 of 64 KiB (the largest an upload moves in place) up and down, and a gather
+/// of 64 elements. `CUDA_HAL_BATCH_ROUTE_SIZES=256x1,32x64` (slices x KiB) sets the sizes.
+fn batch_routes(hal: &CudaHal) {
+    let config = HalConfig {
+        mapped_batches: false,
+        ..HalConfig::default()
+    };
+    let copied = CudaHal::with_config(0, config).unwrap();
+    let sizes: Vec<(usize, usize)> = match std::env::var("CUDA_HAL_BATCH_ROUTE_SIZES") {
+        Ok(v) => v
+            .split(',')
+            .map(|p| {
+                let (n, kib) = p.split_once('x').unwrap();
+                (n.parse().unwrap(), kib.parse().unwrap())
+            })
+            .collect(),
+        Err(_) => vec![(256, 1), (32, 64)],
+    };
+    for (n, kib) in sizes {
+        let len = kib * 256;
+        let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32 ^ 0x5a5a; len]).collect();
+        let (mapped, scratch) = (
+            SmallBatch::new(hal, n, len),
+            SmallBatch::new(&copied, n, len),
+        );
+        let (t_mapped, t_copied) =
+            paired_median_us(50, 400, || mapped.up(&host), || scratch.up(&host));
+        let bytes = (n * kib * 1024) as i64;
+        let label = format!("{n} x {kib} KiB");
+        row(
+            &format!("upload_batch {label}, in place (mapped pinned block)"),
+            t_mapped,
+            "the same through a device scratch",
+            t_copied,
+            bytes,
+            "-",
+        );
+        let (mut outs_a, mut outs_b) = (vec![vec![0u32; len]; n], vec![vec![0u32; len]; n]);
+        let (t_mapped, t_copied) = paired_median_us(
+            50,
+            400,
+            || mapped.down(&mut outs_a),
+            || scratch.down(&mut outs_b),
+        );
+        assert!(outs_a == host && outs_b == host, "{label}: the data back");
+        row(
+            &format!("download_batch {label}, in place (mapped pinned block)"),
+            t_mapped,
+            "the same through a device scratch",
+            t_copied,
+            bytes,
+            "-",
+        );
+    }
+    let data: Vec<u32> = (0..1u32 << 20).collect();
+    let (a, b) = (
+        hal.copy_from("col", &data).unwrap(),
+        copied.copy_from("col", &data).unwrap(),
+    );
+    let idx: Vec<usize> = (0..64).map(|i| (i * 7919 * 13) % data.len()).collect();
+    let gather = |col: &cuda_hal::Buffer<u32>| {
+        let _ = col.device_ptr_mut().unwrap(); // as after a kernel's write
+        assert_eq!(col.get_many(&idx).unwrap()[5], data[idx[5]]);
+    };
+    let (t_mapped, t_copied) = paired_median_us(100, 300, || gather(&a), || gather(&b));
+    row(
+        "gather 64 elements (get_many), in place (mapped pinned block)",
+        t_mapped,
+        "the same through a device scratch",
+        t_copied,
+        256,
+        "-",
+    );
 }
 
 /// `upload_batch` of 256 x 1 KiB packed with streaming stores (the default) and with plain

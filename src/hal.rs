@@ -100,6 +100,17 @@ pub struct HalConfig {
     /// there (to compare the two; both give the same results). The radix-2 path (columns
     /// of fewer than 16 points) always expands first.
     pub lde_fused_expand: bool,
+    /// Batches (`upload_batch`, `download_batch`, `gather`) move their bytes with their
+    /// kernel alone, which reads or writes the pinned pool's block in place through its
+    /// device mapping (where the device can map host memory): no device scratch and no copy
+    /// call. On an H200, 256 slices of 1 KiB went up in 46 us against 50 us and down in 48
+    /// us against 58 us, and a gather of 64 elements took 15 us against 24 us; on a
+    /// coherent device such as GB10 no second copy of the bytes is made in the memory CPU
+    /// and GPU share. An upload with a slice over 64 KiB is copied: its kernel's reads of
+    /// host memory are no faster than the copy engine there. Off, every batch copies its
+    /// block to or from a device scratch the kernel uses (to compare the two; both give the
+    /// same results).
+    pub mapped_batches: bool,
 }
 
 impl Default for HalConfig {
@@ -116,6 +127,7 @@ impl Default for HalConfig {
             count_pool_hits: true,
             ntt_fixed_passes: true,
             lde_fused_expand: true,
+            mapped_batches: true,
         }
     }
 }
@@ -287,7 +299,10 @@ impl CudaHal {
                 kernels,
                 prover: Default::default(),
                 staging,
-                pinned: PinnedPool::new(config.pinned_pool_bytes),
+                pinned: PinnedPool::new(
+                    config.pinned_pool_bytes,
+                    config.mapped_batches && info.can_map_host_memory,
+                ),
                 allocs: Allocs::new(
                     config.track_allocations,
                     config.memory_limit,

@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub struct Traffic {
     /// Bytes moved.
     pub bytes: u64,
-    /// Logical copies (one chunked transfer counts once).
+    /// Logical copies: one chunked transfer counts once, and so does a batch whose kernel
+    /// moves its bytes through a mapped pinned block (`HalConfig::mapped_batches`).
     pub calls: u64,
     /// Device time of the timed copies, in nanoseconds (`HalConfig::time_transfers`).
     pub device_ns: u64,

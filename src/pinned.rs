@@ -204,6 +204,25 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(())
     }
 
+    /// The device's address of the elements, when allocated with `device_mapped`: kernels
+    /// of your own (launched `unsafe`) may read or write them in place over the bus. The
+    /// HAL does not see those uses: wait for such a kernel before `host`/`host_mut`.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let mapped = PinnedFlags { device_mapped: true, ..PinnedFlags::default() };
+    /// assert!(hal.alloc_pinned::<u32>(256, mapped).unwrap().device_ptr().is_some());
+    /// let plain = hal.alloc_pinned::<u32>(256, PinnedFlags::default()).unwrap();
+    /// assert!(plain.device_ptr().is_none());
+    /// ```
+    pub fn device_ptr(&self) -> Option<cuda_sys::CUdeviceptr> {
+        self.mem.device_ptr()
+    }
+
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.mem.as_ptr()
     }
@@ -303,16 +322,19 @@ pub(crate) struct PinnedPool {
     /// all came back.
     lent: Arc<AtomicUsize>,
     limit: usize,
+    /// Whether blocks are mapped for the device (`HalConfig::mapped_batches`).
+    mapped: bool,
     hits: AtomicU64,
     misses: AtomicU64,
 }
 
 impl PinnedPool {
-    pub(crate) fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize, mapped: bool) -> Self {
         PinnedPool {
             free: Mutex::new((Vec::new(), 0)),
             lent: Arc::new(AtomicUsize::new(0)),
             limit,
+            mapped,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -356,9 +378,10 @@ impl PinnedPool {
             return self.lend_free(b);
         }
         // Portable: copies between devices stage through these blocks from the other
-        // device's context too.
+        // device's context too. Mapped: small batches' kernels read and write them in place.
         let flags = PinnedFlags {
             portable: true,
+            device_mapped: self.mapped,
             ..PinnedFlags::default()
         };
         match PinnedMemory::new(size, flags) {
@@ -854,7 +877,7 @@ mod tests {
 
     #[test]
     fn blocks_the_pool_can_keep_are_powers_of_two_and_larger_ones_fit_their_bytes() {
-        let pool = PinnedPool::new(256 * MIB);
+        let pool = PinnedPool::new(256 * MIB, true);
         assert_eq!(pool.block_size(1), 64 << 10);
         assert_eq!(
             pool.block_size(3 * MIB),
@@ -872,6 +895,6 @@ mod tests {
         }
         assert_eq!(pool.block_size(usize::MAX), usize::MAX, "no overflow");
         // A pool that keeps nothing sizes every block by its bytes.
-        assert_eq!(PinnedPool::new(0).block_size(3 * MIB), 3 * MIB);
+        assert_eq!(PinnedPool::new(0, false).block_size(3 * MIB), 3 * MIB);
     }
 }

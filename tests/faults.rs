@@ -356,11 +356,17 @@ fn every_call_fails_in_turn_checking(
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
+    // The second run also takes the copied route of small batches (a device scratch).
     let no_cache = HalConfig {
         block_cache_bytes: 0,
+        mapped_batches: false,
         ..HalConfig::default()
     };
-    for (config, which) in [(HalConfig::default(), ""), (no_cache, ", no block cache")] {
+    let runs = [
+        (HalConfig::default(), ""),
+        (no_cache, ", no block cache, batches copied"),
+    ];
+    for (config, which) in runs {
         every_call_of(&ctx, check, &config, &format!("{name}{which}"), &scenario);
     }
 }
@@ -641,26 +647,41 @@ fn reads_and_batches_past_the_pinned_pool() {
         ..HalConfig::default()
     };
     let check = Checks { free_memory: true };
-    let name = "reads and batches past the pinned pool";
-    every_call_of(&ctx, check, &config, name, &|hal| {
-        let data = Rng::new(4).u32s(2 * MIB + 3);
-        let b = hal.copy_from("b", &data)?;
-        assert_eq!(b.read_async()?.wait()?, data);
-        drop(b.read_async()?);
-        let mut arena = hal.batch_arena("arena", 16 * MIB, ArenaLayout::Bump)?;
-        let batch = arena.begin_batch();
-        let v = batch.upload(&[("p", &data[..]), ("q", &data[..5])])?;
-        assert_eq!(v[0].get_at(2 * MIB + 2)?, data[2 * MIB + 2]);
-        assert_eq!(v[1].get_at(4)?, data[4]);
-        let (x, y) = (
-            hal.alloc::<u32>("x", data.len())?,
-            hal.alloc::<u32>("y", 7)?,
-        );
-        hal.upload_batch(&[(&x, &data[..]), (&y, &data[..7])])?;
-        assert_eq!((x.get_at(2 * MIB)?, y.get_at(6)?), (data[2 * MIB], data[6]));
-        let (mut xs, mut ys) = (vec![0u32; data.len()], vec![0u32; 7]);
-        hal.download_batch(&mut [(&y, &mut ys[..]), (&x, &mut xs[..])])?;
-        assert!(xs == data && ys == data[..7]);
-        Ok(())
-    });
+    let copied = HalConfig {
+        mapped_batches: false,
+        ..config.clone()
+    };
+    let runs = [
+        (config, "reads and batches past the pinned pool"),
+        (
+            copied,
+            "reads and batches past the pinned pool, batches copied",
+        ),
+    ];
+    for (config, name) in &runs {
+        every_call_of(&ctx, check, config, name, &reads_and_batches);
+    }
+}
+
+/// The scenario of [`reads_and_batches_past_the_pinned_pool`].
+fn reads_and_batches(hal: &CudaHal) -> Result<()> {
+    let data = Rng::new(4).u32s(2 * MIB + 3);
+    let b = hal.copy_from("b", &data)?;
+    assert_eq!(b.read_async()?.wait()?, data);
+    drop(b.read_async()?);
+    let mut arena = hal.batch_arena("arena", 16 * MIB, ArenaLayout::Bump)?;
+    let batch = arena.begin_batch();
+    let v = batch.upload(&[("p", &data[..]), ("q", &data[..5])])?;
+    assert_eq!(v[0].get_at(2 * MIB + 2)?, data[2 * MIB + 2]);
+    assert_eq!(v[1].get_at(4)?, data[4]);
+    let (x, y) = (
+        hal.alloc::<u32>("x", data.len())?,
+        hal.alloc::<u32>("y", 7)?,
+    );
+    hal.upload_batch(&[(&x, &data[..]), (&y, &data[..7])])?;
+    assert_eq!((x.get_at(2 * MIB)?, y.get_at(6)?), (data[2 * MIB], data[6]));
+    let (mut xs, mut ys) = (vec![0u32; data.len()], vec![0u32; 7]);
+    hal.download_batch(&mut [(&y, &mut ys[..]), (&x, &mut xs[..])])?;
+    assert!(xs == data && ys == data[..7]);
+    Ok(())
 }

@@ -317,9 +317,30 @@ fn staged_upload_frees_the_callers_slice_at_once() {
     assert_eq!(b.to_vec().unwrap(), want);
 }
 
+/// Runs `check` on both routes of a batch of small slices: in place through the pinned
+/// block's device mapping (the default; `true`) and through a device scratch
+/// (`mapped_batches: false`).
+fn on_both_batch_routes(check: impl Fn(&CudaHal, bool)) {
+    let Some(hal) = gpu() else { return };
+    check(&hal, hal.info().can_map_host_memory);
+    let copied = HalConfig {
+        mapped_batches: false,
+        ..HalConfig::default()
+    };
+    check(&CudaHal::with_config(0, copied).unwrap(), false);
+}
+
+/// The device allocations a batch made: a scratch on the copied route, none in place.
+fn scratch_allocations(d: &cuda_hal::LedgerSnapshot) -> u64 {
+    d.driver_allocs + d.pool_allocs + d.cached_allocs
+}
+
 #[test]
 fn gather_reads_many_elements_with_one_copy() {
-    let Some(hal) = gpu() else { return };
+    on_both_batch_routes(check_gather);
+}
+
+fn check_gather(hal: &CudaHal, mapped: bool) {
     let mut rng = Rng::new(18);
     let a_data = rng.u32s(100_000);
     let b_data: Vec<u64> = (0..5000u64).map(|i| i * 0x1_0000_0001).collect();
@@ -337,6 +358,21 @@ fn gather_reads_many_elements_with_one_copy() {
             "one copy of 64 elements"
         );
     }
+    // As after a kernel's write: no host copy serves them.
+    let _ = a.device_ptr_mut().unwrap();
+    let before = hal.ledger();
+    assert_eq!(a.get_many(&idx).unwrap(), got);
+    let d = hal.ledger().since(&before);
+    assert_eq!(
+        (
+            d.d2h.calls,
+            d.d2h.bytes,
+            d.launches,
+            scratch_allocations(&d)
+        ),
+        (1, 64 * 4, 1, u64::from(!mapped)),
+        "one gather of 64 elements (mapped: {mapped})"
+    );
     let slice = b.slice(1000, 3000).unwrap();
     let got = hal
         .gather(&[(&b, 4999), (&slice, 0), (&slice, 2999), (&b, 0)])
@@ -435,7 +471,10 @@ fn an_upload_batch_of_small_slices_past_the_pinned_pool_goes_in_groups() {
 
 #[test]
 fn upload_batch_scatters_many_slices_with_one_copy() {
-    let Some(hal) = gpu() else { return };
+    on_both_batch_routes(check_upload_batch);
+}
+
+fn check_upload_batch(hal: &CudaHal, mapped: bool) {
     let mut rng = Rng::new(19);
     let whole = hal.copy_from("whole", &vec![POISON; 10_000]).unwrap();
     let parts: Vec<_> = (0..50)
@@ -447,7 +486,11 @@ fn upload_batch_scatters_many_slices_with_one_copy() {
     let before = hal.ledger();
     hal.upload_batch(&items).unwrap();
     let d = hal.ledger().since(&before);
-    assert_eq!(d.h2d.calls, 1, "one staged copy");
+    assert_eq!(
+        (d.h2d.calls, d.launches, scratch_allocations(&d)),
+        (1, 1, u64::from(!mapped)),
+        "one staged transfer and one scatter (mapped: {mapped})"
+    );
     let v = whole.to_vec().unwrap();
     for k in 0..50 {
         assert_eq!(&v[k * 200..k * 200 + 1 + k], &datas[k][..]);
@@ -465,13 +508,31 @@ fn upload_batch_scatters_many_slices_with_one_copy() {
         hal.upload_batch(&[(&x, &[1u8, 2, 3][..]), (&overlap, &[1u8, 2, 3, 4][..])]),
         Err(Error::Aliasing { .. })
     ));
+    // Slices of up to 64 KiB go in place; a batch with a larger one is copied.
+    for (len, copied) in [(16 << 10, !mapped), ((16 << 10) + 1, true)] {
+        let (big, small) = (hal.alloc::<u32>("big", len).unwrap(), &parts[3]);
+        let x = rng.u32s(len);
+        let before = hal.ledger();
+        hal.upload_batch(&[(small, &datas[3][..]), (&big, &x[..])])
+            .unwrap();
+        let d = hal.ledger().since(&before);
+        assert_eq!(
+            (d.launches, scratch_allocations(&d)),
+            (1, u64::from(copied)),
+            "a slice of {len} u32s (mapped: {mapped})"
+        );
+        assert!(big.to_vec().unwrap() == x && small.to_vec().unwrap() == datas[3]);
+    }
 }
 
 /// `download_batch` reads many buffers and slices (of several lengths, byte-sized at odd
 /// offsets, overlapping each other) into host slices with one gather and one copy.
 #[test]
 fn download_batch_gathers_many_buffers_with_one_copy() {
-    let Some(hal) = gpu() else { return };
+    on_both_batch_routes(check_download_batch);
+}
+
+fn check_download_batch(hal: &CudaHal, mapped: bool) {
     let mut rng = Rng::new(23);
     let data = rng.u32s(10_000);
     let whole = hal.copy_from("whole", &data).unwrap();
@@ -495,9 +556,9 @@ fn download_batch_gathers_many_buffers_with_one_copy() {
     hal.download_batch(&mut items).unwrap();
     let d = hal.ledger().since(&before);
     assert_eq!(
-        (d.d2h.calls, d.launches),
-        (1, 1),
-        "one gather and one copy for 51 buffers"
+        (d.d2h.calls, d.launches, scratch_allocations(&d)),
+        (1, 1, u64::from(!mapped)),
+        "one gather and one transfer for 51 buffers (mapped: {mapped})"
     );
     for (k, o) in outs.iter().enumerate() {
         assert_eq!(o[..], data[k * 200..k * 200 + 1 + k], "slice {k}");
@@ -674,33 +735,41 @@ fn a_download_batch_past_the_pinned_pool_goes_in_groups() {
 }
 
 /// Where memory does not hold the device scratch (as large as the group), each buffer is
-/// downloaded on its own, and no scratch is left.
+/// downloaded on its own, and no scratch is left. In place (the default), the batch needs
+/// no scratch: one gather.
 #[test]
 fn a_download_batch_past_the_memory_for_its_scratch_reads_each_buffer() {
-    let Some(_device) = gpu() else { return };
-    let config = HalConfig {
-        memory_limit: Some(3 * MIB),
-        ..HalConfig::default()
-    };
-    let hal = CudaHal::with_config(0, config).unwrap();
-    let (x, y) = (Rng::new(42).u32s(MIB / 4), Rng::new(43).u32s(MIB / 4 + 3));
-    let (a, b) = (
-        hal.copy_from("a", &x).unwrap(),
-        hal.copy_from("b", &y).unwrap(),
-    );
-    let (_, _) = (a.device_ptr_mut().unwrap(), b.device_ptr_mut().unwrap());
-    let (mut ox, mut oy) = (vec![0u32; x.len()], vec![0u32; y.len()]);
-    let before = hal.ledger();
-    hal.download_batch(&mut [(&a, &mut ox[..]), (&b, &mut oy[..])])
-        .unwrap();
-    let d = hal.ledger().since(&before);
-    assert!(ox == x && oy == y);
-    assert_eq!(d.launches, 0, "no gather without its scratch");
-    assert_eq!(
-        hal.memory_report().current_bytes,
-        2 * MIB + 12,
-        "no scratch left"
-    );
+    let Some(device) = gpu() else { return };
+    for mapped in [false, device.info().can_map_host_memory] {
+        let config = HalConfig {
+            memory_limit: Some(3 * MIB),
+            mapped_batches: mapped,
+            ..HalConfig::default()
+        };
+        let hal = CudaHal::with_config(0, config).unwrap();
+        let (x, y) = (Rng::new(42).u32s(MIB / 4), Rng::new(43).u32s(MIB / 4 + 3));
+        let (a, b) = (
+            hal.copy_from("a", &x).unwrap(),
+            hal.copy_from("b", &y).unwrap(),
+        );
+        let (_, _) = (a.device_ptr_mut().unwrap(), b.device_ptr_mut().unwrap());
+        let (mut ox, mut oy) = (vec![0u32; x.len()], vec![0u32; y.len()]);
+        let before = hal.ledger();
+        hal.download_batch(&mut [(&a, &mut ox[..]), (&b, &mut oy[..])])
+            .unwrap();
+        let d = hal.ledger().since(&before);
+        assert!(ox == x && oy == y);
+        assert_eq!(
+            (d.launches, scratch_allocations(&d)),
+            (u64::from(mapped), 0),
+            "a gather only in place (mapped: {mapped})"
+        );
+        assert_eq!(
+            hal.memory_report().current_bytes,
+            2 * MIB + 12,
+            "no scratch left"
+        );
+    }
 }
 
 /// A batch larger than the pinned pool keeps two blocks of goes slice by slice through the

@@ -1,5 +1,7 @@
 use std::ffi::c_void;
 
+use cuda_sys::CUdeviceptr;
+
 use super::{api, PrimaryContext};
 use crate::host_pages::{self, Mapping};
 use crate::Result;
@@ -75,6 +77,8 @@ pub struct PinnedMemory {
     len: usize,
     /// The registered mapping `ptr` points to, or `None` for memory of `cuMemHostAlloc`.
     mapping: Option<Mapping>,
+    /// The device's address of the memory, when allocated `device_mapped`.
+    device_ptr: Option<CUdeviceptr>,
     /// Keeps the context alive: the driver frees pinned memory with its context (and
     /// unregisters a mapping in it).
     ctx: PrimaryContext,
@@ -121,22 +125,57 @@ impl PinnedMemory {
                     flags.register_bits(),
                 )?
             };
-            return Ok(PinnedMemory {
+            let mem = PinnedMemory {
                 ptr: mapping.as_ptr(),
                 len,
                 mapping: Some(mapping),
+                device_ptr: None,
                 ctx,
-            });
+            };
+            return mem.mapped_if(flags);
         }
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { d.cuMemHostAlloc(&mut ptr, len.max(1), flags.bits())? };
-        Ok(PinnedMemory {
+        PinnedMemory {
             ptr: ptr.cast(),
             len,
             mapping: None,
+            device_ptr: None,
             ctx,
-        })
+        }
+        .mapped_if(flags)
+    }
+
+    /// With `device_mapped`, looks up the device's address of the memory (a failure frees
+    /// it).
+    fn mapped_if(mut self, flags: PinnedFlags) -> Result<Self> {
+        if flags.device_mapped {
+            let mut dptr: CUdeviceptr = 0;
+            // SAFETY: `ptr` is page-locked memory mapped for the device (the flag); the
+            // out-pointer is a valid local.
+            unsafe { api()?.cuMemHostGetDevicePointer(&mut dptr, self.ptr.cast(), 0)? };
+            self.device_ptr = Some(dptr);
+        }
+        Ok(self)
+    }
+
+    /// The device's address of the memory, for kernels that read or write it in place
+    /// over the bus: `Some` when allocated `device_mapped`.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{PinnedFlags, PinnedMemory, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// let mapped = PinnedFlags { device_mapped: true, ..PinnedFlags::default() };
+    /// assert!(PinnedMemory::new(4096, mapped).unwrap().device_ptr().is_some());
+    /// assert!(PinnedMemory::new(4096, PinnedFlags::default()).unwrap().device_ptr().is_none());
+    /// ```
+    pub fn device_ptr(&self) -> Option<CUdeviceptr> {
+        self.device_ptr
     }
 
     /// Length in bytes.
