@@ -506,8 +506,9 @@ impl<T: Pod> Buffer<T> {
 }
 
 impl CudaHal {
-    /// Reads one element from each `(buffer, index)` with a single gather kernel and a
-    /// single device-to-host copy, instead of one copy per element.
+    /// Reads one element from each `(buffer, index)` with a single gather kernel, instead
+    /// of one copy per element. The kernel writes the elements into a pinned block in place
+    /// (`HalConfig::mapped_batches`), or into a device scratch then copied back.
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -606,25 +607,12 @@ impl CudaHal {
                 }
             };
             let scratch = scratch_alloc.ptr;
-            let result = (|| -> Result<()> {
-                let d = api()?;
-                // The block is not touched by the host until the stream synchronises below.
-                h.copy_table_up(scratch, &block, table_bytes)?;
-                launch(scratch, scratch + out_off as u64)?;
-                // SAFETY: reads n*sz bytes of scratch into the block, which has room for them.
-                unsafe {
-                    d.cuMemcpyDtoHAsync(
-                        block.mem.as_ptr().add(out_off).cast(),
-                        scratch + out_off as u64,
-                        n * sz,
-                        h.stream.raw(),
-                    )?
-                };
-                h.ledger.copy(Dir::D2H, n * sz);
-                Ok(())
-            })()
-            // Waited for even where a step failed, as above.
-            .and(h.stream.synchronize());
+            let result = h
+                .gather_through_scratch(scratch, &block, table_bytes, out_off, total, |scratch| {
+                    launch(scratch, scratch + out_off as u64)
+                })
+                // Waited for even where a step failed, as above.
+                .and(h.stream.synchronize());
             h.free_raw("gather-scratch", scratch_alloc);
             result
         };
@@ -639,10 +627,12 @@ impl CudaHal {
         result.map(|()| out)
     }
 
-    /// Uploads many host slices into many buffers (or slices) with one staged copy and one
-    /// scatter kernel, instead of one copy each. Destinations must not overlap. A batch
-    /// larger than the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`)
-    /// goes in groups of consecutive slices that fit, a copy and a scatter each, and a
+    /// Uploads many host slices into many buffers (or slices) with one scatter kernel,
+    /// instead of one copy each: the slices are packed into a pinned block, which the
+    /// kernel reads in place (`HalConfig::mapped_batches`, slices of up to 64 KiB) or from a
+    /// device scratch it is copied to. Destinations must not overlap. A batch larger than
+    /// the pinned pool keeps two blocks of (`HalConfig::pinned_pool_bytes`) goes in groups
+    /// of consecutive slices that fit, a scatter each, and a
     /// slice too large alone goes through the staging slots: no batch pins memory of its
     /// own.
     ///
@@ -706,9 +696,10 @@ impl CudaHal {
         Ok(())
     }
 
-    /// Uploads `items` (checked, their device access prepared) with one copy from a pinned
-    /// block into a device scratch and one scatter kernel; where memory does not hold the
-    /// scratch, each slice is copied from the block to its buffer.
+    /// Uploads `items` (checked, their device access prepared) with one scatter kernel
+    /// reading a pinned block in place, or from a device scratch the block is copied to;
+    /// where memory does not hold the scratch, each slice is copied from the block to its
+    /// buffer.
     fn upload_group<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
         let h = &self.inner;
         let (offsets, total) = batch_layout(items.iter().map(|(buf, _)| buf.size_bytes()));
@@ -889,11 +880,12 @@ impl CudaHal {
     }
 
     /// Downloads many buffers (or slices) into host slices of the same lengths with one
-    /// gather kernel and one copy, instead of one copy each: the reverse of
-    /// [`CudaHal::upload_batch`]. Returns once every slice is written. With phase 2 a
+    /// gather kernel, instead of one copy each: the reverse of [`CudaHal::upload_batch`].
+    /// The kernel writes a pinned block in place (`HalConfig::mapped_batches`), or a device
+    /// scratch then copied back. Returns once every slice is written. With phase 2 a
     /// buffer whose host copy is valid is read from it. A batch larger than the pinned pool
-    /// keeps two blocks of goes in groups of consecutive buffers that fit, a gather and a
-    /// copy each, and a buffer too large alone is downloaded on its own (as
+    /// keeps two blocks of goes in groups of consecutive buffers that fit, a gather each,
+    /// and a buffer too large alone is downloaded on its own (as
     /// [`Buffer::copy_to_slice`] does): no batch pins memory of its own.
     ///
     /// ```
@@ -946,9 +938,10 @@ impl CudaHal {
     }
 
     /// Downloads `items[k]` for each `k` of `group` (checked, their device access
-    /// prepared) with one copy of the segment table into a device scratch, one gather
-    /// kernel and one copy of the gathered bytes into a pinned block; where memory does not
-    /// hold the scratch, each buffer is downloaded on its own.
+    /// prepared) with one gather kernel writing a pinned block in place; or with one copy
+    /// of the segment table into a device scratch, the gather there, and one copy of the
+    /// gathered bytes into the block, where memory holds the scratch (else each buffer is
+    /// downloaded on its own).
     fn download_group<T: Pod>(
         &self,
         items: &mut [(&Buffer<T>, &mut [T])],
@@ -1003,26 +996,14 @@ impl CudaHal {
                 }
             };
             let scratch = scratch_alloc.ptr;
-            let result = (|| -> Result<()> {
-                let d = api()?;
-                let segments = segments?;
-                // The block is not touched by the host until the stream synchronises below.
-                h.copy_table_up(scratch, &block, data_start)?;
-                self.launch_segments(true, scratch, data_start, segments)?;
-                // SAFETY: the block has room for `total` bytes; scratch holds them.
-                unsafe {
-                    d.cuMemcpyDtoHAsync(
-                        block.mem.as_ptr().add(data_start).cast(),
-                        scratch + data_start as u64,
-                        total - data_start,
-                        h.stream.raw(),
-                    )?
-                };
-                h.ledger.copy(Dir::D2H, total - data_start);
-                Ok(())
-            })();
-            // Waited for even where a step failed, as above.
-            let result = result.and(h.stream.synchronize());
+            let result = segments
+                .and_then(|segments| {
+                    h.gather_through_scratch(scratch, &block, data_start, data_start, total, |s| {
+                        self.launch_segments(true, s, data_start, segments)
+                    })
+                })
+                // Waited for even where a step failed, as above.
+                .and(h.stream.synchronize());
             // Stream-ordered after the copy (pooled), or after a stream sync (driver).
             h.free_raw("download-batch-scratch", scratch_alloc);
             result
@@ -1041,22 +1022,40 @@ impl CudaHal {
 }
 
 impl HalInner {
-    /// Queues the copy of the first `bytes` of `block` (a gather's or a batch's table,
-    /// staged there) to `scratch` on the main stream. The caller keeps the block unchanged
-    /// until the stream has passed the copy.
-    fn copy_table_up(&self, scratch: CUdeviceptr, block: &PinnedBlock, bytes: usize) -> Result<()> {
-        debug_assert!(bytes <= block.mem.len());
-        // SAFETY: the block holds at least `bytes` bytes, left unchanged until the copy is
-        // done (the caller's part); scratch, the caller's allocation, has room for them.
+    /// The copied route of a gather into `block`, on the main stream: the table in the
+    /// block's first `table` bytes goes up to `scratch` (`total` bytes), `launch(scratch)`
+    /// queues the kernel that writes the output from `out_off` on, and the output comes
+    /// back into the block at `out_off`. The caller waits for the stream before it touches
+    /// the block or gives it back.
+    fn gather_through_scratch(
+        &self,
+        scratch: CUdeviceptr,
+        block: &PinnedBlock,
+        table: usize,
+        out_off: usize,
+        total: usize,
+        launch: impl FnOnce(CUdeviceptr) -> Result<()>,
+    ) -> Result<()> {
+        debug_assert!(table <= out_off && out_off <= total && total <= block.mem.len());
+        let d = api()?;
+        // SAFETY: the block holds the table and is left unchanged until the stream has
+        // passed the copy (the caller's part); scratch, the caller's allocation, has room.
         unsafe {
-            api()?.cuMemcpyHtoDAsync(
-                scratch,
-                block.mem.as_ptr().cast(),
-                bytes,
+            d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), table, self.stream.raw())?
+        };
+        self.ledger.copy(Dir::H2D, table);
+        launch(scratch)?;
+        // SAFETY: block and scratch both have `total` bytes; the host leaves the block alone
+        // until the stream is done (the caller's part).
+        unsafe {
+            d.cuMemcpyDtoHAsync(
+                block.mem.as_ptr().add(out_off).cast(),
+                scratch + out_off as u64,
+                total - out_off,
                 self.stream.raw(),
             )?
         };
-        self.ledger.copy(Dir::H2D, bytes);
+        self.ledger.copy(Dir::D2H, total - out_off);
         Ok(())
     }
 }
