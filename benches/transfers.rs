@@ -766,14 +766,19 @@ impl<'h> SmallBatch<'h> {
 
 /// Small batches moved in place through the pinned block's device mapping (the default)
 /// and through a device scratch (`mapped_batches: false`), timed in turns: 256 slices of
-/// 1 KiB and 32 of 64 KiB (the largest an upload moves in place) up and down, and a gather
-/// of 64 elements. `CUDA_HAL_BATCH_ROUTE_SIZES=256x1,32x64` (slices x KiB) sets the sizes.
+/// 1 KiB and 32 of 64 KiB (the largest an upload moves in place) up and down
+/// (`CUDA_HAL_BATCH_ROUTE_SIZES=256x1,32x64`, slices x KiB, sets the sizes), 4096 of 1 KiB
+/// through a 1 MiB pinned pool (nine groups), and a gather of 64 elements.
 fn batch_routes(hal: &CudaHal) {
-    let config = HalConfig {
-        mapped_batches: false,
-        ..HalConfig::default()
+    let with = |mapped_batches: bool, pinned_pool_bytes: usize| {
+        let config = HalConfig {
+            mapped_batches,
+            pinned_pool_bytes,
+            ..HalConfig::default()
+        };
+        CudaHal::with_config(0, config).unwrap()
     };
-    let copied = CudaHal::with_config(0, config).unwrap();
+    let copied = with(false, HalConfig::default().pinned_pool_bytes);
     let sizes: Vec<(usize, usize)> = match std::env::var("CUDA_HAL_BATCH_ROUTE_SIZES") {
         Ok(v) => v
             .split(',')
@@ -785,41 +790,10 @@ fn batch_routes(hal: &CudaHal) {
         Err(_) => vec![(256, 1), (32, 64)],
     };
     for (n, kib) in sizes {
-        let len = kib * 256;
-        let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32 ^ 0x5a5a; len]).collect();
-        let (mapped, scratch) = (
-            SmallBatch::new(hal, n, len),
-            SmallBatch::new(&copied, n, len),
-        );
-        let (t_mapped, t_copied) =
-            paired_median_us(50, 400, || mapped.up(&host), || scratch.up(&host));
-        let bytes = (n * kib * 1024) as i64;
-        let label = format!("{n} x {kib} KiB");
-        row(
-            &format!("upload_batch {label}, in place (mapped pinned block)"),
-            t_mapped,
-            "the same through a device scratch",
-            t_copied,
-            bytes,
-            "-",
-        );
-        let (mut outs_a, mut outs_b) = (vec![vec![0u32; len]; n], vec![vec![0u32; len]; n]);
-        let (t_mapped, t_copied) = paired_median_us(
-            50,
-            400,
-            || mapped.down(&mut outs_a),
-            || scratch.down(&mut outs_b),
-        );
-        assert!(outs_a == host && outs_b == host, "{label}: the data back");
-        row(
-            &format!("download_batch {label}, in place (mapped pinned block)"),
-            t_mapped,
-            "the same through a device scratch",
-            t_copied,
-            bytes,
-            "-",
-        );
+        route_rows((hal, &copied), n, kib, "");
     }
+    let (mapped_1m, copied_1m) = (with(true, MIB), with(false, MIB));
+    route_rows((&mapped_1m, &copied_1m), 4096, 1, ", 1 MiB pinned pool");
     let data: Vec<u32> = (0..1u32 << 20).collect();
     let (a, b) = (
         hal.copy_from("col", &data).unwrap(),
@@ -839,6 +813,44 @@ fn batch_routes(hal: &CudaHal) {
         256,
         "-",
     );
+}
+
+/// The rows of [`batch_routes`] for `n` slices of `kib` KiB up and down, on `hals` (in
+/// place, copied) in turns; `note` ends the row's name.
+fn route_rows(hals: (&CudaHal, &CudaHal), n: usize, kib: usize, note: &str) {
+    let len = kib * 256;
+    let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32 ^ 0x5a5a; len]).collect();
+    let (mapped, scratch) = (
+        SmallBatch::new(hals.0, n, len),
+        SmallBatch::new(hals.1, n, len),
+    );
+    let (rounds, budget_ms) = if n > 1000 { (20, 600) } else { (50, 400) };
+    let (up_mapped, up_copied) =
+        paired_median_us(rounds, budget_ms, || mapped.up(&host), || scratch.up(&host));
+    let (mut outs_a, mut outs_b) = (vec![vec![0u32; len]; n], vec![vec![0u32; len]; n]);
+    let (down_mapped, down_copied) = paired_median_us(
+        rounds,
+        budget_ms,
+        || mapped.down(&mut outs_a),
+        || scratch.down(&mut outs_b),
+    );
+    assert!(
+        outs_a == host && outs_b == host,
+        "{n} x {kib} KiB: the data back"
+    );
+    for (what, t_mapped, t_copied) in [
+        ("upload_batch", up_mapped, up_copied),
+        ("download_batch", down_mapped, down_copied),
+    ] {
+        row(
+            &format!("{what} {n} x {kib} KiB{note}, in place (mapped pinned block)"),
+            t_mapped,
+            "the same through a device scratch",
+            t_copied,
+            (n * kib * 1024) as i64,
+            "-",
+        );
+    }
 }
 
 /// `upload_batch` of 256 x 1 KiB packed with streaming stores (the default) and with plain
