@@ -39,6 +39,8 @@ SPECIAL = {
     "cuMemHostAlloc": "int cuMemHostAlloc(void **p, size_t b, unsigned f) { *p = malloc(b ? b : 1); return 0; }",
     "cuMemAllocHost_v2": "int cuMemAllocHost_v2(void **p, size_t b) { *p = malloc(b ? b : 1); return 0; }",
     "cuMemFreeHost": "int cuMemFreeHost(void *p) { free(p); return 0; }",
+    # unified addressing: mapped host memory has the host's address on the device
+    "cuMemHostGetDevicePointer_v2": "int cuMemHostGetDevicePointer_v2(unsigned long long *d, void *p, unsigned f) { *d = (unsigned long long)p; return 0; }",
     "cuMemPoolGetAttribute": "int cuMemPoolGetAttribute(void *p, int a, void *v) { *(unsigned long long *)v = 0; return 0; }",
 }
 

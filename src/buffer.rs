@@ -149,17 +149,22 @@ impl RawBuffer {
     /// has not yet waited for pending side-stream uses, so it does before an upload
     /// overwrites bytes they may still read.
     fn flush_host(&self, r: Range<usize>, write: bool, side: bool) -> Result<()> {
+        let mut c = self.cache.lock();
+        // The common case, a buffer with no open view and no host edits: nothing to check
+        // or upload.
+        if c.state.idle_for_device() {
+            c.state.mark_device_access(r, write);
+            return Ok(());
+        }
         if !PHASES.host_cache {
             // Only an open `view_mut` (a detached view) can stand in the way. A write is
             // still marked: a view that began meanwhile then leaves these bytes to it.
-            let mut c = self.cache.lock();
             if c.state.plan_device_access(&r).is_err() {
                 return Err(self.borrowed());
             }
             c.state.mark_device_access(r, write);
             return Ok(());
         }
-        let mut c = self.cache.lock();
         let uploads = c
             .state
             .plan_device_access(&r)

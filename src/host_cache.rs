@@ -558,6 +558,13 @@ impl CacheState {
             .collect())
     }
 
+    /// Whether a device access has nothing to plan: no view is open and nothing is
+    /// host-newer, so [`CacheState::plan_device_access`] would find no conflict and no
+    /// upload.
+    pub(crate) fn idle_for_device(&self) -> bool {
+        self.borrows.is_empty() && self.dirty.is_empty()
+    }
+
     /// Whether a mutable view is open.
     fn any_editing(&self) -> bool {
         self.borrows
@@ -840,6 +847,29 @@ mod tests {
     }
 
     proptest! {
+        /// The fast path of a device access (`idle_for_device`) holds only where the plan
+        /// it skips would find no conflict and nothing to upload.
+        #[test]
+        fn an_idle_state_plans_nothing_for_the_device(ops in proptest::collection::vec((0u8..6, 0usize..100, 1usize..40), 1..60)) {
+            let mut c = CacheState::for_new_allocation();
+            let mut open: Vec<u64> = Vec::new();
+            for (op, start, len) in ops {
+                let r = start..start + len;
+                match op {
+                    0 => { if let Ok(id) = c.begin_borrow(r.clone(), BorrowKind::Exclusive) { open.push(id); } }
+                    1 => { if let Ok(id) = c.begin_borrow(r.clone(), BorrowKind::Shared) { open.push(id); } }
+                    2 => { if let Some(id) = open.pop() { c.end_borrow(id); } }
+                    3 => { if c.plan_read(&r).is_ok() { c.mark_downloaded(r.clone()); } }
+                    4 => { if c.plan_device_access(&r).is_ok() { c.mark_device_access(r.clone(), start % 2 == 0); } }
+                    _ => c.mark_device_written(r.clone()),
+                }
+                if c.idle_for_device() {
+                    prop_assert_eq!(c.plan_device_access(&(0..140)), Ok(vec![]));
+                }
+                prop_assert_eq!(c.idle_for_device(), open.is_empty() && c.dirty().is_empty());
+            }
+        }
+
         #[test]
         fn interval_set_matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0usize..200, 0usize..60), 1..60)) {
             let mut set = IntervalSet::new();

@@ -322,6 +322,9 @@ pub(crate) struct PinnedPool {
     /// all came back.
     lent: Arc<AtomicUsize>,
     limit: usize,
+    /// The most bytes [`PinnedPool::keeps_two`] holds for, worked out once: it is asked
+    /// once a slice by the batches' grouping.
+    two_kept_max: usize,
     /// Whether blocks are mapped for the device (`HalConfig::mapped_batches`).
     mapped: bool,
     hits: AtomicU64,
@@ -334,6 +337,7 @@ impl PinnedPool {
             free: Mutex::new((Vec::new(), 0)),
             lent: Arc::new(AtomicUsize::new(0)),
             limit,
+            two_kept_max: Self::two_kept_max(limit),
             mapped,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -353,10 +357,22 @@ impl PinnedPool {
         }
     }
 
-    /// Whether the pool keeps two blocks of the size that serves `bytes`: one in use by a
-    /// queued copy and one being filled. Larger requests are better served in chunks.
+    /// Whether the pool keeps two blocks of the size that serves `bytes` (> 0): one in use
+    /// by a queued copy and one being filled. Larger requests are better served in chunks.
+    #[inline]
     pub(crate) fn keeps_two(&self, bytes: usize) -> bool {
-        self.block_size(bytes).saturating_mul(2) <= self.limit
+        bytes <= self.two_kept_max
+    }
+
+    /// The most bytes whose block the pool keeps two of under `limit`: the largest power of
+    /// two of at least 64 KiB that fits twice (0 where none does). A request past a class
+    /// the pool keeps is served by a block past half the limit.
+    fn two_kept_max(limit: usize) -> usize {
+        const STEP: usize = 64 << 10;
+        match (limit / 2).checked_ilog2() {
+            Some(log) if 1 << log >= STEP => 1 << log,
+            _ => 0,
+        }
     }
 
     /// A block of at least `bytes`, ready for the host. The context is current.
@@ -874,6 +890,37 @@ mod tests {
     use super::PinnedPool;
 
     const MIB: usize = 1 << 20;
+
+    #[test]
+    fn two_blocks_are_kept_up_to_the_bound_worked_out_once() {
+        const KIB: usize = 1 << 10;
+        for limit in [
+            0,
+            1,
+            64 * KIB - 1,
+            64 * KIB,
+            100 * KIB,
+            128 * KIB,
+            3 * MIB,
+            256 * MIB,
+        ] {
+            let pool = PinnedPool::new(limit, false);
+            let mut sizes: Vec<usize> = (0..40)
+                .flat_map(|k| {
+                    let p = 1usize << k;
+                    [p - 1, p, p + 1, 3 * p]
+                })
+                .collect();
+            sizes.extend([limit / 2, limit / 2 + 1, limit, limit + 1, usize::MAX]);
+            for bytes in sizes.into_iter().filter(|&b| b > 0) {
+                assert_eq!(
+                    pool.keeps_two(bytes),
+                    pool.block_size(bytes).saturating_mul(2) <= limit,
+                    "{bytes} bytes under a limit of {limit}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn blocks_the_pool_can_keep_are_powers_of_two_and_larger_ones_fit_their_bytes() {
