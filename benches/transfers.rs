@@ -9,7 +9,7 @@ use common::{gbps, hal_with_staging, median, median_us, paired_median_us};
 use std::time::Instant;
 
 use cuda_hal::cuda_sys::{self, CUdeviceptr};
-use cuda_hal::driver::{PinnedMemory, Stream};
+use cuda_hal::driver::{Function, Module, PinnedMemory, Stream};
 use cuda_hal::{CudaHal, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES};
 
 const MIB: usize = 1 << 20;
@@ -52,6 +52,9 @@ fn main() {
     }
     if run("coalescing") {
         coalescing(&hal);
+    }
+    if run("in_place_floors") {
+        in_place_floors(&hal);
     }
     if run("fill") {
         fill_new_buffer(&hal);
@@ -813,6 +816,204 @@ fn batch_routes(hal: &CudaHal) {
         256,
         "-",
     );
+}
+
+/// The in-place routes against the driver doing the same work with the crate's own
+/// kernels, in turns: the bench writes the table (and, up, packs the slices) into a mapped
+/// pinned block of its own, launches the kernel on it, synchronizes its stream and (down)
+/// copies the results out. What the crate adds on top is its argument checks, the buffers'
+/// ordering after their writers, taking and giving back the pool's block, and its ledger.
+/// A third figure, the same kernel launched over nothing and waited for, is the latency
+/// every such call pays.
+fn in_place_floors(hal: &CudaHal) {
+    let module = Module::load(cuda_hal::FATBIN).unwrap();
+    let (gather_elements, gather_segments, scatter_segments) = (
+        module.function("gather_elements").unwrap(),
+        module.function("gather_segments").unwrap(),
+        module.function("scatter_segments").unwrap(),
+    );
+    let stream = Stream::new_non_blocking().unwrap();
+    let mapped = PinnedFlags {
+        device_mapped: true,
+        ..PinnedFlags::default()
+    };
+    let mut block = PinnedMemory::new(4 * MIB, mapped).unwrap();
+    let dev = block.device_ptr().unwrap();
+    let sms = hal.info().multiprocessors;
+    let run = |f: &Function, blocks: u32, params: &mut [*mut std::ffi::c_void]| {
+        // SAFETY: the callers' parameters match the kernel's and address the block's
+        // table and data and live buffers of the HAL, in bounds.
+        unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, &stream, params) }.unwrap();
+        stream.synchronize().unwrap();
+    };
+    let idle = median_us(200, 300, || {
+        let (mut t, mut o, mut c, mut e) = (dev, dev, 0u64, 4u32);
+        let mut params = [
+            (&mut t as *mut u64).cast(),
+            (&mut o as *mut u64).cast(),
+            (&mut c as *mut u64).cast(),
+            (&mut e as *mut u32).cast(),
+        ];
+        run(&gather_elements, 1, &mut params);
+    });
+    info(&format!(
+        "a launch of gather_elements over no elements and a stream synchronize: {idle:.2} us"
+    ));
+
+    // gather of 64 elements: the table of addresses, then the elements.
+    let data: Vec<u32> = (0..1u32 << 20).collect();
+    let col = hal.copy_from("col", &data).unwrap();
+    let base = col.device_ptr().unwrap().addr;
+    let idx: Vec<usize> = (0..64).map(|i| (i * 7919 * 13) % data.len()).collect();
+    let out_off = (idx.len() * 8).next_multiple_of(16);
+    let (t_crate, t_floor) = paired_median_us(
+        200,
+        300,
+        || {
+            let _ = col.device_ptr_mut().unwrap(); // as after a kernel's write
+            assert_eq!(col.get_many(&idx).unwrap()[5], data[idx[5]]);
+        },
+        || {
+            let host = block.as_mut_slice();
+            for (j, i) in idx.iter().enumerate() {
+                let addr = base + (i * 4) as u64;
+                host[j * 8..j * 8 + 8].copy_from_slice(&addr.to_ne_bytes());
+            }
+            let dims = LaunchDims::for_elements(idx.len(), sms);
+            let (mut t, mut o, mut c, mut e) = (dev, dev + out_off as u64, idx.len() as u64, 4u32);
+            let mut params = [
+                (&mut t as *mut u64).cast(),
+                (&mut o as *mut u64).cast(),
+                (&mut c as *mut u64).cast(),
+                (&mut e as *mut u32).cast(),
+            ];
+            run(&gather_elements, dims.grid.0, &mut params);
+            let host = block.as_slice();
+            let out: Vec<u32> = (0..idx.len())
+                .map(|j| bytemuck::pod_read_unaligned(&host[out_off + j * 4..out_off + j * 4 + 4]))
+                .collect();
+            assert_eq!(out[5], data[idx[5]]);
+        },
+    );
+    row(
+        "gather 64 elements (get_many), in place",
+        t_crate,
+        "gather_elements on a mapped pinned block + sync",
+        t_floor,
+        256,
+        "-",
+    );
+
+    // 16 and 256 slices of 1 KiB up and down: the call's own cost, and each slice's.
+    for n in [16, 256] {
+        batch_floor_rows(
+            hal,
+            n,
+            &stream,
+            &mut block,
+            (&gather_segments, &scatter_segments),
+        );
+    }
+}
+
+/// The batch rows of [`in_place_floors`]: `n` slices of 1 KiB up and down with
+/// `upload_batch` and `download_batch`, against the segment kernels (gather, scatter) run
+/// by the bench on `block` (mapped for the device) with `stream`.
+fn batch_floor_rows(
+    hal: &CudaHal,
+    n: usize,
+    stream: &Stream,
+    block: &mut PinnedMemory,
+    (gather_segments, scatter_segments): (&Function, &Function),
+) {
+    let dev = block.device_ptr().unwrap();
+    let sms = hal.info().multiprocessors;
+    let run = |f: &Function, blocks: u32, params: &mut [*mut std::ffi::c_void]| {
+        // SAFETY: the parameters match the segment kernels' and address the block's table
+        // and data region and the batch's buffers, in bounds.
+        unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, stream, params) }.unwrap();
+        stream.synchronize().unwrap();
+    };
+    let len = 256usize;
+    let batch = SmallBatch::new(hal, n, len);
+    let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32 ^ 0x5a5a; len]).collect();
+    let table = (n * 24).next_multiple_of(16);
+    let slice_bytes = len * 4;
+    // The segment table: each slice's offset in the data region, its buffer and its length.
+    let segments: Vec<[u64; 3]> = batch
+        .bufs
+        .iter()
+        .enumerate()
+        .map(|(k, b)| {
+            let off = (k * slice_bytes) as u64;
+            [off, b.device_ptr().unwrap().addr, slice_bytes as u64]
+        })
+        .collect();
+    let blocks = (n as u32).min(sms * 8);
+    let launch_segments = |f: &Function, block: &mut PinnedMemory| {
+        let (mut t, mut dat, mut c) = (dev, dev + table as u64, n as u32);
+        let mut params = [
+            (&mut t as *mut u64).cast(),
+            (&mut dat as *mut u64).cast(),
+            (&mut c as *mut u32).cast(),
+        ];
+        let bytes = block.as_mut_slice();
+        for (k, seg) in segments.iter().enumerate() {
+            bytes[k * 24..k * 24 + 24].copy_from_slice(bytemuck::cast_slice(seg));
+        }
+        run(f, blocks, &mut params);
+    };
+    let (up_crate, up_floor) = paired_median_us(
+        50,
+        400,
+        || batch.up(&host),
+        || {
+            let bytes = block.as_mut_slice();
+            for (k, h) in host.iter().enumerate() {
+                let at = table + k * slice_bytes;
+                bytes[at..at + slice_bytes].copy_from_slice(bytemuck::cast_slice(h));
+            }
+            launch_segments(scatter_segments, &mut *block);
+        },
+    );
+    let (mut outs_a, mut outs_b) = (vec![vec![0u32; len]; n], vec![vec![0u32; len]; n]);
+    let (down_crate, down_floor) = paired_median_us(
+        50,
+        400,
+        || batch.down(&mut outs_a),
+        || {
+            launch_segments(gather_segments, &mut *block);
+            let bytes = block.as_slice();
+            for (k, o) in outs_b.iter_mut().enumerate() {
+                let at = table + k * slice_bytes;
+                o.copy_from_slice(bytemuck::cast_slice(&bytes[at..at + slice_bytes]));
+            }
+        },
+    );
+    assert!(outs_a == host && outs_b == host, "the data back");
+    for (what, t_crate, floor, t_floor) in [
+        (
+            "upload_batch",
+            up_crate,
+            "scatter_segments on a mapped pinned block packed + sync",
+            up_floor,
+        ),
+        (
+            "download_batch",
+            down_crate,
+            "gather_segments on a mapped pinned block + sync + copy out",
+            down_floor,
+        ),
+    ] {
+        row(
+            &format!("{what} {n} x 1 KiB, in place"),
+            t_crate,
+            floor,
+            t_floor,
+            (n * slice_bytes) as i64,
+            "-",
+        );
+    }
 }
 
 /// The rows of [`batch_routes`] for `n` slices of `kib` KiB up and down, on `hals` (in

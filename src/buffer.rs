@@ -115,6 +115,40 @@ impl RawBuffer {
         self.flush_host(r, write, false)
     }
 
+    /// A batch's read of `r` into `dst` (as long), for a caller that has bound the context
+    /// of the buffer's HAL: with phase 2 and a valid host copy of `r`, `dst` is copied from
+    /// it (true); otherwise the main stream's read of `r` is prepared as
+    /// [`RawBuffer::prepare_device_access_bound`] prepares it (false). Where the buffer
+    /// has no open view and no host edits, the common case, both take one lock section.
+    pub(crate) fn read_host_or_prepare_bound(
+        &self,
+        r: Range<usize>,
+        dst: &mut [u8],
+    ) -> Result<bool> {
+        let mut c = self.cache.lock();
+        if PHASES.host_cache {
+            if let Some(host) = c.bytes.as_ref() {
+                if c.state.plan_read(&r).is_ok_and(|misses| misses.is_empty()) {
+                    // SAFETY: r is readable and no exclusive view covers it (plan_read), and
+                    // the lock keeps one from starting during the copy.
+                    let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
+                    dst.copy_from_slice(src);
+                    return Ok(true);
+                }
+            }
+        }
+        if c.state.idle_for_device() {
+            // What `flush_host` does for such a buffer, without taking the lock again.
+            c.state.mark_idle_device_read();
+            drop(c);
+            self.side.wait_on(&self.hal.stream, 0, true)?;
+            return Ok(false);
+        }
+        drop(c);
+        self.prepare_device_access_bound(r, false)?;
+        Ok(false)
+    }
+
     /// Before side stream `stream` reads or writes `r`: host-newer bytes are uploaded (on
     /// the main stream), then `stream` waits for the main stream and for other streams'
     /// pending uses.
@@ -637,20 +671,6 @@ impl<T: Pod> Buffer<T> {
         // from starting during the copy.
         let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
         Some(host_pages::copied(bytes))
-    }
-
-    /// Element `i` from a valid host copy (phase 2), or `None`.
-    pub(crate) fn cached_element(&self, i: usize) -> Option<T> {
-        let r = self.element_range(i);
-        let c = self.raw.cache.lock();
-        let host = c.bytes.as_ref()?;
-        if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
-            return None;
-        }
-        self.raw.hal.ledger.cache(true);
-        // SAFETY: as in `cached_copy`, for the bytes of one element.
-        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
-        Some(bytemuck::pod_read_unaligned(bytes))
     }
 
     /// A new `Vec` with this buffer's elements, copied synchronously (baseline path).

@@ -284,7 +284,7 @@ pub struct Conflict;
 /// assert!(c.dirty().is_empty());
 /// assert_eq!(c.plan_read(&(0..50)).unwrap(), vec![], "still cached: no transfer");
 /// ```
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CacheState {
     readable: IntervalSet,
     dirty: IntervalSet,
@@ -563,6 +563,14 @@ impl CacheState {
     /// upload.
     pub(crate) fn idle_for_device(&self) -> bool {
         self.borrows.is_empty() && self.dirty.is_empty()
+    }
+
+    /// [`CacheState::mark_device_access`] of a read, for a state
+    /// [idle for the device](CacheState::idle_for_device): nothing is host-newer to clear.
+    #[inline]
+    pub(crate) fn mark_idle_device_read(&mut self) {
+        debug_assert!(self.idle_for_device());
+        self.fresh = false;
     }
 
     /// Whether a mutable view is open.
@@ -865,6 +873,11 @@ mod tests {
                 }
                 if c.idle_for_device() {
                     prop_assert_eq!(c.plan_device_access(&(0..140)), Ok(vec![]));
+                    // A read's fast path leaves the state as the full mark does.
+                    let (mut full, mut fast) = (c.clone(), c.clone());
+                    full.mark_device_access(r.clone(), false);
+                    fast.mark_idle_device_read();
+                    prop_assert_eq!(format!("{full:?}"), format!("{fast:?}"));
                 }
                 prop_assert_eq!(c.idle_for_device(), open.is_empty() && c.dirty().is_empty());
             }

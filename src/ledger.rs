@@ -223,9 +223,14 @@ impl Ledger {
         .fetch_add(1, Relaxed);
     }
 
-    /// `n` host reads that had to transfer (a gather's elements with no valid host copy).
-    pub(crate) fn cache_misses(&self, n: usize) {
-        self.cache_misses.fetch_add(n as u64, Relaxed);
+    /// A batch's host reads: `hits` served by valid host copies, `misses` transferred.
+    pub(crate) fn cache_reads(&self, hits: usize, misses: usize) {
+        if hits > 0 {
+            self.cache_hits.fetch_add(hits as u64, Relaxed);
+        }
+        if misses > 0 {
+            self.cache_misses.fetch_add(misses as u64, Relaxed);
+        }
     }
 
     pub(crate) fn pool_hit(&self, hit: bool) {

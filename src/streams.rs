@@ -367,10 +367,17 @@ impl<E> SideUses<E> {
 impl SideUses<Event> {
     /// Makes `stream` wait for every pending side use not made on `stream` itself; with
     /// `clear`, forgets them (the caller is the main stream or the free).
+    #[inline]
     pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
         if !self.any.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.wait_on_pending(stream, own_id, clear)
+    }
+
+    /// [`SideUses::wait_on`] where side uses may be pending.
+    #[inline(never)]
+    fn wait_on_pending(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
         let mut uses = self.uses.lock();
         for u in uses.iter() {
             if u.id != own_id {

@@ -530,9 +530,7 @@ impl CudaHal {
         }
         h.enter()?;
         let sz = std::mem::size_of::<T>();
-        let mut out = vec![T::zeroed(); items.len()];
-        let mut todo: Vec<(usize, u64)> = Vec::with_capacity(items.len());
-        for (k, (buf, i)) in items.iter().enumerate() {
+        for (buf, i) in items {
             if !self.same(buf.raw().hal()) {
                 return Err(Error::ForeignBuffer {
                     name: buf.name().to_string(),
@@ -546,20 +544,25 @@ impl CudaHal {
                     len: buf.len(),
                 });
             }
-            match PHASES.host_cache.then(|| buf.cached_element(*i)).flatten() {
-                Some(v) => out[k] = v,
-                None => todo.push((k, buf.raw_ptr() + (i * sz) as u64)),
+        }
+        // Those the host copies do not serve, their device reads prepared: every buffer is
+        // this HAL's (checked above), whose context `enter` bound.
+        let mut out = vec![T::zeroed(); items.len()];
+        let mut todo: Vec<(usize, u64)> = Vec::with_capacity(items.len());
+        for (k, ((buf, i), v)) in items.iter().zip(out.iter_mut()).enumerate() {
+            let r = buf.element_range(*i);
+            if !buf
+                .raw()
+                .read_host_or_prepare_bound(r, bytemuck::bytes_of_mut(v))?
+            {
+                todo.push((k, buf.raw_ptr() + (i * sz) as u64));
             }
         }
         if PHASES.host_cache {
-            h.ledger.cache_misses(todo.len());
+            h.ledger.cache_reads(items.len() - todo.len(), todo.len());
         }
         if todo.is_empty() {
             return Ok(out);
-        }
-        for (buf, i) in items {
-            buf.raw()
-                .prepare_device_access(buf.element_range(*i), false)?;
         }
         let n = todo.len();
         let table_bytes = n * 8;
@@ -711,13 +714,7 @@ impl CudaHal {
             let streaming = h.streams_upload(total);
             let host = block.mem.as_mut_slice();
             for (k, ((buf, data), off)) in items.iter().zip(&offsets).enumerate() {
-                let seg: [u64; 3] = [
-                    (off - data_start) as u64,
-                    buf.raw_ptr(),
-                    buf.size_bytes() as u64,
-                ];
-                host[k * SEGMENT_BYTES..(k + 1) * SEGMENT_BYTES]
-                    .copy_from_slice(bytemuck::cast_slice(&seg));
+                put_segment(host, k, off - data_start, buf.raw_ptr(), buf.size_bytes());
                 crate::fastcopy::copy_unfenced(
                     &mut host[*off..off + buf.size_bytes()],
                     bytemuck::cast_slice(data),
@@ -909,18 +906,20 @@ impl CudaHal {
             items.iter().map(|(buf, dst)| (*buf, dst.len())),
         )?;
         h.enter()?;
-        // Those the host copies do not serve, in order.
+        // Those the host copies do not serve, in order, their device reads prepared. Every
+        // buffer is this HAL's (checked above), whose context `enter` bound.
         let mut todo: Vec<usize> = Vec::with_capacity(items.len());
         for (k, (buf, dst)) in items.iter_mut().enumerate() {
-            if !(PHASES.host_cache && buf.copy_from_host_copy(dst)) {
+            let dst = bytemuck::cast_slice_mut(dst);
+            if !buf
+                .raw()
+                .read_host_or_prepare_bound(buf.byte_range(), dst)?
+            {
                 todo.push(k);
             }
         }
-        // Every buffer is this HAL's (checked above), whose context `enter` bound.
-        for &k in &todo {
-            let buf = items[k].0;
-            buf.raw()
-                .prepare_device_access_bound(buf.byte_range(), false)?;
+        if PHASES.host_cache {
+            h.ledger.cache_reads(items.len() - todo.len(), todo.len());
         }
         let mut start = 0;
         while start < todo.len() {
@@ -955,13 +954,7 @@ impl CudaHal {
             let host = block.mem.as_mut_slice();
             for (j, (&k, off)) in group.iter().zip(&offsets).enumerate() {
                 let buf = items[k].0;
-                let seg: [u64; 3] = [
-                    (off - data_start) as u64,
-                    buf.raw_ptr(),
-                    buf.size_bytes() as u64,
-                ];
-                host[j * SEGMENT_BYTES..(j + 1) * SEGMENT_BYTES]
-                    .copy_from_slice(bytemuck::cast_slice(&seg));
+                put_segment(host, j, off - data_start, buf.raw_ptr(), buf.size_bytes());
             }
         }
         let segments = u32::try_from(group.len())
@@ -1092,6 +1085,14 @@ fn first_overlap(ranges: &[(usize, std::ops::Range<usize>)]) -> Option<(usize, u
 /// Bytes of one entry of `upload_batch`'s segment table: source offset, destination, length.
 const SEGMENT_BYTES: usize = 24;
 
+/// Writes entry `k` of the segment table at the start of `table`, as `kernels/transfer.cu`
+/// lays out its `Segment`: the slice's offset in the data region, the device address of its
+/// buffer (or slice) and its length in bytes.
+fn put_segment(table: &mut [u8], k: usize, data_offset: usize, device: CUdeviceptr, len: usize) {
+    let seg: [u64; 3] = [data_offset as u64, device, len as u64];
+    table[k * SEGMENT_BYTES..(k + 1) * SEGMENT_BYTES].copy_from_slice(bytemuck::cast_slice(&seg));
+}
+
 /// The largest slice `upload_batch` moves in place through the pinned block's device
 /// mapping (`HalConfig::mapped_batches`). Its kernel reads each slice with one block of
 /// threads, which waits a bus round trip for each 16 KiB it has in flight; past this size
@@ -1115,7 +1116,7 @@ fn batch_layout(sizes: impl ExactSizeIterator<Item = usize>) -> (Vec<usize>, usi
 
 #[cfg(test)]
 mod tests {
-    use super::first_overlap;
+    use super::{first_overlap, put_segment, SEGMENT_BYTES};
     use proptest::prelude::*;
     use std::ops::Range;
 
@@ -1131,6 +1132,20 @@ mod tests {
         (0..ranges.len())
             .flat_map(pairs)
             .any(|(j, k)| share(&ranges[j], &ranges[k]))
+    }
+
+    #[test]
+    fn segment_entries_follow_the_kernels_layout() {
+        // `Segment` in kernels/transfer.cu: three u64 (offset in the data, device address,
+        // length), 24 bytes apart; entries around the one written stay as they were.
+        let mut table = vec![0xffu8; 3 * SEGMENT_BYTES];
+        put_segment(&mut table, 1, 48, 0x7f00_dead_beef, 1024);
+        let words: Vec<u64> = table
+            .chunks_exact(8)
+            .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
+            .collect();
+        assert_eq!(&words[3..6], &[48, 0x7f00_dead_beef, 1024]);
+        assert!(words[..3].iter().chain(&words[6..]).all(|&w| w == u64::MAX));
     }
 
     #[test]

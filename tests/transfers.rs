@@ -393,6 +393,24 @@ fn check_gather(hal: &CudaHal, mapped: bool) {
         Err(Error::OutOfRange { .. })
     ));
     assert!(matches!(a.get_many(&[]), Err(Error::ZeroLength { .. })));
+    // With phase 2 a valid host copy serves its elements, counted as hits; the rest are
+    // gathered, counted as misses.
+    let c = hal.copy_from("c", &a_data[..1000]).unwrap();
+    let _ = c.device_ptr_mut().unwrap(); // as after a kernel's write
+    a.view(|_| ()).unwrap(); // a valid host copy, with phase 2
+    let before = hal.ledger();
+    let got = hal.gather(&[(&a, 7), (&c, 9), (&a, 8)]).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(got, vec![a_data[7], a_data[9], a_data[8]]);
+    if PHASES.host_cache {
+        assert_eq!(
+            (d.cache_hits, d.cache_misses, d.d2h.bytes),
+            (2, 1, 4),
+            "a's elements from its host copy, c's gathered"
+        );
+    } else {
+        assert_eq!(d.d2h.bytes, 3 * 4, "all three gathered");
+    }
 }
 
 /// Where memory does not hold `upload_batch`'s device scratch (as large as the batch), each
