@@ -904,24 +904,20 @@ fn in_place_floors(hal: &CudaHal) {
         "-",
     );
 
-    // 16 and 256 slices of 1 KiB up and down: the call's own cost, and each slice's.
-    for n in [16, 256] {
-        batch_floor_rows(
-            hal,
-            n,
-            &stream,
-            &mut block,
-            (&gather_segments, &scatter_segments),
-        );
+    // 16 and 256 slices of 1 KiB up and down (the call's own cost, and each slice's), and
+    // 32 of 64 KiB (the largest an upload moves in place).
+    for (n, kib) in [(16, 1), (256, 1), (32, 64)] {
+        let kernels = (&gather_segments, &scatter_segments);
+        batch_floor_rows(hal, (n, kib), &stream, &mut block, kernels);
     }
 }
 
-/// The batch rows of [`in_place_floors`]: `n` slices of 1 KiB up and down with
+/// The batch rows of [`in_place_floors`]: `n` slices of `kib` KiB up and down with
 /// `upload_batch` and `download_batch`, against the segment kernels (gather, scatter) run
 /// by the bench on `block` (mapped for the device) with `stream`.
 fn batch_floor_rows(
     hal: &CudaHal,
-    n: usize,
+    (n, kib): (usize, usize),
     stream: &Stream,
     block: &mut PinnedMemory,
     (gather_segments, scatter_segments): (&Function, &Function),
@@ -934,7 +930,7 @@ fn batch_floor_rows(
         unsafe { f.launch((blocks, 1, 1), (256, 1, 1), 0, stream, params) }.unwrap();
         stream.synchronize().unwrap();
     };
-    let len = 256usize;
+    let len = kib * 256;
     let batch = SmallBatch::new(hal, n, len);
     let host: Vec<Vec<u32>> = (0..n).map(|k| vec![k as u32 ^ 0x5a5a; len]).collect();
     let table = (n * 24).next_multiple_of(16);
@@ -1006,7 +1002,7 @@ fn batch_floor_rows(
         ),
     ] {
         row(
-            &format!("{what} {n} x 1 KiB, in place"),
+            &format!("{what} {n} x {kib} KiB, in place"),
             t_crate,
             floor,
             t_floor,

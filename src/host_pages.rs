@@ -26,6 +26,47 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8], streaming: bool) {
         .for_each(|(d, s)| crate::fastcopy::copy(d, s, streaming));
 }
 
+/// Copies each `(dst, src)` pair (of equal lengths) that together hold `total` bytes: from
+/// 1 MiB on, spread over the rayon pool, a large pair in 1 MiB pieces; below it on the
+/// calling thread. For the batches' copies into and out of their pinned block. With
+/// `streaming`, streaming stores, fenced before this returns.
+pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], total: usize, streaming: bool) {
+    if total < PARALLEL_MIN {
+        for (dst, src) in pairs.iter_mut() {
+            crate::fastcopy::copy_unfenced(dst, src, streaming);
+        }
+        if streaming {
+            crate::fastcopy::fence();
+        }
+        return;
+    }
+    // (Each copy fences its own streaming stores, on the thread that made them.)
+    pairs.par_iter_mut().for_each(|(dst, src)| {
+        if dst.len() >= PARALLEL_MIN {
+            par_copy(dst, src, streaming);
+        } else {
+            crate::fastcopy::copy(dst, src, streaming);
+        }
+    });
+}
+
+/// `buf`'s pieces at the sorted, disjoint `ranges` (each within `buf`), as mutable slices.
+pub(crate) fn pieces_mut(
+    mut buf: &mut [u8],
+    ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
+) -> Vec<&mut [u8]> {
+    let mut at = 0;
+    let mut pieces = Vec::new();
+    for r in ranges {
+        debug_assert!(at <= r.start && r.start <= r.end);
+        let rest = std::mem::take(&mut buf);
+        let (piece, rest) = rest[r.start - at..].split_at_mut(r.len());
+        pieces.push(piece);
+        (buf, at) = (rest, r.end);
+    }
+    pieces
+}
+
 /// Faults in every page of `bytes` (one store of zero a page: new memory reads zero
 /// anyway), on the rayon pool when large.
 pub(crate) fn prefault(bytes: &mut [u8]) {
@@ -211,6 +252,63 @@ impl Drop for Mapping {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_are_the_ranges_of_the_buffer() {
+        let mut buf: Vec<u8> = (0..100).collect();
+        let pieces = pieces_mut(&mut buf, [3..7, 7..7, 10..20, 90..100]);
+        let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+        assert_eq!(lens, [4, 0, 10, 10]);
+        assert_eq!((pieces[0][0], pieces[2][0], pieces[3][9]), (3, 10, 99));
+        for p in pieces {
+            p.fill(0xff);
+        }
+        let touched: Vec<usize> = (0..100).filter(|&i| buf[i] == 0xff).collect();
+        let expected: Vec<usize> = (3..7).chain(10..20).chain(90..100).collect();
+        assert_eq!(touched, expected);
+    }
+
+    #[test]
+    fn pairs_are_copied_whole_on_one_thread_or_many() {
+        // Below 1 MiB in all (one thread), and past it with small and large pairs (the
+        // pool, a large pair in pieces), plain and streaming, at odd lengths and offsets.
+        let cases: [&[usize]; 3] = [
+            &[1, 255, 256, 1000, 4097],
+            &[3; 600],
+            &[
+                PARALLEL_MIN + 77,
+                1,
+                64 << 10,
+                PARALLEL_MIN / 2 + 3,
+                0,
+                5000,
+            ],
+        ];
+        for lens in cases {
+            for streaming in [false, true] {
+                let total: usize = lens.iter().sum();
+                let src: Vec<u8> = (0..total + 1).map(|i| (i * 7 + 1) as u8).collect();
+                let mut dst = vec![0u8; total + lens.len()];
+                let (mut at_src, mut at_dst, mut ranges) = (1, 0, Vec::new());
+                let mut srcs = Vec::new();
+                for &len in lens {
+                    ranges.push(at_dst..at_dst + len);
+                    srcs.push(&src[at_src..at_src + len]);
+                    (at_src, at_dst) = (at_src + len, at_dst + len + 1);
+                }
+                let pieces = pieces_mut(&mut dst, ranges.clone());
+                let mut pairs: Vec<(&mut [u8], &[u8])> = pieces.into_iter().zip(srcs).collect();
+                copy_pairs(&mut pairs, total, streaming);
+                for (r, k) in ranges.iter().zip(0..) {
+                    let start = 1 + r.start - k;
+                    assert!(dst[r.clone()] == src[start..start + r.len()], "pair {k}");
+                    if r.end < dst.len() {
+                        assert_eq!(dst[r.end], 0, "the byte after pair {k} untouched");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn copies_hold_their_source_at_every_size() {

@@ -709,21 +709,23 @@ impl CudaHal {
         let data_start = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
         {
-            // Only the copy engine reads the block: the slices go in with streaming stores
-            // (as one slice's upload does), fenced once.
+            // Only the device reads the block: the slices go in with streaming stores (as
+            // one slice's upload does), a large group's on the rayon pool.
             let streaming = h.streams_upload(total);
             let host = block.mem.as_mut_slice();
-            for (k, ((buf, data), off)) in items.iter().zip(&offsets).enumerate() {
+            for (k, ((buf, _), off)) in items.iter().zip(&offsets).enumerate() {
                 put_segment(host, k, off - data_start, buf.raw_ptr(), buf.size_bytes());
-                crate::fastcopy::copy_unfenced(
-                    &mut host[*off..off + buf.size_bytes()],
-                    bytemuck::cast_slice(data),
-                    streaming,
-                );
             }
-            if streaming {
-                crate::fastcopy::fence();
-            }
+            let ranges = items.iter().zip(&offsets);
+            let dsts = host_pages::pieces_mut(
+                host,
+                ranges.map(|((b, _), &off)| off..off + b.size_bytes()),
+            );
+            let mut pairs: Vec<(&mut [u8], &[u8])> = dsts
+                .into_iter()
+                .zip(items.iter().map(|(_, data)| bytemuck::cast_slice(data)))
+                .collect();
+            host_pages::copy_pairs(&mut pairs, total - data_start, streaming);
         }
         // Before the scratch allocation, which no early return below may leave live.
         let d = api()?;
@@ -1003,11 +1005,18 @@ impl CudaHal {
         };
         let result = h.guard(result);
         if result.is_ok() {
+            // The group's slices out of the block, a large group's on the rayon pool.
             let host = block.mem.as_slice();
-            for (&k, off) in group.iter().zip(&offsets) {
-                let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut *items[k].1);
-                dst.copy_from_slice(&host[*off..off + dst.len()]);
+            let mut pairs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(group.len());
+            let mut wanted = group.iter().zip(&offsets).peekable();
+            for (k, (_, dst)) in items.iter_mut().enumerate() {
+                if let Some((_, &off)) = wanted.next_if(|(&j, _)| j == k) {
+                    let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
+                    let len = dst.len();
+                    pairs.push((dst, &host[off..off + len]));
+                }
             }
+            host_pages::copy_pairs(&mut pairs, total - data_start, false);
         }
         h.pinned.give(block);
         result

@@ -543,6 +543,62 @@ fn check_upload_batch(hal: &CudaHal, mapped: bool) {
     }
 }
 
+/// Batches of over 1 MiB pack and unpack their pinned block on many threads: every slice
+/// lands whole, up and down, with its neighbours untouched, in one kernel each way.
+#[test]
+fn batches_past_a_mebibyte_pack_and_unpack_on_many_threads() {
+    on_both_batch_routes(check_large_batches);
+}
+
+fn check_large_batches(hal: &CudaHal, mapped: bool) {
+    let mut rng = Rng::new(31);
+    // 40 slices of odd lengths up to 64 KiB (in place, up too): about 2.5 MiB in all, one
+    // u32 of `POISON` after each.
+    let lens: Vec<usize> = (0..40).map(|k| (16 << 10) - 7 * k).collect();
+    let total: usize = lens.iter().sum::<usize>() + lens.len();
+    let whole = hal.copy_from("whole", &vec![POISON; total]).unwrap();
+    let mut at = 0;
+    let parts: Vec<_> = lens
+        .iter()
+        .map(|&len| {
+            let part = whole.slice(at, len).unwrap();
+            at += len + 1;
+            part
+        })
+        .collect();
+    let datas: Vec<Vec<u32>> = lens.iter().map(|&len| rng.u32s(len)).collect();
+    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
+        parts.iter().zip(&datas).map(|(p, d)| (p, &d[..])).collect();
+    let before = hal.ledger();
+    hal.upload_batch(&items).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(
+        (d.launches, scratch_allocations(&d)),
+        (1, u64::from(!mapped)),
+        "one scatter (mapped: {mapped})"
+    );
+    let v = whole.to_vec().unwrap();
+    let mut at = 0;
+    for (k, data) in datas.iter().enumerate() {
+        assert!(v[at..at + data.len()] == data[..], "slice {k} up");
+        assert_eq!(v[at + data.len()], POISON, "the u32 after slice {k}");
+        at += data.len() + 1;
+    }
+    // Back down, as after a kernel's write (no host copy serves them).
+    let _ = whole.device_ptr_mut().unwrap();
+    let mut outs: Vec<Vec<u32>> = lens.iter().map(|&len| vec![0; len]).collect();
+    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = parts
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(p, o)| (p, &mut o[..]))
+        .collect();
+    let before = hal.ledger();
+    hal.download_batch(&mut items).unwrap();
+    let d = hal.ledger().since(&before);
+    assert_eq!(d.launches, 1, "one gather (mapped: {mapped})");
+    assert!(outs == datas, "every slice back whole (mapped: {mapped})");
+}
+
 /// `download_batch` reads many buffers and slices (of several lengths, byte-sized at odd
 /// offsets, overlapping each other) into host slices with one gather and one copy.
 #[test]
