@@ -26,11 +26,12 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8], streaming: bool) {
         .for_each(|(d, s)| crate::fastcopy::copy(d, s, streaming));
 }
 
-/// Copies each `(dst, src)` pair (of equal lengths) that together hold `total` bytes: from
-/// 1 MiB on, spread over the rayon pool, a large pair in 1 MiB pieces; below it on the
-/// calling thread. For the batches' copies into and out of their pinned block. With
-/// `streaming`, streaming stores, fenced before this returns.
-pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], total: usize, streaming: bool) {
+/// Copies each `(dst, src)` pair (of equal lengths): where they hold 1 MiB or more in all,
+/// spread over the rayon pool, a large pair in 1 MiB pieces; else on the calling thread.
+/// For the batches' copies into and out of their pinned block. With `streaming`,
+/// streaming stores, fenced before this returns.
+pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], streaming: bool) {
+    let total: usize = pairs.iter().map(|(dst, _)| dst.len()).sum();
     if total < PARALLEL_MIN {
         for (dst, src) in pairs.iter_mut() {
             crate::fastcopy::copy_unfenced(dst, src, streaming);
@@ -298,7 +299,7 @@ mod tests {
                 }
                 let pieces = pieces_mut(&mut dst, ranges.clone());
                 let mut pairs: Vec<(&mut [u8], &[u8])> = pieces.into_iter().zip(srcs).collect();
-                copy_pairs(&mut pairs, total, streaming);
+                copy_pairs(&mut pairs, streaming);
                 for (r, k) in ranges.iter().zip(0..) {
                     let start = 1 + r.start - k;
                     assert!(dst[r.clone()] == src[start..start + r.len()], "pair {k}");

@@ -725,7 +725,7 @@ impl CudaHal {
                 .into_iter()
                 .zip(items.iter().map(|(_, data)| bytemuck::cast_slice(data)))
                 .collect();
-            host_pages::copy_pairs(&mut pairs, total - data_start, streaming);
+            host_pages::copy_pairs(&mut pairs, streaming);
         }
         // Before the scratch allocation, which no early return below may leave live.
         let d = api()?;
@@ -1016,7 +1016,7 @@ impl CudaHal {
                     pairs.push((dst, &host[off..off + len]));
                 }
             }
-            host_pages::copy_pairs(&mut pairs, total - data_start, false);
+            host_pages::copy_pairs(&mut pairs, false);
         }
         h.pinned.give(block);
         result
