@@ -23,6 +23,30 @@ struct HostCopy {
     bytes: Option<HostBytes>,
 }
 
+impl HostCopy {
+    /// Copies bytes `r` into `dst` (as long) when the host copy holds them all, valid
+    /// (true); else leaves `dst` untouched (false). The caller holds the lock.
+    fn read_valid(&self, r: &Range<usize>, dst: &mut [u8]) -> bool {
+        // (No host copy, the common case of a result the device wrote, is known before
+        // the state is planned.)
+        let Some(host) = self.bytes.as_ref() else {
+            return false;
+        };
+        if !self
+            .state
+            .plan_read(r)
+            .is_ok_and(|misses| misses.is_empty())
+        {
+            return false;
+        }
+        // SAFETY: r is readable and no exclusive view covers it (plan_read), and the
+        // caller's lock keeps one from starting during the copy.
+        let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
+        dst.copy_from_slice(src);
+        true
+    }
+}
+
 /// One device allocation: its name, pointer, size and (phase 2) host copy. Freed through
 /// its HAL when the last buffer or slice over it is dropped.
 ///
@@ -126,16 +150,8 @@ impl RawBuffer {
         dst: &mut [u8],
     ) -> Result<bool> {
         let mut c = self.cache.lock();
-        if PHASES.host_cache {
-            if let Some(host) = c.bytes.as_ref() {
-                if c.state.plan_read(&r).is_ok_and(|misses| misses.is_empty()) {
-                    // SAFETY: r is readable and no exclusive view covers it (plan_read), and
-                    // the lock keeps one from starting during the copy.
-                    let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
-                    dst.copy_from_slice(src);
-                    return Ok(true);
-                }
-            }
+        if PHASES.host_cache && c.read_valid(&r, dst) {
+            return Ok(true);
         }
         if c.state.idle_for_device() {
             // What `flush_host` does for such a buffer, without taking the lock again.
@@ -918,23 +934,13 @@ impl<T: Pod> Buffer<T> {
     /// same length) from the host copy when it is valid for all of them, counted in the
     /// ledger as a cache hit or miss. False, with `dst` untouched, when it is not.
     pub(crate) fn copy_from_host_copy(&self, dst: &mut [T]) -> bool {
-        let (h, r) = (&self.raw.hal, self.byte_range());
-        let c = self.raw.cache.lock();
-        // (No host copy, the common case of a result the device wrote, is known before
-        // the state is planned.)
-        let host = c.bytes.as_ref();
-        let served = match host.map(|host| (host, c.state.plan_read(&r))) {
-            Some((host, Ok(misses))) if misses.is_empty() => {
-                // SAFETY: r is readable and no exclusive view covers it (plan_read), and
-                // the lock keeps one from starting during the copy.
-                let src = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
-                bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src);
-                true
-            }
-            _ => false,
-        };
-        drop(c);
-        h.ledger.cache(served);
+        let r = self.byte_range();
+        let served = self
+            .raw
+            .cache
+            .lock()
+            .read_valid(&r, bytemuck::cast_slice_mut(dst));
+        self.raw.hal.ledger.cache(served);
         served
     }
 

@@ -26,14 +26,22 @@ pub(crate) fn par_copy(dst: &mut [u8], src: &[u8], streaming: bool) {
         .for_each(|(d, s)| crate::fastcopy::copy(d, s, streaming));
 }
 
-/// Copies each `(dst, src)` pair (of equal lengths): where they hold 1 MiB or more in all,
-/// spread over the rayon pool, a large pair in 1 MiB pieces; else on the calling thread.
-/// For the batches' copies into and out of their pinned block. With `streaming`,
-/// streaming stores, fenced before this returns.
-pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], streaming: bool) {
-    let total: usize = pairs.iter().map(|(dst, _)| dst.len()).sum();
-    if total < PARALLEL_MIN {
-        for (dst, src) in pairs.iter_mut() {
+/// Copies each `(dst, src)` pair (of equal lengths), for the batches' copies into and out
+/// of their pinned block. `bytes`, what the pairs hold in all (a block's data span, its
+/// alignment padding included, will do), picks the route: from 1 MiB the pairs are spread
+/// over the rayon pool, a large pair in 1 MiB pieces; below it they are copied on the
+/// calling thread as they come, with no list of them built. (The callers know `bytes`
+/// from their block's layout; summing it here would take a list or a second pass, which a
+/// small batch pays for per buffer.) With `streaming`, streaming stores, fenced before this
+/// returns.
+#[inline]
+pub(crate) fn copy_pairs<'a>(
+    pairs: impl Iterator<Item = (&'a mut [u8], &'a [u8])>,
+    bytes: usize,
+    streaming: bool,
+) {
+    if bytes < PARALLEL_MIN {
+        for (dst, src) in pairs {
             crate::fastcopy::copy_unfenced(dst, src, streaming);
         }
         if streaming {
@@ -41,6 +49,7 @@ pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], streaming: bool) {
         }
         return;
     }
+    let mut pairs: Vec<_> = pairs.collect();
     // (Each copy fences its own streaming stores, on the thread that made them.)
     pairs.par_iter_mut().for_each(|(dst, src)| {
         if dst.len() >= PARALLEL_MIN {
@@ -53,19 +62,16 @@ pub(crate) fn copy_pairs(pairs: &mut [(&mut [u8], &[u8])], streaming: bool) {
 
 /// `buf`'s pieces at the sorted, disjoint `ranges` (each within `buf`), as mutable slices.
 pub(crate) fn pieces_mut(
-    mut buf: &mut [u8],
+    buf: &mut [u8],
     ranges: impl IntoIterator<Item = std::ops::Range<usize>>,
-) -> Vec<&mut [u8]> {
-    let mut at = 0;
-    let mut pieces = Vec::new();
-    for r in ranges {
+) -> impl Iterator<Item = &mut [u8]> {
+    let (mut rest, mut at) = (buf, 0);
+    ranges.into_iter().map(move |r| {
         debug_assert!(at <= r.start && r.start <= r.end);
-        let rest = std::mem::take(&mut buf);
-        let (piece, rest) = rest[r.start - at..].split_at_mut(r.len());
-        pieces.push(piece);
-        (buf, at) = (rest, r.end);
-    }
-    pieces
+        let (piece, tail) = std::mem::take(&mut rest)[r.start - at..].split_at_mut(r.len());
+        (rest, at) = (tail, r.end);
+        piece
+    })
 }
 
 /// Faults in every page of `bytes` (one store of zero a page: new memory reads zero
@@ -257,7 +263,7 @@ mod tests {
     #[test]
     fn pieces_are_the_ranges_of_the_buffer() {
         let mut buf: Vec<u8> = (0..100).collect();
-        let pieces = pieces_mut(&mut buf, [3..7, 7..7, 10..20, 90..100]);
+        let pieces: Vec<_> = pieces_mut(&mut buf, [3..7, 7..7, 10..20, 90..100]).collect();
         let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
         assert_eq!(lens, [4, 0, 10, 10]);
         assert_eq!((pieces[0][0], pieces[2][0], pieces[3][9]), (3, 10, 99));
@@ -297,9 +303,8 @@ mod tests {
                     srcs.push(&src[at_src..at_src + len]);
                     (at_src, at_dst) = (at_src + len, at_dst + len + 1);
                 }
-                let pieces = pieces_mut(&mut dst, ranges.clone());
-                let mut pairs: Vec<(&mut [u8], &[u8])> = pieces.into_iter().zip(srcs).collect();
-                copy_pairs(&mut pairs, streaming);
+                let pairs = pieces_mut(&mut dst, ranges.clone()).zip(srcs);
+                copy_pairs(pairs, total, streaming);
                 for (r, k) in ranges.iter().zip(0..) {
                     let start = 1 + r.start - k;
                     assert!(dst[r.clone()] == src[start..start + r.len()], "pair {k}");

@@ -721,11 +721,8 @@ impl CudaHal {
                 host,
                 ranges.map(|((b, _), &off)| off..off + b.size_bytes()),
             );
-            let mut pairs: Vec<(&mut [u8], &[u8])> = dsts
-                .into_iter()
-                .zip(items.iter().map(|(_, data)| bytemuck::cast_slice(data)))
-                .collect();
-            host_pages::copy_pairs(&mut pairs, streaming);
+            let srcs = items.iter().map(|(_, data)| bytemuck::cast_slice(data));
+            host_pages::copy_pairs(dsts.zip(srcs), total - data_start, streaming);
         }
         // Before the scratch allocation, which no early return below may leave live.
         let d = api()?;
@@ -1007,16 +1004,19 @@ impl CudaHal {
         if result.is_ok() {
             // The group's slices out of the block, a large group's on the rayon pool.
             let host = block.mem.as_slice();
-            let mut pairs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(group.len());
-            let mut wanted = group.iter().zip(&offsets).peekable();
-            for (k, (_, dst)) in items.iter_mut().enumerate() {
-                if let Some((_, &off)) = wanted.next_if(|(&j, _)| j == k) {
-                    let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
-                    let len = dst.len();
-                    pairs.push((dst, &host[off..off + len]));
-                }
-            }
-            host_pages::copy_pairs(&mut pairs, false);
+            // The group's indices rise: each item is split off the rest in turn.
+            debug_assert!(group.is_sorted_by(|a, b| a < b));
+            let (mut rest, mut at) = (&mut items[..], 0);
+            let pairs = group.iter().zip(&offsets).map_while(|(&k, &off)| {
+                let ((_, dst), tail) = std::mem::take(&mut rest)
+                    .get_mut(k - at..)?
+                    .split_first_mut()?;
+                (rest, at) = (tail, k + 1);
+                let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
+                let len = dst.len();
+                Some((dst, &host[off..off + len]))
+            });
+            host_pages::copy_pairs(pairs, total - data_start, false);
         }
         h.pinned.give(block);
         result

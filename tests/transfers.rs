@@ -335,6 +335,25 @@ fn scratch_allocations(d: &cuda_hal::LedgerSnapshot) -> u64 {
     d.driver_allocs + d.pool_allocs + d.cached_allocs
 }
 
+/// Downloads `bufs` into `outs` (one each) and then `extra`, with one `download_batch`:
+/// what the ledger counted during it.
+fn download_each<'a>(
+    hal: &CudaHal,
+    bufs: &'a [cuda_hal::Buffer<u32>],
+    outs: &'a mut [Vec<u32>],
+    extra: Option<(&'a cuda_hal::Buffer<u32>, &'a mut [u32])>,
+) -> cuda_hal::LedgerSnapshot {
+    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = bufs
+        .iter()
+        .zip(outs)
+        .map(|(b, o)| (b, &mut o[..]))
+        .collect();
+    items.extend(extra);
+    let before = hal.ledger();
+    hal.download_batch(&mut items).unwrap();
+    hal.ledger().since(&before)
+}
+
 #[test]
 fn gather_reads_many_elements_with_one_copy() {
     on_both_batch_routes(check_gather);
@@ -587,14 +606,7 @@ fn check_large_batches(hal: &CudaHal, mapped: bool) {
     // Back down, as after a kernel's write (no host copy serves them).
     let _ = whole.device_ptr_mut().unwrap();
     let mut outs: Vec<Vec<u32>> = lens.iter().map(|&len| vec![0; len]).collect();
-    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = parts
-        .iter()
-        .zip(outs.iter_mut())
-        .map(|(p, o)| (p, &mut o[..]))
-        .collect();
-    let before = hal.ledger();
-    hal.download_batch(&mut items).unwrap();
-    let d = hal.ledger().since(&before);
+    let d = download_each(hal, &parts, &mut outs, None);
     assert_eq!(d.launches, 1, "one gather (mapped: {mapped})");
     assert!(outs == datas, "every slice back whole (mapped: {mapped})");
 }
@@ -620,15 +632,7 @@ fn check_download_batch(hal: &CudaHal, mapped: bool) {
     let _ = other.device_ptr_mut().unwrap();
     let mut outs: Vec<Vec<u32>> = (0..50).map(|k| vec![POISON; 1 + k]).collect();
     let mut other_out = vec![POISON; 333];
-    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = parts
-        .iter()
-        .zip(outs.iter_mut())
-        .map(|(p, o)| (p, &mut o[..]))
-        .collect();
-    items.push((&other, &mut other_out[..]));
-    let before = hal.ledger();
-    hal.download_batch(&mut items).unwrap();
-    let d = hal.ledger().since(&before);
+    let d = download_each(hal, &parts, &mut outs, Some((&other, &mut other_out)));
     assert_eq!(
         (d.d2h.calls, d.launches, scratch_allocations(&d)),
         (1, 1, u64::from(!mapped)),
@@ -751,14 +755,7 @@ fn a_download_batch_past_the_pinned_pool_goes_in_groups() {
         .map(|i| whole.slice(i * (len + 4), len).unwrap())
         .collect();
     let mut outs = vec![vec![POISON; len]; n];
-    let mut items: Vec<(&cuda_hal::Buffer<u32>, &mut [u32])> = views
-        .iter()
-        .zip(outs.iter_mut())
-        .map(|(v, o)| (v, &mut o[..]))
-        .collect();
-    let before = hal.ledger();
-    hal.download_batch(&mut items).unwrap();
-    let d = hal.ledger().since(&before);
+    let d = download_each(&hal, &views, &mut outs, None);
     assert!(
         (2..=3).contains(&d.d2h.calls) && d.launches == d.d2h.calls,
         "{} copies and {} gathers for {n} buffers of 1 KiB",
