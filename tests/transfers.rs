@@ -335,6 +335,19 @@ fn scratch_allocations(d: &cuda_hal::LedgerSnapshot) -> u64 {
     d.driver_allocs + d.pool_allocs + d.cached_allocs
 }
 
+/// Uploads `datas` into `bufs` (one each) with one `upload_batch`: what the ledger counted
+/// during it.
+fn upload_each(
+    hal: &CudaHal,
+    bufs: &[cuda_hal::Buffer<u32>],
+    datas: &[Vec<u32>],
+) -> cuda_hal::LedgerSnapshot {
+    let items: Vec<_> = bufs.iter().zip(datas).map(|(b, d)| (b, &d[..])).collect();
+    let before = hal.ledger();
+    hal.upload_batch(&items).unwrap();
+    hal.ledger().since(&before)
+}
+
 /// Downloads `bufs` into `outs` (one each) and then `extra`, with one `download_batch`:
 /// what the ledger counted during it.
 fn download_each<'a>(
@@ -480,10 +493,7 @@ fn an_upload_batch_of_small_slices_past_the_pinned_pool_goes_in_groups() {
     let first = hal.stats().unwrap().pinned.misses;
     for round in 0..3 {
         let data: Vec<Vec<u32>> = (0..n).map(|_| rng.u32s(len)).collect();
-        let items: Vec<_> = views.iter().zip(&data).map(|(v, d)| (v, &d[..])).collect();
-        let before = hal.ledger();
-        hal.upload_batch(&items).unwrap();
-        let d = hal.ledger().since(&before);
+        let d = upload_each(&hal, &views, &data);
         assert!(
             (1..=3).contains(&d.h2d.calls) && d.launches == d.h2d.calls,
             "round {round}: {} copies and {} scatters for {n} slices",
@@ -518,11 +528,7 @@ fn check_upload_batch(hal: &CudaHal, mapped: bool) {
         .map(|k| whole.slice(k * 200, 1 + k).unwrap())
         .collect();
     let datas: Vec<Vec<u32>> = (0..50).map(|k| rng.u32s(1 + k)).collect();
-    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
-        parts.iter().zip(&datas).map(|(p, d)| (p, &d[..])).collect();
-    let before = hal.ledger();
-    hal.upload_batch(&items).unwrap();
-    let d = hal.ledger().since(&before);
+    let d = upload_each(hal, &parts, &datas);
     assert_eq!(
         (d.h2d.calls, d.launches, scratch_allocations(&d)),
         (1, 1, u64::from(!mapped)),
@@ -586,11 +592,7 @@ fn check_large_batches(hal: &CudaHal, mapped: bool) {
         })
         .collect();
     let datas: Vec<Vec<u32>> = lens.iter().map(|&len| rng.u32s(len)).collect();
-    let items: Vec<(&cuda_hal::Buffer<u32>, &[u32])> =
-        parts.iter().zip(&datas).map(|(p, d)| (p, &d[..])).collect();
-    let before = hal.ledger();
-    hal.upload_batch(&items).unwrap();
-    let d = hal.ledger().since(&before);
+    let d = upload_each(hal, &parts, &datas);
     assert_eq!(
         (d.launches, scratch_allocations(&d)),
         (1, u64::from(!mapped)),
