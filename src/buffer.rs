@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use cuda_sys::CUdeviceptr;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::hal::{DeviceAlloc, HalInner};
 use crate::host_cache::{BorrowKind, CacheState};
@@ -139,30 +139,63 @@ impl RawBuffer {
         self.flush_host(r, write, false)
     }
 
-    /// A batch's read of `r` into `dst` (as long), for a caller that has bound the context
-    /// of the buffer's HAL: with phase 2 and a valid host copy of `r`, `dst` is copied from
-    /// it (true); otherwise the main stream's read of `r` is prepared as
-    /// [`RawBuffer::prepare_device_access_bound`] prepares it (false). Where the buffer
-    /// has no open view and no host edits, the common case, both take one lock section.
-    pub(crate) fn read_host_or_prepare_bound(
+    /// A batch's reads of this buffer, for a caller that has bound the context of the
+    /// buffer's HAL: each `(r, dst)` of `reads` (`dst` as long as `r`) is copied from a
+    /// valid host copy (phase 2) where there is one; otherwise the main stream's read of
+    /// `r` is prepared as [`RawBuffer::prepare_device_access_bound`] prepares it, and
+    /// `missed` is told the read's index. Where the buffer has no open view and no host
+    /// edits, the common case, all the reads take one lock section together.
+    #[inline]
+    pub(crate) fn read_host_or_prepare_bound<'d>(
         &self,
-        r: Range<usize>,
-        dst: &mut [u8],
-    ) -> Result<bool> {
+        reads: impl ExactSizeIterator<Item = (Range<usize>, &'d mut [u8])>,
+        mut missed: impl FnMut(usize),
+    ) -> Result<()> {
         let mut c = self.cache.lock();
-        if PHASES.host_cache && c.read_valid(&r, dst) {
-            return Ok(true);
+        if !c.state.idle_for_device() {
+            return self.read_each_host_or_prepare_bound(c, reads, missed);
         }
-        if c.state.idle_for_device() {
+        let n = reads.len();
+        let mut served = 0;
+        if PHASES.host_cache && c.bytes.is_some() {
+            for (j, (r, dst)) in reads.enumerate() {
+                if c.read_valid(&r, dst) {
+                    served += 1;
+                } else {
+                    missed(j);
+                }
+            }
+        } else {
+            (0..n).for_each(&mut missed);
+        }
+        if served < n {
             // What `flush_host` does for such a buffer, without taking the lock again.
             c.state.mark_idle_device_read();
             drop(c);
             self.side.wait_on(&self.hal.stream, 0, true)?;
-            return Ok(false);
         }
-        drop(c);
-        self.prepare_device_access_bound(r, false)?;
-        Ok(false)
+        Ok(())
+    }
+
+    /// [`RawBuffer::read_host_or_prepare_bound`] for a buffer with an open view or host
+    /// edits (locked in `c`): each read the host copy does not serve is prepared on its
+    /// own, the lock let go meanwhile.
+    #[cold]
+    #[inline(never)]
+    fn read_each_host_or_prepare_bound<'d>(
+        &self,
+        mut c: MutexGuard<'_, HostCopy>,
+        reads: impl Iterator<Item = (Range<usize>, &'d mut [u8])>,
+        mut missed: impl FnMut(usize),
+    ) -> Result<()> {
+        for (j, (r, dst)) in reads.enumerate() {
+            if PHASES.host_cache && c.read_valid(&r, dst) {
+                continue;
+            }
+            missed(j);
+            MutexGuard::unlocked(&mut c, || self.prepare_device_access_bound(r, false))?;
+        }
+        Ok(())
     }
 
     /// Before side stream `stream` reads or writes `r`: host-newer bytes are uploaded (on

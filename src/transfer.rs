@@ -545,18 +545,23 @@ impl CudaHal {
                 });
             }
         }
-        // Those the host copies do not serve, their device reads prepared: every buffer is
-        // this HAL's (checked above), whose context `enter` bound.
+        // Those the host copies do not serve, their device reads prepared, consecutive
+        // elements of one allocation together: every buffer is this HAL's (checked above),
+        // whose context `enter` bound.
         let mut out = vec![T::zeroed(); items.len()];
         let mut todo: Vec<(usize, u64)> = Vec::with_capacity(items.len());
-        for (k, ((buf, i), v)) in items.iter().zip(out.iter_mut()).enumerate() {
-            let r = buf.element_range(*i);
-            if !buf
-                .raw()
-                .read_host_or_prepare_bound(r, bytemuck::bytes_of_mut(v))?
-            {
-                todo.push((k, buf.raw_ptr() + (i * sz) as u64));
-            }
+        let mut start = 0;
+        for run in items.chunk_by(|(a, _), (b, _)| Arc::ptr_eq(a.raw(), b.raw())) {
+            let outs = &mut out[start..start + run.len()];
+            let reads = run
+                .iter()
+                .zip(outs)
+                .map(|((buf, i), v)| (buf.element_range(*i), bytemuck::bytes_of_mut(v)));
+            run[0].0.raw().read_host_or_prepare_bound(reads, |j| {
+                let (buf, i) = run[j];
+                todo.push((start + j, buf.raw_ptr() + (i * sz) as u64));
+            })?;
+            start += run.len();
         }
         if PHASES.host_cache {
             h.ledger.cache_reads(items.len() - todo.len(), todo.len());
@@ -905,17 +910,20 @@ impl CudaHal {
             items.iter().map(|(buf, dst)| (*buf, dst.len())),
         )?;
         h.enter()?;
-        // Those the host copies do not serve, in order, their device reads prepared. Every
-        // buffer is this HAL's (checked above), whose context `enter` bound.
+        // Those the host copies do not serve, in order, their device reads prepared,
+        // consecutive slices of one allocation together. Every buffer is this HAL's
+        // (checked above), whose context `enter` bound.
         let mut todo: Vec<usize> = Vec::with_capacity(items.len());
-        for (k, (buf, dst)) in items.iter_mut().enumerate() {
-            let dst = bytemuck::cast_slice_mut(dst);
-            if !buf
+        let mut start = 0;
+        for run in items.chunk_by_mut(|(a, _), (b, _)| Arc::ptr_eq(a.raw(), b.raw())) {
+            let (first, len) = (run[0].0, run.len());
+            let reads = run
+                .iter_mut()
+                .map(|(buf, dst)| (buf.byte_range(), bytemuck::cast_slice_mut(dst)));
+            first
                 .raw()
-                .read_host_or_prepare_bound(buf.byte_range(), dst)?
-            {
-                todo.push(k);
-            }
+                .read_host_or_prepare_bound(reads, |j| todo.push(start + j))?;
+            start += len;
         }
         if PHASES.host_cache {
             h.ledger.cache_reads(items.len() - todo.len(), todo.len());

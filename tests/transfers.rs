@@ -445,6 +445,41 @@ fn check_gather(hal: &CudaHal, mapped: bool) {
     }
 }
 
+/// Elements of one buffer share one read of its host copy's state: with host edits
+/// pending and a mutable view open, each element still comes from where its newest bytes
+/// are (the host copy, or the device), an element under the view is refused, and the
+/// buffer reads right once the view ends.
+#[test]
+fn a_gather_of_one_buffer_mixes_host_edits_device_bytes_and_an_open_view() {
+    let Some(hal) = gpu() else { return };
+    let data: Vec<u32> = (0..4096).collect();
+    let a = hal.copy_from("mixed", &data).unwrap();
+    let _ = a.device_ptr_mut().unwrap(); // as after a kernel's write: no host copy serves
+    a.slice(0, 16).unwrap().view_mut(|s| s.fill(7)).unwrap();
+    let idx = [0, 100, 1, 2000, 15, 16, 4095];
+    assert_eq!(
+        a.get_many(&idx).unwrap(),
+        vec![7, 100, 7, 2000, 7, 16, 4095]
+    );
+    let inner = a
+        .slice(4000, 96)
+        .unwrap()
+        .view_mut(|s| {
+            s[0] = 1;
+            (a.get_many(&[0, 100, 3999]), a.get_many(&[5, 4000]))
+        })
+        .unwrap();
+    assert_eq!(inner.0.unwrap(), vec![7, 100, 3999]);
+    assert!(
+        matches!(inner.1, Err(Error::BufferBorrowed { .. })),
+        "{:?}",
+        inner.1
+    );
+    assert_eq!(a.get_many(&[4000, 0, 4001]).unwrap(), vec![1, 7, 4001]);
+    let _ = a.device_ptr_mut().unwrap();
+    assert_eq!(a.get_many(&[4000, 0, 4001]).unwrap(), vec![1, 7, 4001]);
+}
+
 /// Where memory does not hold `upload_batch`'s device scratch (as large as the batch), each
 /// slice is copied straight from the staged block. Before, the batch failed with
 /// `OutOfMemory`.
