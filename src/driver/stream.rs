@@ -1,3 +1,7 @@
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+use std::sync::Arc;
+
 use cuda_sys::{CUstream, CUstream_flags};
 
 use super::{api, PrimaryContext};
@@ -18,6 +22,8 @@ use crate::Result;
 /// ```
 pub struct Stream {
     raw: CUstream,
+    /// How far the host's waits for the stream have come.
+    syncs: Arc<SyncCounts>,
     /// Keeps the context, and so the stream, alive.
     _ctx: PrimaryContext,
 }
@@ -46,7 +52,11 @@ impl Stream {
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0)? };
-        Ok(Stream { raw, _ctx: ctx })
+        Ok(Stream {
+            raw,
+            syncs: Arc::default(),
+            _ctx: ctx,
+        })
     }
 
     /// The raw handle.
@@ -121,9 +131,56 @@ impl Stream {
     /// s.synchronize().unwrap();
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        let ticket = self.syncs.begin();
         // SAFETY: raw is a live stream.
         unsafe { api()?.cuStreamSynchronize(self.raw)? };
+        self.syncs.returned(ticket);
         Ok(())
+    }
+
+    /// The counts of this stream's [`Stream::synchronize`] calls, which tell work known
+    /// done without asking the driver.
+    pub(crate) fn syncs(&self) -> &Arc<SyncCounts> {
+        &self.syncs
+    }
+}
+
+/// How far the host's waits for one stream ([`Stream::synchronize`]) have come: the work
+/// queued on the stream before a [`SyncMark`] was taken is done once a wait begun after
+/// it has returned. Asking this costs no driver call (an event query costs about 1 us).
+#[derive(Debug, Default)]
+pub(crate) struct SyncCounts {
+    /// Waits begun.
+    begun: AtomicU64,
+    /// One more than the number of the latest-begun wait that returned without error.
+    returned: AtomicU64,
+}
+
+/// A point in a stream's queue: see [`SyncCounts::mark`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SyncMark(u64);
+
+impl SyncCounts {
+    /// A mark of the work queued on the stream so far (taken after queuing it).
+    pub(crate) fn mark(&self) -> SyncMark {
+        // A read-modify-write that adds nothing, not a load: a wait that then counts
+        // itself after it is ordered after it, and so after the work queued before it.
+        SyncMark(self.begun.fetch_add(0, SeqCst))
+    }
+
+    /// Whether a wait begun after `mark` has returned: the work before it is done.
+    pub(crate) fn passed(&self, mark: SyncMark) -> bool {
+        self.returned.load(Acquire) > mark.0
+    }
+
+    /// Counts a wait about to begin: its number.
+    fn begin(&self) -> u64 {
+        self.begun.fetch_add(1, SeqCst)
+    }
+
+    /// Counts the wait numbered `ticket` as returned.
+    fn returned(&self, ticket: u64) {
+        self.returned.fetch_max(ticket + 1, Release);
     }
 }
 
@@ -135,5 +192,32 @@ impl Drop for Stream {
                 log::warn!("cuStreamDestroy failed: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SyncCounts;
+
+    #[test]
+    fn a_mark_is_passed_only_by_a_wait_begun_after_it_that_returned() {
+        let s = SyncCounts::default();
+        let early = s.begin(); // a wait begun before the work was queued
+        let mark = s.mark(); // the work queued, then marked
+        s.returned(early);
+        assert!(
+            !s.passed(mark),
+            "a wait begun before the mark shows nothing"
+        );
+        let failed = s.begin(); // a wait that then fails is never counted returned
+        let late = s.begin();
+        assert!(!s.passed(mark));
+        s.returned(late);
+        assert!(s.passed(mark), "a wait begun after the mark returned");
+        // A wait that returns late does not take the count back.
+        s.returned(failed.min(early));
+        assert!(s.passed(mark));
+        let next = s.mark();
+        assert!(!s.passed(next), "work queued since the last wait");
     }
 }
