@@ -302,7 +302,6 @@ impl CudaHal {
                 pinned: PinnedPool::new(
                     config.pinned_pool_bytes,
                     config.mapped_batches && info.can_map_host_memory,
-                    stream.syncs().clone(),
                 ),
                 allocs: Allocs::new(
                     config.track_allocations,

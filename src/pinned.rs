@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream, SyncCounts, SyncMark};
+use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream, StreamMark};
 use crate::hal::HalInner;
 use crate::ledger::Dir;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
@@ -254,18 +254,18 @@ pub(crate) struct PinnedBlock {
     lent: Option<Arc<AtomicUsize>>,
 }
 
-/// The last copy a block was given back after: its event, and where the copy was queued
-/// on the HAL's main stream, the mark of the main stream's waits taken after it (once a
-/// wait begun after the mark returns, the block is idle with no event query).
+/// The last copy a block was given back after: its event, and where the copy's stream is
+/// known, a mark of that stream taken after it (once the host has waited for the stream
+/// since, the block is idle with no event query).
 struct Pending {
     done: Arc<Event>,
-    on_main: Option<SyncMark>,
+    queued: Option<StreamMark>,
 }
 
 impl Pending {
-    /// Whether a wait for the main stream has shown the copy done.
-    fn passed(&self, main: &SyncCounts) -> bool {
-        self.on_main.is_some_and(|m| main.passed(m))
+    /// Whether a wait for the copy's stream has shown it done.
+    fn known_done(&self) -> bool {
+        self.queued.as_ref().is_some_and(StreamMark::known_done)
     }
 }
 
@@ -278,13 +278,13 @@ impl Drop for PinnedBlock {
 }
 
 impl PinnedBlock {
-    /// Whether no queued copy uses the block any more (known from `main`'s waits, or asked
-    /// of its event, without waiting). An error of the event counts as busy: `settle` then
-    /// reports it.
-    fn is_idle(&mut self, main: &SyncCounts) -> bool {
+    /// Whether no queued copy uses the block any more (known from a wait for its stream,
+    /// or asked of its event, without waiting). An error of the event counts as busy:
+    /// `settle` then reports it.
+    fn is_idle(&mut self) -> bool {
         let idle = match &self.pending {
             None => true,
-            Some(p) => p.passed(main) || matches!(p.done.is_complete(), Ok(true)),
+            Some(p) => p.known_done() || matches!(p.done.is_complete(), Ok(true)),
         };
         if idle {
             self.pending = None;
@@ -292,10 +292,10 @@ impl PinnedBlock {
         idle
     }
 
-    /// Waits for the block's last copy, unless `main`'s waits show it done.
-    fn settle(&mut self, main: &SyncCounts) -> Result<()> {
+    /// Waits for the block's last copy, unless a wait for its stream showed it done.
+    fn settle(&mut self) -> Result<()> {
         match self.pending.take() {
-            Some(p) if !p.passed(main) => p.done.synchronize(),
+            Some(p) if !p.known_done() => p.done.synchronize(),
             _ => Ok(()),
         }
     }
@@ -346,15 +346,11 @@ pub(crate) struct PinnedPool {
     mapped: bool,
     hits: AtomicU64,
     misses: AtomicU64,
-    /// The waits of the HAL's main stream: a block given back after a copy queued there
-    /// is known idle once one begun after it returns.
-    main: Arc<SyncCounts>,
 }
 
 impl PinnedPool {
-    /// A pool of blocks of up to `limit` bytes in all, mapped for the device with `mapped`,
-    /// for a HAL whose main stream's waits are `main`.
-    pub(crate) fn new(limit: usize, mapped: bool, main: Arc<SyncCounts>) -> Self {
+    /// A pool of blocks of up to `limit` bytes in all, mapped for the device with `mapped`.
+    pub(crate) fn new(limit: usize, mapped: bool) -> Self {
         PinnedPool {
             free: Mutex::new((Vec::new(), 0)),
             lent: Arc::new(AtomicUsize::new(0)),
@@ -363,7 +359,6 @@ impl PinnedPool {
             mapped,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-            main,
         }
     }
 
@@ -452,7 +447,7 @@ impl PinnedPool {
         self.hits.fetch_add(1, Relaxed);
         self.lent.fetch_add(b.mem.len(), Relaxed);
         b.lent = Some(self.lent.clone());
-        b.settle(&self.main)?;
+        b.settle()?;
         Ok(b)
     }
 
@@ -463,7 +458,7 @@ impl PinnedPool {
         let idle = free
             .0
             .iter_mut()
-            .rposition(|b| b.mem.len() == size && b.is_idle(&self.main));
+            .rposition(|b| b.mem.len() == size && b.is_idle());
         let pos = match idle {
             Some(i) => i,
             None if idle_only => return None,
@@ -482,20 +477,17 @@ impl PinnedPool {
     /// [`PinnedPool::give`] for a block that the copy `done` marks the end of still uses: the
     /// pool reuses or frees it only once `done` completes.
     pub(crate) fn give_after(&self, mut block: PinnedBlock, done: Arc<Event>) {
-        block.pending = Some(Pending {
-            done,
-            on_main: None,
-        });
+        block.pending = Some(Pending { done, queued: None });
         self.give(block);
     }
 
-    /// [`PinnedPool::give_after`] for a block whose last copy was queued on the HAL's main
-    /// stream, `done` recorded after it: a wait for that stream begun from now on shows it
-    /// idle with no event query.
-    pub(crate) fn give_after_main(&self, mut block: PinnedBlock, done: Arc<Event>) {
+    /// [`PinnedPool::give_after`] for a block whose last copy was queued on `stream`, `done`
+    /// recorded after it: once the host has waited for `stream` since, the block is reused
+    /// with no event query.
+    pub(crate) fn give_after_on(&self, mut block: PinnedBlock, done: Arc<Event>, stream: &Stream) {
         block.pending = Some(Pending {
             done,
-            on_main: Some(self.main.mark()),
+            queued: Some(stream.mark()),
         });
         self.give(block);
     }
@@ -510,7 +502,7 @@ impl PinnedPool {
         if size <= self.limit && free.1 + size > self.limit {
             let evictable = |b: &mut PinnedBlock| {
                 let other = b.mem.len();
-                other != size && other <= EVICT_RATIO * size && b.is_idle(&self.main)
+                other != size && other <= EVICT_RATIO * size && b.is_idle()
             };
             let room: usize = (free.0.iter_mut())
                 .map(|b| if evictable(b) { b.mem.len() } else { 0 })
@@ -534,7 +526,7 @@ impl PinnedPool {
             drop(free);
         } else {
             drop(free);
-            if let Err(e) = block.settle(&self.main) {
+            if let Err(e) = block.settle() {
                 log::warn!("waiting for a pinned block's last copy: {e}");
             }
         }
@@ -554,7 +546,7 @@ impl PinnedPool {
 impl Drop for PinnedPool {
     fn drop(&mut self) {
         for b in self.free.get_mut().0.iter_mut() {
-            if let Err(e) = b.settle(&self.main) {
+            if let Err(e) = b.settle() {
                 log::warn!("waiting for a pinned block's last copy: {e}");
             }
         }
@@ -924,8 +916,6 @@ impl<T: Pod> Buffer<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::PinnedPool;
 
     const MIB: usize = 1 << 20;
@@ -943,7 +933,7 @@ mod tests {
             3 * MIB,
             256 * MIB,
         ] {
-            let pool = PinnedPool::new(limit, false, Arc::default());
+            let pool = PinnedPool::new(limit, false);
             let mut sizes: Vec<usize> = (0..40)
                 .flat_map(|k| {
                     let p = 1usize << k;
@@ -963,7 +953,7 @@ mod tests {
 
     #[test]
     fn blocks_the_pool_can_keep_are_powers_of_two_and_larger_ones_fit_their_bytes() {
-        let pool = PinnedPool::new(256 * MIB, true, Arc::default());
+        let pool = PinnedPool::new(256 * MIB, true);
         assert_eq!(pool.block_size(1), 64 << 10);
         assert_eq!(
             pool.block_size(3 * MIB),
@@ -981,9 +971,6 @@ mod tests {
         }
         assert_eq!(pool.block_size(usize::MAX), usize::MAX, "no overflow");
         // A pool that keeps nothing sizes every block by its bytes.
-        assert_eq!(
-            PinnedPool::new(0, false, Arc::default()).block_size(3 * MIB),
-            3 * MIB
-        );
+        assert_eq!(PinnedPool::new(0, false).block_size(3 * MIB), 3 * MIB);
     }
 }

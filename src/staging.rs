@@ -15,7 +15,7 @@ use std::sync::Arc;
 use cuda_sys::CUdeviceptr;
 use parking_lot::{Condvar, Mutex};
 
-use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
+use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream, StreamMark};
 use crate::Result;
 
 /// Sizes of the staging pool.
@@ -138,7 +138,9 @@ struct Slot {
     len: usize,
     /// Recorded after the last copy that reads or writes the slot.
     done: Event,
-    in_flight: bool,
+    /// While that copy may still run: a mark of its stream taken after it, which shows it
+    /// done with no event query once the host has waited for the stream since.
+    in_flight: Option<StreamMark>,
 }
 
 impl Slot {
@@ -160,20 +162,25 @@ impl Slot {
 }
 
 impl Slot {
-    /// Whether no queued copy uses the slot any more (asks the event, without waiting). An
-    /// error of the event counts as busy: `settle` then reports it.
+    /// Whether no queued copy uses the slot any more (known from a wait for its stream, or
+    /// asked of the event, without waiting). An error of the event counts as busy:
+    /// `settle` then reports it.
     fn is_idle(&mut self) -> bool {
-        if self.in_flight && matches!(self.done.is_complete(), Ok(true)) {
-            self.in_flight = false;
+        if let Some(queued) = &self.in_flight {
+            if queued.known_done() || matches!(self.done.is_complete(), Ok(true)) {
+                self.in_flight = None;
+            }
         }
-        !self.in_flight
+        self.in_flight.is_none()
     }
 
     /// Waits until the copy engine no longer uses the slot.
     fn settle(&mut self) -> Result<()> {
-        if self.in_flight {
-            self.done.synchronize()?;
-            self.in_flight = false;
+        if let Some(queued) = &self.in_flight {
+            if !queued.known_done() {
+                self.done.synchronize()?;
+            }
+            self.in_flight = None;
         }
         Ok(())
     }
@@ -188,7 +195,7 @@ impl Slot {
             }
             return Err(e);
         }
-        self.in_flight = true;
+        self.in_flight = Some(stream.mark());
         Ok(())
     }
 }
@@ -280,7 +287,7 @@ impl StagingPool {
                                     offset: i * chunk,
                                     len: chunk,
                                     done: Event::new()?,
-                                    in_flight: false,
+                                    in_flight: None,
                                 })
                             })
                             .collect::<Result<Vec<Slot>>>()

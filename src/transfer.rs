@@ -474,7 +474,7 @@ impl<T: Pod> Buffer<T> {
             .map_err(Error::from)
             .and_then(|()| h.record_use(&done, &h.stream));
             h.ledger.copy(Dir::H2D, len);
-            h.pinned.give_after_main(block, done);
+            h.pinned.give_after_on(block, done, &h.stream);
             h.guard(res)?;
         } else {
             h.upload_staged_filled(dst, len, fill)?;
@@ -800,7 +800,7 @@ impl CudaHal {
         let h = &self.inner;
         // Whatever `result` says: some of the copies may be queued.
         let recorded = h.record_use(&done, &h.stream);
-        h.pinned.give_after_main(block, done);
+        h.pinned.give_after_on(block, done, &h.stream);
         h.guard(result.and(recorded))?;
         for (buf, _) in items {
             buf.raw().invalidate_host(buf.byte_range());

@@ -138,39 +138,39 @@ impl Stream {
         Ok(())
     }
 
-    /// The counts of this stream's [`Stream::synchronize`] calls, which tell work known
-    /// done without asking the driver.
-    pub(crate) fn syncs(&self) -> &Arc<SyncCounts> {
-        &self.syncs
+    /// A mark of the work queued on this stream so far (taken after queuing it), which
+    /// tells it done with no driver call once a [`Stream::synchronize`] begun after the
+    /// mark has returned.
+    pub(crate) fn mark(&self) -> StreamMark {
+        StreamMark {
+            mark: self.syncs.mark(),
+            syncs: self.syncs.clone(),
+        }
     }
 }
 
 /// How far the host's waits for one stream ([`Stream::synchronize`]) have come: the work
-/// queued on the stream before a [`SyncMark`] was taken is done once a wait begun after
-/// it has returned. Asking this costs no driver call (an event query costs about 1 us).
+/// queued on the stream before a mark was taken is done once a wait begun after it has
+/// returned.
 #[derive(Debug, Default)]
-pub(crate) struct SyncCounts {
+struct SyncCounts {
     /// Waits begun.
     begun: AtomicU64,
     /// One more than the number of the latest-begun wait that returned without error.
     returned: AtomicU64,
 }
 
-/// A point in a stream's queue: see [`SyncCounts::mark`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct SyncMark(u64);
-
 impl SyncCounts {
     /// A mark of the work queued on the stream so far (taken after queuing it).
-    pub(crate) fn mark(&self) -> SyncMark {
+    fn mark(&self) -> u64 {
         // A read-modify-write that adds nothing, not a load: a wait that then counts
         // itself after it is ordered after it, and so after the work queued before it.
-        SyncMark(self.begun.fetch_add(0, SeqCst))
+        self.begun.fetch_add(0, SeqCst)
     }
 
     /// Whether a wait begun after `mark` has returned: the work before it is done.
-    pub(crate) fn passed(&self, mark: SyncMark) -> bool {
-        self.returned.load(Acquire) > mark.0
+    fn passed(&self, mark: u64) -> bool {
+        self.returned.load(Acquire) > mark
     }
 
     /// Counts a wait about to begin: its number.
@@ -184,14 +184,20 @@ impl SyncCounts {
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        if let Ok(d) = api() {
-            // SAFETY: raw is a live stream destroyed once; pending work completes first.
-            if let Err(e) = unsafe { d.cuStreamDestroy(self.raw) } {
-                log::warn!("cuStreamDestroy failed: {e}");
-            }
-        }
+/// A point in a stream's queue ([`Stream::mark`]). Asking whether the work before it is
+/// done costs no driver call, where an event query costs about 1 us; it is known only
+/// once the host has waited for the stream since.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamMark {
+    syncs: Arc<SyncCounts>,
+    mark: u64,
+}
+
+impl StreamMark {
+    /// Whether a wait for the stream begun after the mark has returned: the work queued
+    /// before the mark is done.
+    pub(crate) fn known_done(&self) -> bool {
+        self.syncs.passed(self.mark)
     }
 }
 
@@ -209,13 +215,12 @@ mod tests {
             !s.passed(mark),
             "a wait begun before the mark shows nothing"
         );
-        let failed = s.begin(); // a wait that then fails is never counted returned
-        let late = s.begin();
+        let _failed = s.begin(); // a wait that fails is never counted returned
         assert!(!s.passed(mark));
-        s.returned(late);
+        let (late, later) = (s.begin(), s.begin());
+        s.returned(later);
         assert!(s.passed(mark), "a wait begun after the mark returned");
-        // A wait that returns late does not take the count back.
-        s.returned(failed.min(early));
+        s.returned(late); // back after a later-begun one: the count stays
         assert!(s.passed(mark));
         let next = s.mark();
         assert!(!s.passed(next), "work queued since the last wait");
