@@ -468,12 +468,6 @@ impl PinnedPool {
         Some(free.0.remove(pos))
     }
 
-    /// Returns a block; its pending copy is waited for before reuse or release. Where it
-    /// does not fit beside the blocks kept, idle blocks of other sizes are freed to make
-    /// room, the oldest first, if that makes room: a prover whose sizes change keeps blocks
-    /// of the sizes it uses now, rather than pinning and freeing one on every call. Blocks
-    /// more than [`EVICT_RATIO`] times its size are not freed for it: making the small block
-    /// again costs less than making the large one again, should its size come back.
     /// [`PinnedPool::give`] for a block that the copy `done` marks the end of still uses: the
     /// pool reuses or frees it only once `done` completes.
     pub(crate) fn give_after(&self, mut block: PinnedBlock, done: Arc<Event>) {
@@ -492,6 +486,12 @@ impl PinnedPool {
         self.give(block);
     }
 
+    /// Returns a block; its pending copy is waited for before reuse or release. Where it
+    /// does not fit beside the blocks kept, idle blocks of other sizes are freed to make
+    /// room, the oldest first, if that makes room: a prover whose sizes change keeps blocks
+    /// of the sizes it uses now, rather than pinning and freeing one on every call. Blocks
+    /// more than [`EVICT_RATIO`] times its size are not freed for it: making the small block
+    /// again costs less than making the large one again, should its size come back.
     pub(crate) fn give(&self, mut block: PinnedBlock) {
         let size = block.mem.len();
         if let Some(lent) = block.lent.take() {

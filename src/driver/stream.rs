@@ -149,6 +149,17 @@ impl Stream {
     }
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(d) = api() {
+            // SAFETY: raw is a live stream destroyed once; pending work completes first.
+            if let Err(e) = unsafe { d.cuStreamDestroy(self.raw) } {
+                log::warn!("cuStreamDestroy failed: {e}");
+            }
+        }
+    }
+}
+
 /// How far the host's waits for one stream ([`Stream::synchronize`]) have come: the work
 /// queued on the stream before a mark was taken is done once a wait begun after it has
 /// returned.
