@@ -26,6 +26,22 @@ use once_cell::sync::OnceCell;
 
 use crate::Result;
 
+/// Compiles only for a type with its own `Drop`.
+#[allow(drop_bounds)]
+const fn released_on_drop<T: Drop>() {}
+
+// Every wrapper of a driver object gives it back when dropped. A build without one of
+// these `Drop`s fails here: 1995303 lost `Stream`'s, and every stream leaked until the
+// fault-injection run found the memory missing.
+const _: () = {
+    released_on_drop::<PrimaryContext>();
+    released_on_drop::<Event>();
+    released_on_drop::<Module>();
+    released_on_drop::<PinnedMemory>();
+    released_on_drop::<MemPool>();
+    released_on_drop::<Stream>();
+};
+
 /// The loaded driver, initialised once per process. After the first call this is one
 /// load of a ready flag: it runs several times in every HAL operation.
 #[inline]
