@@ -256,10 +256,11 @@ impl StagingPool {
         let mut got = Vec::with_capacity(want);
         let mut guard = self.free.lock();
         loop {
-            // Idle slots, asked about from the oldest: every staging copy runs on the HAL's
-            // main stream, so they complete about in the order the slots came back, and
-            // the first still busy ends the questions (a deep backlog costs one, not one a
-            // slot, under the lock).
+            // Idle slots, asked about from the oldest: a slot comes back still busy only
+            // from an upload, on the HAL's main stream (a download, on whatever stream,
+            // waits for each of its slots before reading it), so they complete about in
+            // the order the slots came back, and the first still busy ends the questions
+            // (a deep backlog costs one, not one a slot, under the lock).
             let idle = guard.0.iter_mut().position(|s| !s.is_idle());
             let idle = idle.unwrap_or(guard.0.len());
             let n = idle.min(want - got.len());
