@@ -54,6 +54,20 @@ fn main() {
     }
 }
 
+/// A stream of the bench's own in `ctx`, for the floors that need one of the source's
+/// device: the source HAL's own stream is not handed out (`stream_handle`), since a HAL
+/// whose raw stream is out no longer knows it idle without asking the driver.
+fn own_stream(ctx: cuda_sys::CUcontext) -> cuda_sys::CUstream {
+    let api = cuda_sys::driver().unwrap();
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: a live context made current; out-pointer to a local. Destroyed by the caller.
+    unsafe {
+        api.cuCtxSetCurrent(ctx).unwrap();
+        api.cuStreamCreate(&mut stream, 1).unwrap();
+    }
+    stream
+}
+
 /// The current context: the one `hal`'s last operation bound.
 fn current_context(hal: &CudaHal) -> cuda_sys::CUcontext {
     hal.synchronize().unwrap();
@@ -77,6 +91,7 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
     println!("INFO|multi_gpu|peer copies: {pair}, peer access {peer}");
     let (ctx0, ctx1) = (current_context(hal0), current_context(hal1));
     let stream = hal1.stream_handle();
+    let own0 = own_stream(ctx0);
     let api = cuda_sys::driver().unwrap();
     for (label, bytes) in [
         ("4 KiB", 4 << 10),
@@ -123,13 +138,13 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
                 200,
                 300,
                 || {
-                    // SAFETY: as above; the event is recorded on `hal0`'s stream in its
-                    // context and waited for by `hal1`'s.
+                    // SAFETY: as above; the event is recorded on a stream of `hal0`'s
+                    // context (the bench's, idle as `hal0`'s is) and waited for by `hal1`'s.
                     unsafe {
                         let mut ev = std::ptr::null_mut();
                         api.cuCtxSetCurrent(ctx0).unwrap();
                         api.cuEventCreate(&mut ev, 2).unwrap();
-                        api.cuEventRecord(ev, hal0.stream_handle()).unwrap();
+                        api.cuEventRecord(ev, own0).unwrap();
                         api.cuCtxSetCurrent(ctx1).unwrap();
                         api.cuStreamWaitEvent(stream, ev, 0).unwrap();
                         api.cuMemcpyPeerAsync(d, ctx1, s, ctx0, bytes, stream)
@@ -143,7 +158,7 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
             println!(
                 "INFO|multi_gpu|  peer copy {label}: the driver's copy ordered after the source's stream (event create, record, wait, destroy) + sync: {ordered:.2} us"
             );
-            small_copy_parts(hal0, hal1, ctx0, ctx1);
+            small_copy_parts(hal1, own0, ctx0, ctx1);
         }
         row(
             &format!("copy_from_device {label}, {pair} (+ sync)"),
@@ -189,28 +204,33 @@ fn peer(hal0: &CudaHal, hal1: &CudaHal, pair: &str) {
             );
         }
     }
+    // SAFETY: the bench's own stream, idle, destroyed once with its context current.
+    unsafe {
+        api.cuCtxSetCurrent(ctx0).unwrap();
+        api.cuStreamDestroy(own0).unwrap();
+    }
 }
 
-/// What the driver calls a small `copy_from_device` makes besides the copy cost alone,
-/// each timed in turns with an empty closure: asking whether the source's stream is
-/// idle, recording an event on the destination's stream, the two context switches (a
-/// no-op with one context), and the HAL's synchronize against the bare stream synchronize.
+/// What the driver calls a small `copy_from_device` may make besides the copy cost alone,
+/// each timed in turns with an empty closure: asking whether an idle stream of the
+/// source's device (`s0`) is idle, recording an event on the destination's stream, the
+/// two context switches (a no-op with one context), and the HAL's synchronize against
+/// the bare stream synchronize.
 fn small_copy_parts(
-    hal0: &CudaHal,
     hal1: &CudaHal,
+    s0: cuda_sys::CUstream,
     ctx0: cuda_sys::CUcontext,
     ctx1: cuda_sys::CUcontext,
 ) {
     let api = cuda_sys::driver().unwrap();
-    let (s0, s1) = (hal0.stream_handle(), hal1.stream_handle());
-    hal0.synchronize().unwrap();
+    let s1 = hal1.stream_handle();
     hal1.synchronize().unwrap();
     // Each part's median less that of an empty closure timed in turns with it.
     let parts = |f: &mut dyn FnMut()| {
         let (t, empty) = paired_median_us(200, 200, f, || {});
         t - empty
     };
-    // SAFETY: queries the idle stream of a live HAL, with its context current.
+    // SAFETY: queries an idle live stream, with its context current.
     let query = parts(&mut || unsafe {
         api.cuCtxSetCurrent(ctx0).unwrap();
         api.cuStreamQuery(s0).unwrap();

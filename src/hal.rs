@@ -546,11 +546,12 @@ impl CudaHal {
         let h = &self.inner;
         h.enter()?;
         // SAFETY: the range is the whole fresh allocation; the memset is stream-ordered.
-        h.guard(unsafe {
-            api()?
-                .cuMemsetD8Async(b.raw_ptr(), 0, b.size_bytes(), h.stream.raw())
-                .map_err(Error::from)
-        })?;
+        let d = h.guard(api())?;
+        h.guard(
+            h.stream
+                .queue(|st| unsafe { d.cuMemsetD8Async(b.raw_ptr(), 0, b.size_bytes(), st) })
+                .map_err(Error::from),
+        )?;
         // (Still fresh for the host cache: a first `view_mut` starts from the host copy's
         // zeros, which are now the device's too.)
         Ok(b)
@@ -876,13 +877,14 @@ impl HalInner {
         // The driver is initialised: `enter` bound the context.
         let d = cuda_sys::driver()?;
         let mut ptr: CUdeviceptr = 0;
-        // SAFETY: out-pointer valid; pool and stream are live.
-        unsafe {
-            if pooled {
-                d.cuMemAllocFromPoolAsync(&mut ptr, bytes, self.pool.raw(), self.stream.raw())?;
-            } else {
-                d.cuMemAlloc(&mut ptr, bytes)?;
-            }
+        if pooled {
+            // SAFETY: out-pointer valid; pool and stream are live.
+            self.stream.queue(|st| unsafe {
+                d.cuMemAllocFromPoolAsync(&mut ptr, bytes, self.pool.raw(), st)
+            })?;
+        } else {
+            // SAFETY: out-pointer valid.
+            unsafe { d.cuMemAlloc(&mut ptr, bytes)? };
         }
         Ok(ptr)
     }
@@ -905,7 +907,8 @@ impl HalInner {
         // Every drained block is freed even if one free fails: the tracker forgot them all.
         for ptr in blocks {
             // SAFETY: cached blocks came from the pool and are no longer referenced.
-            step(unsafe { d.cuMemFreeAsync(ptr, self.stream.raw()) }.map_err(Error::from));
+            let freed = self.stream.queue(|st| unsafe { d.cuMemFreeAsync(ptr, st) });
+            step(freed.map_err(Error::from));
         }
         step(self.stream.synchronize());
         // The pool's baseline for hits and misses, under its lock: an allocation that
@@ -1021,7 +1024,7 @@ impl HalInner {
                     // stream order with) every use queued on the stream.
                     unsafe {
                         if pooled {
-                            d.cuMemFreeAsync(ptr, self.stream.raw())?;
+                            self.stream.queue(|st| d.cuMemFreeAsync(ptr, st))?;
                         } else {
                             self.stream.synchronize()?;
                             d.cuMemFree(ptr)?;
@@ -1049,11 +1052,12 @@ impl HalInner {
         }
         let r = self.timed(Dir::H2D, |start| {
             start()?;
+            let d = api()?;
             // SAFETY: src is valid for its length for the whole call, which ends only after
             // the stream (and so the copy) has completed.
-            unsafe {
-                api()?.cuMemcpyHtoDAsync(dst, src.as_ptr().cast(), src.len(), self.stream.raw())?
-            };
+            self.stream.queue(|st| unsafe {
+                d.cuMemcpyHtoDAsync(dst, src.as_ptr().cast(), src.len(), st)
+            })?;
             self.stream.synchronize()
         });
         self.copied(Dir::H2D, src.len(), r)
@@ -1105,11 +1109,12 @@ impl HalInner {
                     .download(&self.ctx, &self.stream, dst, src, start);
             }
             start()?;
+            let d = api()?;
             // SAFETY: dst is valid for writes of its length until the stream completes,
             // which this call waits for.
-            unsafe {
-                api()?.cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src, len, self.stream.raw())?
-            };
+            self.stream.queue(|st| unsafe {
+                d.cuMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src, len, st)
+            })?;
             self.stream.synchronize()
         });
         self.copied(Dir::D2H, len, r)
@@ -1176,8 +1181,10 @@ impl HalInner {
     pub(crate) fn copy_d2d(&self, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> Result<()> {
         let r = self.timed(Dir::D2D, |start| {
             start()?;
+            let d = api()?;
             // SAFETY: both ranges lie inside live allocations (checked by the buffer layer).
-            unsafe { api()?.cuMemcpyDtoDAsync(dst, src, bytes, self.stream.raw())? };
+            self.stream
+                .queue(|st| unsafe { d.cuMemcpyDtoDAsync(dst, src, bytes, st) })?;
             if PHASES.async_copy {
                 Ok(())
             } else {

@@ -267,11 +267,12 @@ impl<T: Pod> ManagedBuffer<T> {
     fn prefetch(&self, loc: CUmemLocation) -> Result<()> {
         let h = &self.hal;
         h.enter()?;
+        let d = h.guard(api())?;
         // SAFETY: the range is this live managed allocation; the prefetch is stream-ordered.
-        h.guard(
-            unsafe { api()?.cuMemPrefetchAsync(self.ptr, self.bytes(), loc, 0, h.stream.raw()) }
-                .map_err(Error::from),
-        )
+        let queued = h
+            .stream
+            .queue(|st| unsafe { d.cuMemPrefetchAsync(self.ptr, self.bytes(), loc, 0, st) });
+        h.guard(queued.map_err(Error::from))
     }
 
     /// Migrates the pages to the device, ordered on the HAL's stream.

@@ -162,14 +162,16 @@ impl<T: Pod> Buffer<T> {
         }
         let (d, s) = (&dst_hal.inner, &src_hal.inner);
         // The source's stream must be done writing it: the destination's queue waits for
-        // it. Between devices, not when that stream has done everything queued so far: a
-        // wait across devices costs a few microseconds on the device, more than asking
-        // (`cuStreamQuery`, about 1.5 us on the host). Between two HALs of one device
-        // the wait is cheaper than asking, so the copy always waits.
+        // it. Not when that stream is known to have done everything queued on it (the host
+        // has waited for it since, or found it idle: no driver call), nor, between devices,
+        // when it has done so by the driver's word: a wait across devices costs a few
+        // microseconds on the device, more than asking (`cuStreamQuery`, about 1.5 us on
+        // the host). Between two HALs of one device the wait is cheaper than asking.
         s.enter()?;
         src.raw().prepare_device_access(src.byte_range(), false)?;
         let one_device = d.info().ordinal == s.info().ordinal;
-        let ready = if !one_device && s.guard(s.stream.is_idle())? {
+        let idle = s.stream.known_idle() || (!one_device && s.guard(s.stream.is_idle())?);
+        let ready = if idle {
             None
         } else {
             let ready = s.event()?;
@@ -186,18 +188,18 @@ impl<T: Pod> Buffer<T> {
         let done = d.event()?;
         // SAFETY: both ranges lie in live allocations of their contexts; the copy is queued
         // after the source's writes (event) and before the destination's later work.
-        d.guard(unsafe {
-            api()?
-                .cuMemcpyPeerAsync(
-                    self.raw_ptr(),
-                    d.ctx.raw(),
-                    src.raw_ptr(),
-                    s.ctx.raw(),
-                    self.size_bytes(),
-                    d.stream.raw(),
-                )
-                .map_err(Error::from)
-        })?;
+        let drv = d.guard(api())?;
+        let queued = d.stream.queue(|st| unsafe {
+            drv.cuMemcpyPeerAsync(
+                self.raw_ptr(),
+                d.ctx.raw(),
+                src.raw_ptr(),
+                s.ctx.raw(),
+                self.size_bytes(),
+                st,
+            )
+        });
+        d.guard(queued.map_err(Error::from))?;
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
         // The source is not freed or overwritten until the copy has read it.
         d.record_use(&done, &d.stream)?;
@@ -277,26 +279,21 @@ impl<T: Pod> Buffer<T> {
                 }
                 // SAFETY: the source range lies in a live allocation of its context; the
                 // pinned slot holds `chunk` bytes and no copy in flight uses it (above).
-                s.guard(unsafe {
-                    api()?
-                        .cuMemcpyDtoHAsync(host, src.raw_ptr() + offset as u64, len, s.stream.raw())
-                        .map_err(Error::from)
-                })?;
+                let drv = s.guard(api())?;
+                let queued = s.stream.queue(|st| unsafe {
+                    drv.cuMemcpyDtoHAsync(host, src.raw_ptr() + offset as u64, len, st)
+                });
+                s.guard(queued.map_err(Error::from))?;
                 filled[k].record(&s.stream)?;
                 d.enter()?;
                 d.stream.wait_event(&filled[k])?;
                 // SAFETY: the destination range lies in a live allocation of this context;
                 // the slot was filled by the download the stream now waits for.
-                d.guard(unsafe {
-                    api()?
-                        .cuMemcpyHtoDAsync(
-                            self.raw_ptr() + offset as u64,
-                            host,
-                            len,
-                            d.stream.raw(),
-                        )
-                        .map_err(Error::from)
-                })?;
+                let drv = d.guard(api())?;
+                let queued = d.stream.queue(|st| unsafe {
+                    drv.cuMemcpyHtoDAsync(self.raw_ptr() + offset as u64, host, len, st)
+                });
+                d.guard(queued.map_err(Error::from))?;
                 drained[k].record(&d.stream)?;
             }
             Ok(())

@@ -104,18 +104,14 @@ impl<T: Pod> Buffer<T> {
         let ptr = self.raw_ptr();
         let d = crate::driver::api()?;
         // SAFETY: ptr..ptr+size_bytes is this buffer's range of a live allocation.
-        let res = unsafe {
+        let res = h.stream.queue(|st| unsafe {
             if bytes.len() == 1 {
-                d.cuMemsetD8Async(ptr, bytes[0], self.len(), h.stream.raw())
+                d.cuMemsetD8Async(ptr, bytes[0], self.len(), st)
             } else {
-                d.cuMemsetD16Async(
-                    ptr,
-                    u16::from_ne_bytes([bytes[0], bytes[1]]),
-                    self.len(),
-                    h.stream.raw(),
-                )
+                let pair = u16::from_ne_bytes([bytes[0], bytes[1]]);
+                d.cuMemsetD16Async(ptr, pair, self.len(), st)
             }
-        };
+        });
         h.guard(res.map_err(Error::from))?;
         self.raw().invalidate_host(r);
         Ok(())

@@ -792,14 +792,14 @@ impl<T: Pod> Buffer<T> {
             // `ev` completes (host, host_mut and Drop wait for it; copy_to_pinned holds it
             // mutably), nor by the device before the copies pending on it (the stream waits
             // for them); the device range is this buffer's.
-            h.guard(unsafe {
+            let queued = stream.stream.queue(|st| unsafe {
                 if into_device {
-                    api.cuMemcpyHtoDAsync(self.raw_ptr(), pinned.ptr().cast(), bytes, stream.raw())
+                    api.cuMemcpyHtoDAsync(self.raw_ptr(), pinned.ptr().cast(), bytes, st)
                 } else {
-                    api.cuMemcpyDtoHAsync(pinned.ptr().cast(), self.raw_ptr(), bytes, stream.raw())
+                    api.cuMemcpyDtoHAsync(pinned.ptr().cast(), self.raw_ptr(), bytes, st)
                 }
-                .map_err(Error::from)
-            })?;
+            });
+            h.guard(queued.map_err(Error::from))?;
             let dir = if into_device { Dir::H2D } else { Dir::D2H };
             h.ledger.copy(dir, bytes);
             h.record_use(&ev, &stream.stream)?;
@@ -831,16 +831,12 @@ impl<T: Pod> Buffer<T> {
         self.raw().prepare_device_access(r.clone(), true)?;
         // SAFETY: src is registered (pinned) and borrowed for the whole call, which waits
         // for the copy to complete.
-        h.guard(unsafe {
-            api()?
-                .cuMemcpyHtoDAsync(
-                    self.raw_ptr(),
-                    src.data.as_ptr().cast(),
-                    self.size_bytes(),
-                    h.stream.raw(),
-                )
-                .map_err(Error::from)
-        })?;
+        let d = h.guard(api())?;
+        let (from, bytes) = (src.data.as_ptr().cast(), self.size_bytes());
+        let queued = h
+            .stream
+            .queue(|st| unsafe { d.cuMemcpyHtoDAsync(self.raw_ptr(), from, bytes, st) });
+        h.guard(queued.map_err(Error::from))?;
         h.ledger.copy(Dir::H2D, self.size_bytes());
         h.guard(h.stream.synchronize())?;
         self.raw().invalidate_host(r);
@@ -868,16 +864,12 @@ impl<T: Pod> Buffer<T> {
         self.raw().prepare_device_access(self.byte_range(), false)?;
         // SAFETY: dst is registered and mutably borrowed for the whole call, which waits
         // for the copy to complete.
-        h.guard(unsafe {
-            api()?
-                .cuMemcpyDtoHAsync(
-                    dst.data.as_mut_ptr().cast(),
-                    self.raw_ptr(),
-                    self.size_bytes(),
-                    h.stream.raw(),
-                )
-                .map_err(Error::from)
-        })?;
+        let d = h.guard(api())?;
+        let (into, bytes) = (dst.data.as_mut_ptr().cast(), self.size_bytes());
+        let queued = h
+            .stream
+            .queue(|st| unsafe { d.cuMemcpyDtoHAsync(into, self.raw_ptr(), bytes, st) });
+        h.guard(queued.map_err(Error::from))?;
         h.ledger.copy(Dir::D2H, self.size_bytes());
         h.guard(h.stream.synchronize())
     }

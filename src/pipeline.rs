@@ -311,9 +311,9 @@ impl CudaHal {
                 set.ev[0].record(&s.stream)?;
                 // SAFETY: host_in holds len*si bytes (staged, or the caller's pinned input,
                 // borrowed for the whole call) and is rewritten only after ev[3] completes.
-                unsafe {
-                    d.cuMemcpyHtoDAsync(dev_in.raw_ptr(), host_in.cast(), len * si, s.raw())?
-                };
+                let to = dev_in.raw_ptr();
+                s.stream
+                    .queue(|st| unsafe { d.cuMemcpyHtoDAsync(to, host_in.cast(), len * si, st) })?;
                 h.ledger.copy(Dir::H2D, len * si);
                 set.ev[1].record(&s.stream)?;
                 dev_in.after_on(s, set.ev[1].clone(), in_range, true);
@@ -324,9 +324,10 @@ impl CudaHal {
                 dev_out.access_on(s, out_range.clone(), false)?;
                 // SAFETY: host_out has room for len*so bytes (staging, or the caller's pinned
                 // output range of this chunk) and is read only after ev[3].
-                unsafe {
-                    d.cuMemcpyDtoHAsync(host_out.cast(), dev_out.raw_ptr(), len * so, s.raw())?
-                };
+                let from = dev_out.raw_ptr();
+                s.stream.queue(|st| unsafe {
+                    d.cuMemcpyDtoHAsync(host_out.cast(), from, len * so, st)
+                })?;
                 h.ledger.copy(Dir::D2H, len * so);
                 set.ev[3].record(&s.stream)?;
                 dev_out.after_on(s, set.ev[3].clone(), out_range, false);

@@ -505,9 +505,8 @@ fn upload_worker(
         fill(start, &mut slot.as_mut_slice()[..part]);
         // SAFETY: the slot holds `part` bytes `fill` wrote and stays untouched by the host
         // until its event completes; dst + start is inside the destination allocation.
-        unsafe {
-            d.cuMemcpyHtoDAsync(dst + start as u64, slot.as_ptr().cast(), part, stream.raw())?
-        };
+        let from = slot.as_ptr().cast();
+        stream.queue(|st| unsafe { d.cuMemcpyHtoDAsync(dst + start as u64, from, part, st) })?;
         slot.queued_on(stream)?;
     }
     Ok(())
@@ -527,14 +526,9 @@ fn download_worker(
         slot.settle()?;
         // SAFETY: the slot has room for `len <= chunk` bytes and is not read by the host
         // until its event completes; src + c*chunk is inside the source allocation.
-        unsafe {
-            d.cuMemcpyDtoHAsync(
-                slot.as_ptr().cast(),
-                src + (c * chunk) as u64,
-                len,
-                stream.raw(),
-            )?
-        };
+        let into = slot.as_ptr().cast();
+        stream
+            .queue(|st| unsafe { d.cuMemcpyDtoHAsync(into, src + (c * chunk) as u64, len, st) })?;
         slot.queued_on(stream)?;
         Ok(())
     };

@@ -309,8 +309,9 @@ pub(crate) trait Completion {
 
 impl Completion for Event {
     fn known_complete(&self) -> bool {
-        // (An event of another context may not be queryable from this one: kept.)
-        self.is_complete().unwrap_or(false)
+        // Known from its stream's waits, with no driver call; else asked. (An event of
+        // another context may not be queryable from this one: kept.)
+        self.known_done() || self.is_complete().unwrap_or(false)
     }
 }
 
@@ -365,8 +366,10 @@ impl<E> SideUses<E> {
 }
 
 impl SideUses<Event> {
-    /// Makes `stream` wait for every pending side use not made on `stream` itself; with
-    /// `clear`, forgets them (the caller is the main stream or the free).
+    /// Makes `stream` wait for every pending side use not made on `stream` itself, but
+    /// those known done (the host has waited for their stream since: no wait queued, so
+    /// that `stream` stays known idle where it was); with `clear`, forgets them (the
+    /// caller is the main stream or the free).
     #[inline]
     pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
         if !self.any.load(Ordering::Acquire) {
@@ -380,7 +383,7 @@ impl SideUses<Event> {
     fn wait_on_pending(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
         let mut uses = self.uses.lock();
         for u in uses.iter() {
-            if u.id != own_id {
+            if u.id != own_id && !u.ev.known_done() {
                 stream.wait_event(&u.ev)?;
             }
         }
@@ -399,7 +402,9 @@ impl SideUses<Event> {
         }
         let mut uses = self.uses.lock();
         for u in uses.iter() {
-            u.ev.synchronize()?;
+            if !u.ev.known_done() {
+                u.ev.synchronize()?;
+            }
         }
         uses.clear();
         self.any.store(false, Ordering::Release);

@@ -312,16 +312,12 @@ impl<T: Pod> Buffer<T> {
         let landing = h.guard(h.pinned.take(bytes))?;
         // SAFETY: the block has room for size_bytes(); the pool hands it out again or frees
         // it only after `done` completes.
-        let queued = unsafe {
-            d.cuMemcpyDtoHAsync(
-                landing.mem.as_ptr().cast(),
-                self.raw_ptr(),
-                bytes,
-                stream.raw(),
-            )
-        }
-        .map_err(Error::from)
-        .and_then(|()| h.record_use(&done, &stream.stream));
+        let into = landing.mem.as_ptr().cast();
+        let queued = stream
+            .stream
+            .queue(|st| unsafe { d.cuMemcpyDtoHAsync(into, self.raw_ptr(), bytes, st) })
+            .map_err(Error::from)
+            .and_then(|()| h.record_use(&done, &stream.stream));
         if let Err(e) = queued {
             // Waits for `done` only if it was recorded (an unrecorded event is complete).
             h.pinned.give_after(landing, done.clone());
@@ -361,11 +357,12 @@ impl<T: Pod> Buffer<T> {
         let (d, ready) = (api()?, h.event()?);
         // SAFETY: both ranges hold `bytes`: the buffer's, and the snapshot's own allocation,
         // which lives until the thread below has copied it out.
-        let queued = unsafe {
-            d.cuMemcpyDtoDAsync(snapshot.base_ptr(), self.raw_ptr(), bytes, stream.raw())
-        }
-        .map_err(Error::from)
-        .and_then(|()| h.record_use(&ready, &stream.stream));
+        let into = snapshot.base_ptr();
+        let queued = stream
+            .stream
+            .queue(|st| unsafe { d.cuMemcpyDtoDAsync(into, self.raw_ptr(), bytes, st) })
+            .map_err(Error::from)
+            .and_then(|()| h.record_use(&ready, &stream.stream));
         h.guard(queued)?;
         h.ledger.copy(Dir::D2D, bytes);
         self.after_on(stream, ready.clone(), r, false);
@@ -468,11 +465,12 @@ impl<T: Pod> Buffer<T> {
             let done = h.event()?;
             // SAFETY: the block holds `len` staged bytes and is reused only after `done`;
             // the destination range lies inside this buffer (checked above).
-            let res = unsafe {
-                api()?.cuMemcpyHtoDAsync(dst, block.mem.as_ptr().cast(), len, h.stream.raw())
-            }
-            .map_err(Error::from)
-            .and_then(|()| h.record_use(&done, &h.stream));
+            let (d, from) = (api()?, block.mem.as_ptr().cast());
+            let res = h
+                .stream
+                .queue(|st| unsafe { d.cuMemcpyHtoDAsync(dst, from, len, st) })
+                .map_err(Error::from)
+                .and_then(|()| h.record_use(&done, &h.stream));
             h.ledger.copy(Dir::H2D, len);
             h.pinned.give_after_on(block, done, &h.stream);
             h.guard(res)?;
@@ -755,14 +753,13 @@ impl CudaHal {
                     for ((buf, _), off) in items.iter().zip(&offsets) {
                         // SAFETY: the block holds the slice's staged bytes at `off` and is
                         // reused only after `done`; the buffer's range is live.
-                        unsafe {
-                            d.cuMemcpyHtoDAsync(
-                                buf.raw_ptr(),
-                                block.mem.as_ptr().add(*off).cast(),
-                                buf.size_bytes(),
-                                h.stream.raw(),
-                            )?
-                        };
+                        let (from, bytes) = (
+                            block.mem.as_ptr().wrapping_add(*off).cast(),
+                            buf.size_bytes(),
+                        );
+                        h.stream.queue(|st| unsafe {
+                            d.cuMemcpyHtoDAsync(buf.raw_ptr(), from, bytes, st)
+                        })?;
                         h.ledger.copy(Dir::H2D, buf.size_bytes());
                     }
                     Ok(())
@@ -776,9 +773,9 @@ impl CudaHal {
             let segments = segments?;
             // SAFETY: the block holds `total` staged bytes and is reused only after `done`;
             // scratch has `total` bytes.
-            unsafe {
-                d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), total, h.stream.raw())?
-            };
+            let from = block.mem.as_ptr().cast();
+            h.stream
+                .queue(|st| unsafe { d.cuMemcpyHtoDAsync(scratch, from, total, st) })?;
             h.ledger.copy(Dir::H2D, total);
             self.launch_segments(false, scratch, data_start, segments)
         })();
@@ -1050,21 +1047,20 @@ impl HalInner {
         let d = api()?;
         // SAFETY: the block holds the table and is left unchanged until the stream has
         // passed the copy (the caller's part); scratch, the caller's allocation, has room.
-        unsafe {
-            d.cuMemcpyHtoDAsync(scratch, block.mem.as_ptr().cast(), table, self.stream.raw())?
-        };
+        let from = block.mem.as_ptr().cast();
+        self.stream
+            .queue(|st| unsafe { d.cuMemcpyHtoDAsync(scratch, from, table, st) })?;
         self.ledger.copy(Dir::H2D, table);
         launch(scratch)?;
         // SAFETY: block and scratch both have `total` bytes; the host leaves the block alone
         // until the stream is done (the caller's part).
-        unsafe {
-            d.cuMemcpyDtoHAsync(
-                block.mem.as_ptr().add(out_off).cast(),
-                scratch + out_off as u64,
-                total - out_off,
-                self.stream.raw(),
-            )?
-        };
+        let (into, bytes) = (
+            block.mem.as_ptr().wrapping_add(out_off).cast(),
+            total - out_off,
+        );
+        self.stream.queue(|st| unsafe {
+            d.cuMemcpyDtoHAsync(into, scratch + out_off as u64, bytes, st)
+        })?;
         self.ledger.copy(Dir::D2H, total - out_off);
         Ok(())
     }

@@ -122,6 +122,7 @@ fn two_devices_buffers_copy_both_ways() {
     let set = &two.set;
     let (h0, h1) = (set.get(0).unwrap(), set.get(1).unwrap());
     copies_both_ways(h0, h1);
+    copies_from_an_idle_source(h0, h1);
     // Two HALs on one device copy directly.
     let b = h1.copy_from("on-1", &[99u32; 64]).unwrap();
     let other = CudaHal::new(1).unwrap();
@@ -226,6 +227,7 @@ fn buffers_copy_between_hals_of_one_device() {
     let Some(h0) = common::gpu() else { return };
     let h1 = CudaHal::new(0).unwrap();
     copies_both_ways(&h0, &h1);
+    copies_from_an_idle_source(&h0, &h1);
 }
 
 /// Copying a buffer onto an overlapping part of itself through the host is refused: the
@@ -332,4 +334,47 @@ fn copies_both_ways(h0: &CudaHal, h1: &CudaHal) {
         dst.copy_from_device(&src).unwrap();
         assert_eq!(dst.to_vec().unwrap(), vec![round; 4096], "round {round}");
     }
+}
+
+/// Copies from a source whose stream the host has waited for: the copy queues no wait for
+/// that stream, nor for the events of earlier copies the host has seen done. Work queued
+/// on it after the wait, by the crate or by the caller on the raw stream (which the crate
+/// does not count), is waited for. Hands out `h0`'s raw stream.
+fn copies_from_an_idle_source(h0: &CudaHal, h1: &CudaHal) {
+    let n = 16 * MIB;
+    let src = h0.alloc::<u32>("idle-src", n).unwrap();
+    src.fill(1).unwrap();
+    h0.synchronize().unwrap();
+    let dst = h1.alloc::<u32>("from-idle", n).unwrap();
+    for round in 0..3 {
+        dst.copy_from_device(&src).unwrap();
+        h1.synchronize().unwrap();
+        let got = dst.to_vec().unwrap();
+        assert!(got.iter().all(|&x| x == 1), "idle source, round {round}");
+    }
+    // Fills queued after the wait, long enough (eight of 64 MiB) to be running still when
+    // the copy is queued: it must wait for them.
+    for value in [2u32, 3] {
+        for v in [7, 8, 9, 10, 11, 12, 13, value] {
+            src.fill(v).unwrap();
+        }
+        dst.copy_from_device(&src).unwrap();
+        let got = dst.to_vec().unwrap();
+        assert!(
+            got.iter().all(|&x| x == value),
+            "after fills, value {value}"
+        );
+        h0.synchronize().unwrap();
+    }
+    // The same fills queued by the caller on the raw stream.
+    let (stream, ptr) = (h0.stream_handle(), src.device_ptr_mut().unwrap().addr);
+    let api = cuda_hal::cuda_sys::driver().unwrap();
+    for v in [7u32, 8, 9, 10, 11, 12, 13, 4] {
+        // SAFETY: `ptr` is `src`'s live allocation of `n` u32s; the stream is `h0`'s, and
+        // `device_ptr_mut` left its context current.
+        unsafe { api.cuMemsetD32Async(ptr, v, n, stream).unwrap() };
+    }
+    dst.copy_from_device(&src).unwrap();
+    let got = dst.to_vec().unwrap();
+    assert!(got.iter().all(|&x| x == 4), "after the caller's own fills");
 }

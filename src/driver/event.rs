@@ -1,6 +1,10 @@
-use cuda_sys::{CUevent, CUevent_flags, CUresult};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
-use super::{api, PrimaryContext, Stream};
+use cuda_sys::{CUevent, CUevent_flags, CUresult};
+use parking_lot::Mutex;
+
+use super::{api, PrimaryContext, Stream, StreamMark};
 use crate::Result;
 
 /// An event used for ordering (timing disabled, so recording is cheap), destroyed on drop.
@@ -20,8 +24,23 @@ use crate::Result;
 /// ```
 pub struct Event {
     raw: CUevent,
+    /// Where the event was last recorded.
+    recorded: Mutex<Recorded>,
+    /// The raw handle was handed out: it may be recorded where the crate cannot see.
+    escaped: AtomicBool,
     /// Keeps the context, and so the event, alive.
     _ctx: PrimaryContext,
+}
+
+/// Where an [`Event`] was last recorded.
+enum Recorded {
+    /// Nowhere: the event is complete.
+    Never,
+    /// At this point of its stream's queue: complete once that point is known done.
+    At(StreamMark),
+    /// A record that failed: the event may hold an earlier record of a stream it no
+    /// longer knows.
+    Unknown,
 }
 
 // SAFETY: event handles may be used from any thread with their context current.
@@ -30,6 +49,16 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    /// A new event's wrapper: never recorded.
+    fn from_raw(raw: CUevent, ctx: PrimaryContext) -> Self {
+        Event {
+            raw,
+            recorded: Mutex::new(Recorded::Never),
+            escaped: AtomicBool::new(false),
+            _ctx: ctx,
+        }
+    }
+
     /// Creates an event without timing, in the primary context current on the thread,
     /// which it retains.
     ///
@@ -48,7 +77,7 @@ impl Event {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)? };
-        Ok(Event { raw, _ctx: ctx })
+        Ok(Event::from_raw(raw, ctx))
     }
 
     /// Creates an event that records timestamps, for [`Event::elapsed_ms`].
@@ -72,7 +101,7 @@ impl Event {
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { api()?.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DEFAULT.0)? };
-        Ok(Event { raw, _ctx: ctx })
+        Ok(Event::from_raw(raw, ctx))
     }
 
     /// Milliseconds of device time between `start` and `self` (both timing events, both
@@ -99,7 +128,8 @@ impl Event {
         Ok(ms)
     }
 
-    /// The raw handle.
+    /// The raw handle. Once it is out, the event may be recorded where the crate cannot
+    /// see, so the crate asks the driver whether it is complete.
     ///
     /// ```
     /// use cuda_hal::driver::{Event, PrimaryContext};
@@ -111,6 +141,7 @@ impl Event {
     /// assert!(!Event::new().unwrap().raw().is_null());
     /// ```
     pub fn raw(&self) -> CUevent {
+        self.escaped.store(true, Relaxed);
         self.raw
     }
 
@@ -130,9 +161,38 @@ impl Event {
     /// consumer.synchronize().unwrap();
     /// ```
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        let d = api()?;
+        let mut recorded = self.recorded.lock();
         // SAFETY: both handles are live.
-        unsafe { api()?.cuEventRecord(self.raw, stream.raw())? };
-        Ok(())
+        match stream.queue(|raw| unsafe { d.cuEventRecord(self.raw, raw) }) {
+            Ok(()) => {
+                *recorded = Recorded::At(stream.mark());
+                Ok(())
+            }
+            Err(e) => {
+                *recorded = Recorded::Unknown;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether the work before the last record is known done with no driver call: the
+    /// host has waited for (or found idle) the stream it was recorded on since, or it was
+    /// never recorded. False does not mean running: ask [`Event::is_complete`].
+    pub(crate) fn known_done(&self) -> bool {
+        if self.escaped.load(Relaxed) {
+            return false;
+        }
+        match &*self.recorded.lock() {
+            Recorded::Never => true,
+            Recorded::At(mark) => mark.known_done(),
+            Recorded::Unknown => false,
+        }
+    }
+
+    /// The handle, for the crate's own calls that do not record the event.
+    pub(super) fn handle(&self) -> CUevent {
+        self.raw
     }
 
     /// Blocks until the work before the last record is done.

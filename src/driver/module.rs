@@ -168,19 +168,25 @@ impl Function {
         stream: &Stream,
         params: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
-        api()?.cuLaunchKernel(
-            self.raw,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_bytes,
-            stream.raw(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )?;
+        let d = api()?;
+        stream.queue(|raw| {
+            // SAFETY: the caller's promise (above) for the parameters; raw is a live stream.
+            unsafe {
+                d.cuLaunchKernel(
+                    self.raw,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block.0,
+                    block.1,
+                    block.2,
+                    shared_bytes,
+                    raw,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+        })?;
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use cuda_sys::{CUstream, CUstream_flags};
@@ -22,8 +22,8 @@ use crate::Result;
 /// ```
 pub struct Stream {
     raw: CUstream,
-    /// How far the host's waits for the stream have come.
-    syncs: Arc<SyncCounts>,
+    /// The work queued on the stream, and how far the host's waits for it have come.
+    counts: Arc<QueueCounts>,
     /// Keeps the context, and so the stream, alive.
     _ctx: PrimaryContext,
 }
@@ -54,12 +54,13 @@ impl Stream {
         unsafe { api()?.cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0)? };
         Ok(Stream {
             raw,
-            syncs: Arc::default(),
+            counts: Arc::default(),
             _ctx: ctx,
         })
     }
 
-    /// The raw handle.
+    /// The raw handle. Work queued through it is not counted, so once it has been handed
+    /// out the crate no longer tells the stream idle without asking the driver.
     ///
     /// ```
     /// use cuda_hal::driver::{PrimaryContext, Stream};
@@ -72,7 +73,17 @@ impl Stream {
     /// ```
     #[inline]
     pub fn raw(&self) -> CUstream {
+        self.counts.escaped.store(true, Relaxed);
         self.raw
+    }
+
+    /// Queues work on the stream: runs `queue` with the raw handle, then counts it (whether
+    /// or not the call succeeded), so that [`Stream::known_idle`] and the marks cover it.
+    #[inline]
+    pub(crate) fn queue<R>(&self, queue: impl FnOnce(CUstream) -> R) -> R {
+        let queued = queue(self.raw);
+        self.counts.count_queued();
+        queued
     }
 
     /// Makes later work on this stream wait until `event` (as last recorded) completes.
@@ -92,8 +103,9 @@ impl Stream {
     /// assert!(e.is_complete().unwrap(), "b waited for it");
     /// ```
     pub fn wait_event(&self, event: &super::Event) -> Result<()> {
+        let d = api()?;
         // SAFETY: both handles are live.
-        unsafe { api()?.cuStreamWaitEvent(self.raw, event.raw(), 0)? };
+        self.queue(|raw| unsafe { d.cuStreamWaitEvent(raw, event.handle(), 0) })?;
         Ok(())
     }
 
@@ -110,9 +122,14 @@ impl Stream {
     /// assert!(s.is_idle().unwrap(), "nothing queued yet");
     /// ```
     pub fn is_idle(&self) -> Result<bool> {
+        let d = api()?;
+        let ticket = self.counts.begin_wait();
         // SAFETY: raw is a live stream.
-        match unsafe { api()?.cuStreamQuery(self.raw) } {
-            Ok(()) => Ok(true),
+        match unsafe { d.cuStreamQuery(self.raw) } {
+            Ok(()) => {
+                self.counts.waited(ticket);
+                Ok(true)
+            }
             Err(e) if e.code() == Some(cuda_sys::CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
             Err(e) => Err(e.into()),
         }
@@ -131,21 +148,30 @@ impl Stream {
     /// s.synchronize().unwrap();
     /// ```
     pub fn synchronize(&self) -> Result<()> {
-        let ticket = self.syncs.begin();
+        let d = api()?;
+        let ticket = self.counts.begin_wait();
         // SAFETY: raw is a live stream.
-        unsafe { api()?.cuStreamSynchronize(self.raw)? };
-        self.syncs.returned(ticket);
+        unsafe { d.cuStreamSynchronize(self.raw)? };
+        self.counts.waited(ticket);
         Ok(())
     }
 
     /// A mark of the work queued on this stream so far (taken after queuing it), which
-    /// tells it done with no driver call once a [`Stream::synchronize`] begun after the
-    /// mark has returned.
+    /// tells it done with no driver call once a [`Stream::synchronize`] (or an
+    /// [`Stream::is_idle`] that found the stream idle) begun after the mark has returned.
     pub(crate) fn mark(&self) -> StreamMark {
         StreamMark {
-            mark: self.syncs.mark(),
-            syncs: self.syncs.clone(),
+            mark: self.counts.count_queued(),
+            counts: self.counts.clone(),
         }
+    }
+
+    /// Whether all work queued on the stream before this call is known done, with no
+    /// driver call: the host has waited for the stream (or found it idle) since the crate
+    /// last queued work on it, and the raw handle was never handed out (work queued
+    /// through it is not counted). False does not mean busy: ask [`Stream::is_idle`].
+    pub(crate) fn known_idle(&self) -> bool {
+        self.counts.all_done()
     }
 }
 
@@ -160,38 +186,45 @@ impl Drop for Stream {
     }
 }
 
-/// How far the host's waits for one stream ([`Stream::synchronize`]) have come: the work
-/// queued on the stream before a mark was taken is done once a wait begun after it has
-/// returned.
+/// The work queued on one stream, counted, and how far the host's waits for it have come:
+/// the work counted before a wait began is done once the wait has returned.
 #[derive(Debug, Default)]
-struct SyncCounts {
-    /// Waits begun.
-    begun: AtomicU64,
-    /// One more than the number of the latest-begun wait that returned without error.
-    returned: AtomicU64,
+struct QueueCounts {
+    /// Work queued (counted after it is queued); a mark is this count.
+    queued: AtomicU64,
+    /// The count a wait that returned saw as it began (the largest of them): the work up
+    /// to it is done.
+    done: AtomicU64,
+    /// The raw handle was handed out: work may be queued that is not counted.
+    escaped: AtomicBool,
 }
 
-impl SyncCounts {
-    /// A mark of the work queued on the stream so far (taken after queuing it).
-    fn mark(&self) -> u64 {
-        // A read-modify-write that adds nothing, not a load: a wait that then counts
-        // itself after it is ordered after it, and so after the work queued before it.
-        self.begun.fetch_add(0, SeqCst)
+impl QueueCounts {
+    /// Counts work just queued (or about to be marked): its mark.
+    fn count_queued(&self) -> u64 {
+        // A read-modify-write: a wait that reads the count after it (also a
+        // read-modify-write) is ordered after it, and so after the work queued before it.
+        self.queued.fetch_add(1, SeqCst) + 1
     }
 
-    /// Whether a wait begun after `mark` has returned: the work before it is done.
+    /// A wait about to begin: the count of the work it will cover.
+    fn begin_wait(&self) -> u64 {
+        self.queued.fetch_add(0, SeqCst)
+    }
+
+    /// The wait begun with `ticket` returned without error (or found the stream idle).
+    fn waited(&self, ticket: u64) {
+        self.done.fetch_max(ticket, Release);
+    }
+
+    /// Whether the work counted up to `mark` is done.
     fn passed(&self, mark: u64) -> bool {
-        self.returned.load(Acquire) > mark
+        self.done.load(Acquire) >= mark
     }
 
-    /// Counts a wait about to begin: its number.
-    fn begin(&self) -> u64 {
-        self.begun.fetch_add(1, SeqCst)
-    }
-
-    /// Counts the wait numbered `ticket` as returned.
-    fn returned(&self, ticket: u64) {
-        self.returned.fetch_max(ticket + 1, Release);
+    /// Whether all the work counted so far is done, and none was queued uncounted.
+    fn all_done(&self) -> bool {
+        !self.escaped.load(Relaxed) && self.passed(self.queued.load(SeqCst))
     }
 }
 
@@ -200,7 +233,7 @@ impl SyncCounts {
 /// once the host has waited for the stream since.
 #[derive(Clone, Debug)]
 pub(crate) struct StreamMark {
-    syncs: Arc<SyncCounts>,
+    counts: Arc<QueueCounts>,
     mark: u64,
 }
 
@@ -208,32 +241,84 @@ impl StreamMark {
     /// Whether a wait for the stream begun after the mark has returned: the work queued
     /// before the mark is done.
     pub(crate) fn known_done(&self) -> bool {
-        self.syncs.passed(self.mark)
+        self.counts.passed(self.mark)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::SyncCounts;
+    use super::QueueCounts;
 
     #[test]
     fn a_mark_is_passed_only_by_a_wait_begun_after_it_that_returned() {
-        let s = SyncCounts::default();
-        let early = s.begin(); // a wait begun before the work was queued
-        let mark = s.mark(); // the work queued, then marked
-        s.returned(early);
+        let s = QueueCounts::default();
+        let early = s.begin_wait(); // a wait begun before the work was queued
+        let mark = s.count_queued(); // the work queued, then marked
+        s.waited(early);
         assert!(
             !s.passed(mark),
             "a wait begun before the mark shows nothing"
         );
-        let _failed = s.begin(); // a wait that fails is never counted returned
+        let _failed = s.begin_wait(); // a wait that fails is never counted as returned
         assert!(!s.passed(mark));
-        let (late, later) = (s.begin(), s.begin());
-        s.returned(later);
+        let (late, later) = (s.begin_wait(), s.begin_wait());
+        s.waited(later);
         assert!(s.passed(mark), "a wait begun after the mark returned");
-        s.returned(late); // back after a later-begun one: the count stays
+        s.waited(late); // back after a later-begun one: the count stays
         assert!(s.passed(mark));
-        let next = s.mark();
+        let next = s.count_queued();
         assert!(!s.passed(next), "work queued since the last wait");
+    }
+
+    #[test]
+    fn a_stream_is_known_idle_only_after_a_wait_that_covers_all_its_work() {
+        let s = QueueCounts::default();
+        assert!(s.all_done(), "nothing queued yet");
+        s.count_queued();
+        assert!(!s.all_done(), "work queued, never waited for");
+        let ticket = s.begin_wait();
+        s.count_queued(); // queued while the wait runs: not covered by it
+        s.waited(ticket);
+        assert!(!s.all_done());
+        let ticket = s.begin_wait();
+        s.waited(ticket);
+        assert!(s.all_done(), "a wait begun after the last work returned");
+        s.escaped.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            !s.all_done(),
+            "once the raw handle is out, uncounted work may be queued"
+        );
+    }
+
+    #[test]
+    fn waits_on_many_threads_never_cover_work_queued_after_they_began() {
+        use std::sync::Arc;
+        let s = Arc::new(QueueCounts::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        let ticket = s.begin_wait();
+                        let mark = s.count_queued();
+                        s.waited(ticket);
+                        assert!(
+                            ticket < mark,
+                            "a wait's ticket is below every mark taken after it began"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(
+            !s.all_done(),
+            "the last mark of some thread came after every wait began"
+        );
+        let ticket = s.begin_wait();
+        s.waited(ticket);
+        assert!(s.all_done());
     }
 }
