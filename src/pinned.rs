@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use parking_lot::Mutex;
 
-use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream, StreamMark};
+use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream};
 use crate::hal::HalInner;
 use crate::ledger::Dir;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
@@ -254,19 +254,10 @@ pub(crate) struct PinnedBlock {
     lent: Option<Arc<AtomicUsize>>,
 }
 
-/// The last copy a block was given back after: its event, and where the copy's stream is
-/// known, a mark of that stream taken after it (once the host has waited for the stream
-/// since, the block is idle with no event query).
+/// The last copy a block was given back after: its event (once the host has waited for the
+/// stream it was recorded on since, the block is idle with no event query).
 struct Pending {
     done: Arc<Event>,
-    queued: Option<StreamMark>,
-}
-
-impl Pending {
-    /// Whether a wait for the copy's stream has shown it done.
-    fn known_done(&self) -> bool {
-        self.queued.as_ref().is_some_and(StreamMark::known_done)
-    }
 }
 
 impl Drop for PinnedBlock {
@@ -284,7 +275,7 @@ impl PinnedBlock {
     fn is_idle(&mut self) -> bool {
         let idle = match &self.pending {
             None => true,
-            Some(p) => p.known_done() || matches!(p.done.is_complete(), Ok(true)),
+            Some(p) => p.done.known_done() || matches!(p.done.is_complete(), Ok(true)),
         };
         if idle {
             self.pending = None;
@@ -295,7 +286,7 @@ impl PinnedBlock {
     /// Waits for the block's last copy, unless a wait for its stream showed it done.
     fn settle(&mut self) -> Result<()> {
         match self.pending.take() {
-            Some(p) if !p.known_done() => p.done.synchronize(),
+            Some(p) if !p.done.known_done() => p.done.synchronize(),
             _ => Ok(()),
         }
     }
@@ -469,20 +460,10 @@ impl PinnedPool {
     }
 
     /// [`PinnedPool::give`] for a block that the copy `done` marks the end of still uses: the
-    /// pool reuses or frees it only once `done` completes.
+    /// pool reuses or frees it only once `done` completes (known with no event query once
+    /// the host has waited for the stream `done` was recorded on since).
     pub(crate) fn give_after(&self, mut block: PinnedBlock, done: Arc<Event>) {
-        block.pending = Some(Pending { done, queued: None });
-        self.give(block);
-    }
-
-    /// [`PinnedPool::give_after`] for a block whose last copy was queued on `stream`, `done`
-    /// recorded after it: once the host has waited for `stream` since, the block is reused
-    /// with no event query.
-    pub(crate) fn give_after_on(&self, mut block: PinnedBlock, done: Arc<Event>, stream: &Stream) {
-        block.pending = Some(Pending {
-            done,
-            queued: Some(stream.mark()),
-        });
+        block.pending = Some(Pending { done });
         self.give(block);
     }
 

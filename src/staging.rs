@@ -15,7 +15,7 @@ use std::sync::Arc;
 use cuda_sys::CUdeviceptr;
 use parking_lot::{Condvar, Mutex};
 
-use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream, StreamMark};
+use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
 use crate::Result;
 
 /// Sizes of the staging pool.
@@ -138,9 +138,9 @@ struct Slot {
     len: usize,
     /// Recorded after the last copy that reads or writes the slot.
     done: Event,
-    /// While that copy may still run: a mark of its stream taken after it, which shows it
-    /// done with no event query once the host has waited for the stream since.
-    in_flight: Option<StreamMark>,
+    /// While that copy may still run (`done` shows it done with no event query once the
+    /// host has waited for its stream since).
+    in_flight: bool,
 }
 
 impl Slot {
@@ -166,21 +166,20 @@ impl Slot {
     /// asked of the event, without waiting). An error of the event counts as busy:
     /// `settle` then reports it.
     fn is_idle(&mut self) -> bool {
-        if let Some(queued) = &self.in_flight {
-            if queued.known_done() || matches!(self.done.is_complete(), Ok(true)) {
-                self.in_flight = None;
-            }
+        if self.in_flight && (self.done.known_done() || matches!(self.done.is_complete(), Ok(true)))
+        {
+            self.in_flight = false;
         }
-        self.in_flight.is_none()
+        !self.in_flight
     }
 
     /// Waits until the copy engine no longer uses the slot.
     fn settle(&mut self) -> Result<()> {
-        if let Some(queued) = &self.in_flight {
-            if !queued.known_done() {
+        if self.in_flight {
+            if !self.done.known_done() {
                 self.done.synchronize()?;
             }
-            self.in_flight = None;
+            self.in_flight = false;
         }
         Ok(())
     }
@@ -195,7 +194,7 @@ impl Slot {
             }
             return Err(e);
         }
-        self.in_flight = Some(stream.mark());
+        self.in_flight = true;
         Ok(())
     }
 }
@@ -288,7 +287,7 @@ impl StagingPool {
                                     offset: i * chunk,
                                     len: chunk,
                                     done: Event::new()?,
-                                    in_flight: None,
+                                    in_flight: false,
                                 })
                             })
                             .collect::<Result<Vec<Slot>>>()

@@ -472,7 +472,7 @@ impl<T: Pod> Buffer<T> {
                 .map_err(Error::from)
                 .and_then(|()| h.record_use(&done, &h.stream));
             h.ledger.copy(Dir::H2D, len);
-            h.pinned.give_after_on(block, done, &h.stream);
+            h.pinned.give_after(block, done);
             h.guard(res)?;
         } else {
             h.upload_staged_filled(dst, len, fill)?;
@@ -797,7 +797,7 @@ impl CudaHal {
         let h = &self.inner;
         // Whatever `result` says: some of the copies may be queued.
         let recorded = h.record_use(&done, &h.stream);
-        h.pinned.give_after_on(block, done, &h.stream);
+        h.pinned.give_after(block, done);
         h.guard(result.and(recorded))?;
         for (buf, _) in items {
             buf.raw().invalidate_host(buf.byte_range());

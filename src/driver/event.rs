@@ -164,12 +164,12 @@ impl Event {
         let d = api()?;
         let mut recorded = self.recorded.lock();
         // SAFETY: both handles are live.
-        match stream.queue(|raw| unsafe { d.cuEventRecord(self.raw, raw) }) {
-            Ok(()) => {
-                *recorded = Recorded::At(stream.mark());
+        match stream.queue_marked(|raw| unsafe { d.cuEventRecord(self.raw, raw) }) {
+            (Ok(()), mark) => {
+                *recorded = Recorded::At(mark);
                 Ok(())
             }
-            Err(e) => {
+            (Err(e), _) => {
                 *recorded = Recorded::Unknown;
                 Err(e.into())
             }

@@ -20,7 +20,7 @@ pub use pinned::{PinnedFlags, PinnedMemory};
 pub(crate) use poisoning::{note_sticky, Poisoning};
 pub use pool::{MemPool, PoolStats};
 pub use stream::Stream;
-pub(crate) use stream::StreamMark;
+use stream::StreamMark;
 
 use once_cell::sync::OnceCell;
 

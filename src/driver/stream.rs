@@ -86,6 +86,18 @@ impl Stream {
         queued
     }
 
+    /// [`Stream::queue`], and a mark of the work queued so far, this call's included: it
+    /// tells that work done with no driver call once a [`Stream::synchronize`] (or an
+    /// [`Stream::is_idle`] that found the stream idle) begun after it has returned.
+    pub(super) fn queue_marked<R>(&self, queue: impl FnOnce(CUstream) -> R) -> (R, StreamMark) {
+        let queued = queue(self.raw);
+        let mark = StreamMark {
+            mark: self.counts.count_queued(),
+            counts: self.counts.clone(),
+        };
+        (queued, mark)
+    }
+
     /// Makes later work on this stream wait until `event` (as last recorded) completes.
     ///
     /// ```
@@ -156,16 +168,6 @@ impl Stream {
         Ok(())
     }
 
-    /// A mark of the work queued on this stream so far (taken after queuing it), which
-    /// tells it done with no driver call once a [`Stream::synchronize`] (or an
-    /// [`Stream::is_idle`] that found the stream idle) begun after the mark has returned.
-    pub(crate) fn mark(&self) -> StreamMark {
-        StreamMark {
-            mark: self.counts.count_queued(),
-            counts: self.counts.clone(),
-        }
-    }
-
     /// Whether all work queued on the stream before this call is known done, with no
     /// driver call: the host has waited for the stream (or found it idle) since the crate
     /// last queued work on it, and the raw handle was never handed out (work queued
@@ -200,7 +202,7 @@ struct QueueCounts {
 }
 
 impl QueueCounts {
-    /// Counts work just queued (or about to be marked): its mark.
+    /// Counts work just queued: its mark.
     fn count_queued(&self) -> u64 {
         // A read-modify-write: a wait that reads the count after it (also a
         // read-modify-write) is ordered after it, and so after the work queued before it.
@@ -228,11 +230,11 @@ impl QueueCounts {
     }
 }
 
-/// A point in a stream's queue ([`Stream::mark`]). Asking whether the work before it is
+/// A point in a stream's queue ([`Stream::queue_marked`]). Asking whether the work before it is
 /// done costs no driver call, where an event query costs about 1 us; it is known only
 /// once the host has waited for the stream since.
 #[derive(Clone, Debug)]
-pub(crate) struct StreamMark {
+pub(super) struct StreamMark {
     counts: Arc<QueueCounts>,
     mark: u64,
 }
