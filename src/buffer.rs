@@ -124,8 +124,9 @@ impl RawBuffer {
         }
     }
 
-    /// Before the main stream reads or writes `r`: orders it after pending side-stream uses,
-    /// uploads host-newer bytes, and for a write marks the host copy of `r` stale.
+    /// Before the main stream reads or writes `r`: orders it after the pending side-stream
+    /// uses it must follow (for a read, the writes), uploads host-newer bytes, and for a
+    /// write marks the host copy of `r` stale.
     pub(crate) fn prepare_device_access(&self, r: Range<usize>, write: bool) -> Result<()> {
         // The caller may have another HAL's context current (copies between devices).
         self.hal.ctx.bind()?;
@@ -135,8 +136,8 @@ impl RawBuffer {
     /// [`RawBuffer::prepare_device_access`] for a caller that has bound the context of the
     /// buffer's HAL (`HalInner::enter`), preparing many of its buffers in a row.
     pub(crate) fn prepare_device_access_bound(&self, r: Range<usize>, write: bool) -> Result<()> {
-        self.side.wait_on(&self.hal.stream, 0, true)?;
-        self.flush_host(r, write, false)
+        self.side.wait_on(&self.hal.stream, 0, write, true)?;
+        self.flush_host(r, write)
     }
 
     /// A batch's reads of this buffer, for a caller that has bound the context of the
@@ -172,7 +173,7 @@ impl RawBuffer {
             // What `flush_host` does for such a buffer, without taking the lock again.
             c.state.mark_idle_device_read();
             drop(c);
-            self.side.wait_on(&self.hal.stream, 0, true)?;
+            self.side.wait_on(&self.hal.stream, 0, false, true)?;
         }
         Ok(())
     }
@@ -209,7 +210,7 @@ impl RawBuffer {
     ) -> Result<()> {
         self.flush_for_side(r, write)?;
         stream.after_main()?;
-        self.wait_side_uses(stream)
+        self.wait_side_uses(stream, write)
     }
 
     /// The first step of [`RawBuffer::prepare_side_access`]: host-newer bytes of `r` are
@@ -218,20 +219,20 @@ impl RawBuffer {
     pub(crate) fn flush_for_side(&self, r: Range<usize>, write: bool) -> Result<()> {
         // The caller may have another HAL's context current (user code between steps).
         self.hal.ctx.bind()?;
-        self.flush_host(r, write, true)
+        self.flush_host(r, write)
     }
 
     /// The last step of [`RawBuffer::prepare_side_access`]: `stream` waits for other
-    /// streams' pending uses.
-    pub(crate) fn wait_side_uses(&self, stream: &HalStream) -> Result<()> {
-        self.side.wait_on(&stream.stream, stream.id, false)
+    /// streams' pending uses that its access must follow (for a read, their writes).
+    pub(crate) fn wait_side_uses(&self, stream: &HalStream, write: bool) -> Result<()> {
+        self.side.wait_on(&stream.stream, stream.id, write, false)
     }
 
     /// The host-cache half of a device access: uploads host-newer bytes, and for a write
-    /// marks the host copy of `r` stale. A no-op without phase 2. `side`: the main stream
-    /// has not yet waited for pending side-stream uses, so it does before an upload
-    /// overwrites bytes they may still read.
-    fn flush_host(&self, r: Range<usize>, write: bool, side: bool) -> Result<()> {
+    /// marks the host copy of `r` stale. A no-op without phase 2. Before an upload, the
+    /// main stream waits for every pending side-stream use: the upload overwrites bytes
+    /// they may still read, even where the access itself only reads.
+    fn flush_host(&self, r: Range<usize>, write: bool) -> Result<()> {
         let mut c = self.cache.lock();
         // The common case, a buffer with no open view and no host edits: nothing to check
         // or upload.
@@ -253,8 +254,8 @@ impl RawBuffer {
             .plan_device_access(&r)
             .map_err(|_| self.borrowed())?;
         if let Some(host) = &c.bytes {
-            if side && !uploads.is_empty() {
-                self.side.wait_on(&self.hal.stream, 0, true)?;
+            if !uploads.is_empty() {
+                self.side.wait_on(&self.hal.stream, 0, true, true)?;
             }
             for u in uploads {
                 // SAFETY: the planned uploads lie outside every exclusive view
@@ -300,7 +301,7 @@ impl RawBuffer {
                 missing.clear();
             }
             if !missing.is_empty() {
-                self.side.wait_on(&self.hal.stream, 0, true)?;
+                self.side.wait_on(&self.hal.stream, 0, false, true)?;
             }
             self.hal.ledger.cache(missing.is_empty());
             for m in missing {
@@ -335,7 +336,7 @@ impl Drop for RawBuffer {
             false => Ok(()),
             true => self.hal.ctx.bind().and_then(|()| {
                 if self.alloc.pooled {
-                    self.side.wait_on(&self.hal.stream, 0, true)
+                    self.side.wait_on(&self.hal.stream, 0, true, true)
                 } else {
                     self.side.wait_host()
                 }
@@ -773,7 +774,7 @@ impl<T: Pod> Buffer<T> {
         let _end = EndDetachedView(&self.raw, id);
         let mut v = host_pages::prefaulted::<T>(self.len);
         if !fresh {
-            self.raw.side.wait_on(&h.stream, 0, true)?;
+            self.raw.side.wait_on(&h.stream, 0, false, true)?;
             h.download(bytemuck::cast_slice_mut(&mut v), self.raw_ptr())?;
         }
         // A panicking `f` leaves its edits too, as with the host cache (and any `&mut [T]`).
@@ -800,7 +801,7 @@ impl<T: Pod> Buffer<T> {
         h.enter()?;
         // After side-stream work queued since (such a write), and only the bytes no device
         // write has made stale.
-        self.raw.side.wait_on(&h.stream, 0, true)?;
+        self.raw.side.wait_on(&h.stream, 0, true, true)?;
         let kept = self.raw.cache.lock().state.readable().within(&r);
         let bytes: &[u8] = bytemuck::cast_slice(v);
         for k in kept {
@@ -1056,6 +1057,8 @@ impl<T: Pod> Buffer<T> {
 
     /// Device address for reading in your own kernels: host-newer data is uploaded first.
     /// Queue the kernel on [`CudaHal::stream_handle`]'s stream, or synchronise first.
+    /// Side-stream work that reads the buffer may still run: write through
+    /// [`Buffer::device_ptr_mut`], which orders your work after it.
     ///
     /// ```
     /// use cuda_hal::CudaHal;

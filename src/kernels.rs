@@ -538,8 +538,8 @@ impl<'h> Launch<'h> {
                     raw.flush_for_side(range.clone(), *access != Access::Read)?;
                 }
                 s.after_main()?;
-                for (raw, _, _) in &self.buffers {
-                    raw.wait_side_uses(s)?;
+                for (raw, _, access) in &self.buffers {
+                    raw.wait_side_uses(s, *access != Access::Read)?;
                 }
             }
             None => {
@@ -569,8 +569,8 @@ impl<'h> Launch<'h> {
         h.guard(r)?;
         if let (Some(s), Some(done)) = (&side, done) {
             h.record_use(&done, &s.stream)?;
-            for (raw, _, _) in &self.buffers {
-                raw.side.add(s.id, done.clone());
+            for (raw, _, access) in &self.buffers {
+                raw.side.add(s.id, done.clone(), *access != Access::Read);
             }
         }
         // A concurrent host read may have refilled an output's host copy from the old data

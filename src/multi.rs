@@ -203,7 +203,7 @@ impl<T: Pod> Buffer<T> {
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
         // The source is not freed or overwritten until the copy has read it.
         d.record_use(&done, &d.stream)?;
-        src.raw().side.add(d.aside.copy_id, done);
+        src.raw().side.add(d.aside.copy_id, done, false);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;
@@ -316,7 +316,7 @@ impl<T: Pod> Buffer<T> {
         s.ledger.copy(crate::ledger::Dir::D2H, bytes);
         d.ledger.copy(crate::ledger::Dir::H2D, bytes);
         // The source is not freed or overwritten until the downloads have read it.
-        src.raw().side.add(d.aside.copy_id, last);
+        src.raw().side.add(d.aside.copy_id, last, false);
         self.raw().invalidate_host(r);
         if !crate::PHASES.async_copy {
             d.guard(d.stream.synchronize())?;

@@ -879,7 +879,7 @@ impl<T: Pod> Buffer<T> {
         write: bool,
     ) {
         if !stream.is_main() {
-            self.raw().side.add(stream.id, ev);
+            self.raw().side.add(stream.id, ev, write);
         }
         if write {
             self.raw().invalidate_host(r);

@@ -3,11 +3,17 @@
 //!
 //! Rules, applied by every operation that touches a buffer:
 //! - work on a side stream first waits for everything queued on the HAL's main stream so
-//!   far (allocations, uploads of host-newer data) and for the buffer's pending side uses;
-//! - after the work, an event recorded on the side stream is attached to the buffer;
+//!   far (allocations, uploads of host-newer data) and for the buffer's pending side uses
+//!   it must follow;
+//! - after the work, an event recorded on the side stream is attached to the buffer, with
+//!   whether the work writes it;
 //! - main-stream work on the buffer, and its free, first wait for those events.
+//!
+//! A write waits for every other stream's pending use of the buffer; a read waits only for
+//! their writes, so that reads of one buffer (a table of twiddles read by kernels on
+//! several streams and by the main stream) run side by side.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -303,11 +309,20 @@ impl HalEvent {
 /// Something a [`SideUses`] list keeps, to ask whether the work before it is done: a
 /// driver [`Event`] (a stand-in in unit tests).
 pub(crate) trait Completion {
-    /// Whether the work is known to be done: `false` when the driver cannot tell.
+    /// Whether the work is known to be done with no driver call (the host has waited for
+    /// its stream since).
+    fn known_done_here(&self) -> bool;
+
+    /// Whether the work is known to be done, the driver asked where it must be: `false`
+    /// when the driver cannot tell.
     fn known_complete(&self) -> bool;
 }
 
 impl Completion for Event {
+    fn known_done_here(&self) -> bool {
+        self.known_done()
+    }
+
     fn known_complete(&self) -> bool {
         // Known from its stream's waits, with no driver call; else asked. (An event of
         // another context may not be queryable from this one: kept.)
@@ -318,7 +333,11 @@ impl Completion for Event {
 /// Events of side-stream work that may still use one allocation.
 pub(crate) struct SideUses<E = Event> {
     uses: Mutex<Vec<SideUse<E>>>,
-    any: std::sync::atomic::AtomicBool,
+    /// Whether `uses` may hold a use (set under its lock; read without it for the fast
+    /// path of an access that has nothing to wait for).
+    any: AtomicBool,
+    /// Whether `uses` may hold a write.
+    any_write: AtomicBool,
     /// The length at which the uses of every stream are next pruned (changed under the
     /// lock of `uses`).
     prune_all_at: AtomicUsize,
@@ -328,15 +347,17 @@ impl<E> Default for SideUses<E> {
     fn default() -> Self {
         SideUses {
             uses: Mutex::new(Vec::new()),
-            any: std::sync::atomic::AtomicBool::new(false),
+            any: AtomicBool::new(false),
+            any_write: AtomicBool::new(false),
             prune_all_at: AtomicUsize::new(PRUNE_ALL_AT),
         }
     }
 }
 
-/// One side use: work on stream `id` up to `ev`.
+/// One side use: work on stream `id` up to `ev`, which reads the allocation or writes it.
 struct SideUse<E> {
     id: u64,
+    write: bool,
     /// (An event of another HAL keeps that HAL's context alive itself: see
     /// [`crate::driver::Event`].)
     ev: Arc<E>,
@@ -358,6 +379,32 @@ impl<E> SideUses<E> {
         self.any.load(Ordering::Acquire)
     }
 
+    /// Whether side-stream work that an access must follow may still be pending: for a
+    /// write any use, for a read a write.
+    #[inline]
+    fn pending_for(&self, write: bool) -> bool {
+        match write {
+            true => self.any.load(Ordering::Acquire),
+            false => self.any_write.load(Ordering::Acquire),
+        }
+    }
+
+    /// Forgets the uses the main stream has just been ordered after: all of them before a
+    /// write (or a free), the writes before a read. Its later work, and every side stream
+    /// that waits for it, comes after them.
+    fn forget_followed(&self, uses: &mut Vec<SideUse<E>>, write: bool) {
+        if write {
+            uses.clear();
+        } else {
+            uses.retain(|u| !u.write);
+        }
+        self.any.store(!uses.is_empty(), Ordering::Release);
+        self.any_write.store(false, Ordering::Release);
+        if uses.is_empty() {
+            self.prune_all_at.store(PRUNE_ALL_AT, Ordering::Relaxed);
+        }
+    }
+
     /// Events kept now.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -365,34 +412,61 @@ impl<E> SideUses<E> {
     }
 }
 
+impl<E: Completion> SideUses<E> {
+    /// Orders an access of stream `own_id` (0: the main stream) after the pending uses it
+    /// must follow: `wait` is called for each use of another stream, not known done, that
+    /// writes (or, for a `write`, that reads or writes). With `clear` (the main stream, or
+    /// the free), those uses are forgotten.
+    fn order_after(
+        &self,
+        own_id: u64,
+        write: bool,
+        clear: bool,
+        mut wait: impl FnMut(&E) -> Result<()>,
+    ) -> Result<()> {
+        let mut uses = self.uses.lock();
+        for u in uses.iter() {
+            if (write || u.write) && u.id != own_id && !u.ev.known_done_here() {
+                wait(&u.ev)?;
+            }
+        }
+        if clear {
+            self.forget_followed(&mut uses, write);
+        }
+        Ok(())
+    }
+}
+
 impl SideUses<Event> {
-    /// Makes `stream` wait for every pending side use not made on `stream` itself, but
-    /// those known done (the host has waited for their stream since: no wait queued, so
-    /// that `stream` stays known idle where it was); with `clear`, forgets them (the
-    /// caller is the main stream or the free).
+    /// Makes `stream` (of id `own_id`) wait for the pending side uses an access that
+    /// `write`s (or reads) must follow ([`SideUses::order_after`]), but those known done
+    /// (the host has waited for their stream since: no wait queued, so that `stream` stays
+    /// known idle where it was); with `clear`, forgets them (the caller is the main stream
+    /// or the free).
     #[inline]
-    pub(crate) fn wait_on(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
-        if !self.any.load(Ordering::Acquire) {
+    pub(crate) fn wait_on(
+        &self,
+        stream: &Stream,
+        own_id: u64,
+        write: bool,
+        clear: bool,
+    ) -> Result<()> {
+        if !self.pending_for(write) {
             return Ok(());
         }
-        self.wait_on_pending(stream, own_id, clear)
+        self.wait_on_pending(stream, own_id, write, clear)
     }
 
     /// [`SideUses::wait_on`] where side uses may be pending.
     #[inline(never)]
-    fn wait_on_pending(&self, stream: &Stream, own_id: u64, clear: bool) -> Result<()> {
-        let mut uses = self.uses.lock();
-        for u in uses.iter() {
-            if u.id != own_id && !u.ev.known_done() {
-                stream.wait_event(&u.ev)?;
-            }
-        }
-        if clear {
-            uses.clear();
-            self.any.store(false, Ordering::Release);
-            self.prune_all_at.store(PRUNE_ALL_AT, Ordering::Relaxed);
-        }
-        Ok(())
+    fn wait_on_pending(
+        &self,
+        stream: &Stream,
+        own_id: u64,
+        write: bool,
+        clear: bool,
+    ) -> Result<()> {
+        self.order_after(own_id, write, clear, |ev| stream.wait_event(ev))
     }
 
     /// Blocks the host until every pending side use is done, and forgets them.
@@ -400,16 +474,7 @@ impl SideUses<Event> {
         if !self.any.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut uses = self.uses.lock();
-        for u in uses.iter() {
-            if !u.ev.known_done() {
-                u.ev.synchronize()?;
-            }
-        }
-        uses.clear();
-        self.any.store(false, Ordering::Release);
-        self.prune_all_at.store(PRUNE_ALL_AT, Ordering::Relaxed);
-        Ok(())
+        self.order_after(0, true, true, Event::synchronize)
     }
 }
 
@@ -432,23 +497,32 @@ fn prune_completed<E: Completion>(uses: &mut Vec<SideUse<E>>, only: Option<u64>)
 }
 
 impl<E: Completion> SideUses<E> {
-    /// Records that work on stream `id` up to `ev` may use the allocation.
+    /// Records that work on stream `id` up to `ev` may use the allocation: reads it, or
+    /// with `write` writes it.
     ///
     /// Every event is kept, not only the last one added per stream: two threads that share
     /// a stream record their events and add them in two steps, so the one added last may
     /// be the older.
-    pub(crate) fn add(&self, id: u64, ev: Arc<E>) {
+    pub(crate) fn add(&self, id: u64, ev: Arc<E>, write: bool) {
         let mut uses = self.uses.lock();
-        if uses.len() >= self.prune_all_at.load(Ordering::Relaxed) {
+        let pruned = if uses.len() >= self.prune_all_at.load(Ordering::Relaxed) {
             prune_completed(&mut uses, None);
             let next = (2 * uses.len()).max(PRUNE_ALL_AT);
             self.prune_all_at.store(next, Ordering::Relaxed);
+            true
         } else if uses.iter().filter(|u| u.id == id).count() >= PRUNE_AT {
             // Events of this stream (whose context is current) that have completed.
             prune_completed(&mut uses, Some(id));
-        }
-        uses.push(SideUse { id, ev });
+            true
+        } else {
+            false
+        };
+        uses.push(SideUse { id, write, ev });
         self.any.store(true, Ordering::Release);
+        if write || pruned {
+            let any_write = write || uses.iter().any(|u| u.write);
+            self.any_write.store(any_write, Ordering::Release);
+        }
     }
 }
 
@@ -458,9 +532,11 @@ mod tests {
 
     use super::*;
 
-    /// Work that is done once `done` is set.
+    /// Work that is done once `done` is set, and known done with no question once
+    /// `waited` is (the host has waited for its stream).
     struct Work {
         done: AtomicBool,
+        waited: AtomicBool,
     }
 
     thread_local! {
@@ -469,6 +545,10 @@ mod tests {
     }
 
     impl Completion for Work {
+        fn known_done_here(&self) -> bool {
+            self.waited.load(Ordering::Relaxed)
+        }
+
         fn known_complete(&self) -> bool {
             ASKED.with(|a| a.set(a.get() + 1));
             self.done.load(Ordering::Relaxed)
@@ -478,7 +558,79 @@ mod tests {
     fn work(done: bool) -> Arc<Work> {
         Arc::new(Work {
             done: AtomicBool::new(done),
+            waited: AtomicBool::new(false),
         })
+    }
+
+    /// The uses `order_after` waits for, as indices into `all`.
+    fn waited_for(
+        uses: &SideUses<Work>,
+        all: &[Arc<Work>],
+        own_id: u64,
+        write: bool,
+        clear: bool,
+    ) -> Vec<usize> {
+        let mut waited = Vec::new();
+        uses.order_after(own_id, write, clear, |ev| {
+            waited.push(all.iter().position(|w| std::ptr::eq(&**w, ev)).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        waited
+    }
+
+    /// Reads by streams 1 and 3, writes by streams 2 and 1.
+    fn two_reads_two_writes() -> (SideUses<Work>, Vec<Arc<Work>>) {
+        let uses = SideUses::<Work>::default();
+        let all: Vec<_> = (0..4).map(|_| work(false)).collect();
+        for (i, (id, write)) in [(1, false), (2, true), (3, false), (1, true)]
+            .into_iter()
+            .enumerate()
+        {
+            uses.add(id, all[i].clone(), write);
+        }
+        (uses, all)
+    }
+
+    /// Two reads of a buffer on two streams run side by side: a read waits for the other
+    /// streams' writes only, and the main stream's read forgets just those.
+    #[test]
+    fn a_read_waits_for_the_writes_of_other_streams_only() {
+        let (uses, all) = two_reads_two_writes();
+        assert_eq!(waited_for(&uses, &all, 1, false, false), vec![1]);
+        assert_eq!(waited_for(&uses, &all, 3, false, false), vec![1, 3]);
+        assert_eq!(uses.len(), 4, "a side stream forgets nothing");
+        assert_eq!(waited_for(&uses, &all, 0, false, true), vec![1, 3]);
+        assert_eq!(uses.len(), 2, "the reads stay");
+        assert!(uses.pending() && !uses.pending_for(false) && uses.pending_for(true));
+        assert_eq!(waited_for(&uses, &all, 0, false, true), Vec::<usize>::new());
+        // A later write of the main stream (or the free) still waits for the reads.
+        assert_eq!(waited_for(&uses, &all, 0, true, true), vec![0, 2]);
+        assert!(!uses.pending() && uses.len() == 0);
+    }
+
+    /// A write waits for every other stream's use, read or write, but those known done.
+    #[test]
+    fn a_write_waits_for_every_use_of_other_streams() {
+        let (uses, all) = two_reads_two_writes();
+        assert_eq!(waited_for(&uses, &all, 2, true, false), vec![0, 2, 3]);
+        all[0].waited.store(true, Ordering::Relaxed);
+        assert_eq!(waited_for(&uses, &all, 3, true, false), vec![1, 3]);
+        assert_eq!(waited_for(&uses, &all, 0, true, true), vec![1, 2, 3]);
+        assert!(!uses.pending() && !uses.pending_for(true) && !uses.pending_for(false));
+    }
+
+    /// Once the completed writes are pruned, a read has nothing to wait for again: it
+    /// takes no lock.
+    #[test]
+    fn pruned_writes_leave_reads_nothing_to_wait_for() {
+        let uses = SideUses::<Work>::default();
+        uses.add(1, work(true), true);
+        assert!(uses.pending_for(false));
+        for _ in 0..=PRUNE_AT {
+            uses.add(1, work(false), false);
+        }
+        assert!(uses.pending() && !uses.pending_for(false));
     }
 
     /// Kernels on one stream reading a buffer, queued faster than they run: each new use
@@ -490,7 +642,7 @@ mod tests {
         let queued: Vec<_> = (0..1000).map(|_| work(false)).collect();
         ASKED.with(|a| a.set(0));
         for w in &queued {
-            uses.add(7, w.clone());
+            uses.add(7, w.clone(), false);
         }
         let asked = ASKED.with(|a| a.get());
         assert!(asked < 1100, "{asked} questions for 1000 uses");
@@ -498,7 +650,7 @@ mod tests {
         for w in &queued[..500] {
             w.done.store(true, Ordering::Relaxed);
         }
-        uses.add(7, work(false));
+        uses.add(7, work(false), false);
         assert_eq!(uses.len(), 501);
         assert!(uses.pending());
     }
@@ -511,7 +663,7 @@ mod tests {
     fn uses_on_many_streams_are_pruned_once_complete() {
         let uses = SideUses::<Work>::default();
         for id in 1..=1000 {
-            uses.add(id, work(true));
+            uses.add(id, work(true), false);
             assert!(
                 uses.len() <= PRUNE_ALL_AT,
                 "{} uses after {id} streams",
@@ -526,7 +678,7 @@ mod tests {
         let uses = SideUses::<Work>::default();
         let running: Vec<_> = (0..40).map(|_| work(false)).collect();
         for (id, w) in running.iter().enumerate() {
-            uses.add(id as u64 + 1, w.clone());
+            uses.add(id as u64 + 1, w.clone(), false);
         }
         assert_eq!(uses.len(), 40, "none may be dropped while running");
         for w in &running[..30] {
@@ -534,10 +686,10 @@ mod tests {
         }
         // The next pass over every stream comes at twice the 32 running at the last one.
         for id in 100..124 {
-            uses.add(id, work(false));
+            uses.add(id, work(false), false);
         }
         assert_eq!(uses.len(), 64);
-        uses.add(999, work(false));
+        uses.add(999, work(false), false);
         assert_eq!(
             uses.len(),
             35,
@@ -552,7 +704,7 @@ mod tests {
         let uses = SideUses::<Work>::default();
         let before = ASKED.with(|a| a.get());
         for id in 1..=1000 {
-            uses.add(id, work(false));
+            uses.add(id, work(false), false);
         }
         let asked = ASKED.with(|a| a.get()) - before;
         assert_eq!(uses.len(), 1000);
@@ -563,13 +715,13 @@ mod tests {
     fn one_stream_keeps_few_uses() {
         let uses = SideUses::<Work>::default();
         for _ in 0..100 {
-            uses.add(7, work(true));
+            uses.add(7, work(true), false);
         }
         assert!(uses.len() <= PRUNE_AT, "{} uses of one stream", uses.len());
         let other = work(false);
-        uses.add(8, other.clone());
+        uses.add(8, other.clone(), false);
         for _ in 0..10 {
-            uses.add(7, work(true));
+            uses.add(7, work(true), false);
         }
         assert!(
             uses.uses.lock().iter().any(|u| u.id == 8),

@@ -369,7 +369,7 @@ impl<T: Pod> Buffer<T> {
         if !stream.is_main() {
             // However the snapshot goes (a thread that fails, or none), its free waits for
             // its copy on `stream`.
-            snapshot.side.add(stream.id, ready.clone());
+            snapshot.side.add(stream.id, ready.clone(), true);
         }
         let len = self.len();
         let task = kept_threads::run(move || {

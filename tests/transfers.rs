@@ -201,6 +201,86 @@ fn main_stream_work_waits_for_side_stream_writes() {
     assert_eq!(out.get_at(n - 1).unwrap(), lcg(input[n - 1], 1));
 }
 
+/// Rounds of `lcg_rounds_u32` over `n` elements that keep a stream busy for about `ms`
+/// milliseconds on this device (timed with 1/64 of them first).
+fn lcg_rounds_for_ms(hal: &CudaHal, n: usize, ms: f32) -> u32 {
+    let probe = 20_000u32;
+    let a = hal.alloc_zeroed::<u32>("probe in", n).unwrap();
+    let out = hal.alloc::<u32>("probe out", n).unwrap();
+    let side = hal.create_stream().unwrap();
+    let (start, end) = (hal.create_event().unwrap(), hal.create_event().unwrap());
+    launch_lcg(hal, Some(&side), &out, &a, 1);
+    start.record(&side).unwrap();
+    launch_lcg(hal, Some(&side), &out, &a, probe);
+    end.record(&side).unwrap();
+    end.synchronize().unwrap();
+    let took = end.elapsed_ms(&start).unwrap().max(0.01);
+    (probe as f32 * ms / took).min(u32::MAX as f32) as u32
+}
+
+/// Reads of one buffer overlap: while a side-stream kernel still reads a table, the main
+/// stream's reads of it (a kernel, a device copy) and another side stream's read run
+/// without waiting for it. Writes of the table still wait: the slow kernel reads the table
+/// as it was, to the last element.
+#[test]
+fn reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other() {
+    let Some(hal) = gpu() else { return };
+    let n = 1 << 20;
+    let rounds = lcg_rounds_for_ms(&hal, n, 300.0);
+    let input = Rng::new(41).u32s(n);
+    let table = hal.copy_from("table", &input).unwrap();
+    let slow = hal.alloc::<u32>("slow", n).unwrap();
+    let (quick, copy, other) = (
+        hal.alloc::<u32>("quick", n).unwrap(),
+        hal.alloc::<u32>("copy", n).unwrap(),
+        hal.alloc::<u32>("other", n).unwrap(),
+    );
+    let (s1, s2) = (hal.create_stream().unwrap(), hal.create_stream().unwrap());
+    let events = || hal.create_event().unwrap();
+    let (slow_done, main_done, s2_done) = (events(), events(), events());
+    launch_lcg(&hal, Some(&s1), &slow, &table, rounds);
+    slow_done.record(&s1).unwrap();
+    launch_lcg(&hal, None, &quick, &table, 3);
+    copy.copy_from_buffer(&table).unwrap();
+    main_done.record(&hal.main_stream()).unwrap();
+    launch_lcg(&hal, Some(&s2), &other, &table, 5);
+    s2_done.record(&s2).unwrap();
+    main_done.synchronize().unwrap();
+    s2_done.synchronize().unwrap();
+    assert!(
+        !slow_done.is_complete().unwrap(),
+        "a read of the table waited for another stream's read ({rounds} rounds)"
+    );
+    // Writes: one on the main stream, one on the second side stream.
+    table.fill(POISON).unwrap();
+    launch_lcg(&hal, Some(&s2), &table, &other, 1);
+    slow_done.synchronize().unwrap();
+    s2.synchronize().unwrap();
+    for i in [0, n / 2, n - 2, n - 1] {
+        assert_eq!(
+            slow.get_at(i).unwrap(),
+            lcg(input[i], rounds),
+            "slow, element {i}"
+        );
+        assert_eq!(
+            quick.get_at(i).unwrap(),
+            lcg(input[i], 3),
+            "quick, element {i}"
+        );
+        assert_eq!(copy.get_at(i).unwrap(), input[i], "copy, element {i}");
+        assert_eq!(
+            other.get_at(i).unwrap(),
+            lcg(input[i], 5),
+            "other, element {i}"
+        );
+        assert_eq!(
+            table.get_at(i).unwrap(),
+            lcg(lcg(input[i], 5), 1),
+            "table, element {i}"
+        );
+    }
+}
+
 #[test]
 fn a_buffer_in_use_on_a_side_stream_is_not_reused_when_dropped() {
     let Some(hal) = gpu() else { return };
