@@ -76,6 +76,20 @@ extern "C" __global__ void gather_elements(const uint64_t* addrs, uint8_t* out, 
     }
 }
 
+// A test helper: each block waits until the host sets *gate (mapped host memory), then the
+// grid copies in[0..n) to out. It holds a read of `in` queued for as long as a test needs.
+extern "C" __global__ void copy_after_gate_u32(uint32_t* out, const uint32_t* in, uint64_t n,
+                                               const volatile uint32_t* gate) {
+    if (threadIdx.x == 0) {
+        while (*gate == 0) __nanosleep(1000);
+    }
+    __syncthreads();
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        out[i] = in[i];
+    }
+}
+
 // A compute-bound map used by the pipeline benchmark and tests: `rounds` LCG steps per element.
 extern "C" __global__ void lcg_rounds_u32(uint32_t* out, const uint32_t* in, uint64_t n, uint32_t rounds) {
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;

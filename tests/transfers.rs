@@ -201,67 +201,169 @@ fn main_stream_work_waits_for_side_stream_writes() {
     assert_eq!(out.get_at(n - 1).unwrap(), lcg(input[n - 1], 1));
 }
 
-/// Rounds of `lcg_rounds_u32` over `n` elements that keep a stream busy for about `ms`
-/// milliseconds on this device (timed with 1/64 of them first).
-fn lcg_rounds_for_ms(hal: &CudaHal, n: usize, ms: f32) -> u32 {
-    let probe = 20_000u32;
-    let a = hal.alloc_zeroed::<u32>("probe in", n).unwrap();
-    let out = hal.alloc::<u32>("probe out", n).unwrap();
-    let side = hal.create_stream().unwrap();
-    let (start, end) = (hal.create_event().unwrap(), hal.create_event().unwrap());
-    launch_lcg(hal, Some(&side), &out, &a, 1);
-    start.record(&side).unwrap();
-    launch_lcg(hal, Some(&side), &out, &a, probe);
-    end.record(&side).unwrap();
-    end.synchronize().unwrap();
-    let took = end.elapsed_ms(&start).unwrap().max(0.01);
-    (probe as f32 * ms / took).min(u32::MAX as f32) as u32
+/// Polls `done` for up to `limit`: whether it became true.
+fn becomes_true(limit: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    done()
 }
 
-/// Reads of one buffer overlap: while a side-stream kernel still reads a table, the main
-/// stream's reads of it (a kernel, a device copy) and another side stream's read run
-/// without waiting for it. Writes of the table still wait: the slow kernel reads the table
-/// as it was, to the last element.
+/// A u32 in mapped host memory that a kernel polls (`copy_after_gate_u32`), shut until
+/// [`Gate::open`]. A watchdog thread opens it after 30 s, so that a test whose own waits
+/// block on the gated work still ends (and fails: `open` reports the watchdog).
+struct Gate {
+    mem: cuda_hal::PinnedBuffer<u32>,
+    watchdog: Option<std::thread::JoinHandle<bool>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gate {
+    fn shut(hal: &CudaHal) -> Gate {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        let mapped = PinnedFlags {
+            device_mapped: true,
+            ..PinnedFlags::default()
+        };
+        let mut mem = hal.alloc_pinned::<u32>(1, mapped).unwrap();
+        mem.host_mut().unwrap()[0] = 0;
+        let addr = mem.host_mut().unwrap().as_mut_ptr() as usize;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let watchdog = std::thread::spawn(move || {
+            let opened = !becomes_true(std::time::Duration::from_secs(30), || {
+                stopped.load(Ordering::Acquire)
+            });
+            if opened {
+                // SAFETY: the gate's memory lives until this thread is joined (`open`).
+                unsafe { &*(addr as *const AtomicU32) }.store(1, Ordering::SeqCst);
+            }
+            opened
+        });
+        Gate {
+            mem,
+            watchdog: Some(watchdog),
+            stop,
+        }
+    }
+
+    /// The device's address of the gate.
+    fn device_addr(&self) -> u64 {
+        self.mem.device_ptr().unwrap()
+    }
+
+    /// Opens the gate: whether the watchdog had opened it first.
+    fn open(&mut self) -> bool {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        self.stop.store(true, Ordering::Release);
+        let by_watchdog = self
+            .watchdog
+            .take()
+            .is_some_and(|w| w.join().unwrap_or(true));
+        if let Ok(host) = self.mem.host_mut() {
+            // SAFETY: an aligned u32 of live pinned memory, which a kernel may be polling.
+            unsafe { &*(host.as_mut_ptr() as *const AtomicU32) }.store(1, Ordering::SeqCst);
+        }
+        by_watchdog
+    }
+}
+
+impl Drop for Gate {
+    /// (A test that fails before opening the gate leaves no kernel polling freed memory,
+    /// and no watchdog writing to it.)
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// Reads of one buffer overlap. A kernel on a side stream reads a table only once the host
+/// opens a gate (mapped host memory): meanwhile the main stream's reads of the table (a
+/// kernel, a device copy) and another side stream's read complete, while writes of it (on
+/// the main stream, on the other side stream) wait; the gated kernel then reads the table
+/// as it was.
 #[test]
 fn reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other() {
     let Some(hal) = gpu() else { return };
     let n = 1 << 20;
-    let rounds = lcg_rounds_for_ms(&hal, n, 300.0);
     let input = Rng::new(41).u32s(n);
     let table = hal.copy_from("table", &input).unwrap();
-    let slow = hal.alloc::<u32>("slow", n).unwrap();
-    let (quick, copy, other) = (
-        hal.alloc::<u32>("quick", n).unwrap(),
-        hal.alloc::<u32>("copy", n).unwrap(),
-        hal.alloc::<u32>("other", n).unwrap(),
+    let buffers = |name| hal.alloc::<u32>(name, n).unwrap();
+    let (gated, quick, copy, other) = (
+        buffers("gated"),
+        buffers("quick"),
+        buffers("copy"),
+        buffers("other"),
     );
+    // Each kernel this test queues while the gate is shut is loaded first: with lazy
+    // loading (the driver's default), a kernel's first use may wait for the whole context,
+    // the gated kernel included.
+    launch_lcg(&hal, None, &quick, &table, 1);
+    other.fill(POISON).unwrap();
+    hal.synchronize().unwrap();
+    let mut gate = Gate::shut(&hal);
     let (s1, s2) = (hal.create_stream().unwrap(), hal.create_stream().unwrap());
     let events = || hal.create_event().unwrap();
-    let (slow_done, main_done, s2_done) = (events(), events(), events());
-    launch_lcg(&hal, Some(&s1), &slow, &table, rounds);
-    slow_done.record(&s1).unwrap();
+    let (gated_done, main_done, s2_done, writes_done) = (events(), events(), events(), events());
+    let dims = LaunchDims {
+        grid: (2, 1, 1),
+        block: (256, 1, 1),
+        shared_bytes: 0,
+    };
+    // SAFETY: copy_after_gate_u32(out, in, n, gate) reads in[0..n) and writes out[0..n) once
+    // the u32 at `gate` is not 0; both buffers hold n elements, and the gate (mapped host
+    // memory) lives until the streams are synchronised below.
+    unsafe {
+        hal.launch("copy_after_gate_u32", dims)
+            .on(&s1)
+            .output(&gated)
+            .input(&table)
+            .scalar(n as u64)
+            .scalar(gate.device_addr())
+            .run()
+    }
+    .unwrap();
+    gated_done.record(&s1).unwrap();
     launch_lcg(&hal, None, &quick, &table, 3);
     copy.copy_from_buffer(&table).unwrap();
     main_done.record(&hal.main_stream()).unwrap();
     launch_lcg(&hal, Some(&s2), &other, &table, 5);
     s2_done.record(&s2).unwrap();
-    main_done.synchronize().unwrap();
-    s2_done.synchronize().unwrap();
-    assert!(
-        !slow_done.is_complete().unwrap(),
-        "a read of the table waited for another stream's read ({rounds} rounds)"
-    );
-    // Writes: one on the main stream, one on the second side stream.
+    let complete = |e: &cuda_hal::HalEvent| e.is_complete().unwrap();
+    let reads_ran = becomes_true(std::time::Duration::from_secs(20), || {
+        complete(&main_done) && complete(&s2_done)
+    });
+    // Writes: one on the main stream, then one on the second side stream (after it).
     table.fill(POISON).unwrap();
     launch_lcg(&hal, Some(&s2), &table, &other, 1);
-    slow_done.synchronize().unwrap();
+    writes_done.record(&s2).unwrap();
+    let writes_ran = becomes_true(std::time::Duration::from_millis(200), || {
+        complete(&writes_done)
+    });
+    let gated_ran = complete(&gated_done);
+    // Opened whatever the checks found, so that nothing is left waiting on the device.
+    let by_watchdog = gate.open();
+    hal.synchronize().unwrap();
+    s1.synchronize().unwrap();
     s2.synchronize().unwrap();
-    for i in [0, n / 2, n - 2, n - 1] {
-        assert_eq!(
-            slow.get_at(i).unwrap(),
-            lcg(input[i], rounds),
-            "slow, element {i}"
-        );
+    assert!(
+        !by_watchdog,
+        "the test's own calls blocked on the gated read"
+    );
+    assert!(!gated_ran, "the gated read ran before its gate opened");
+    assert!(
+        reads_ran,
+        "reads of the table waited for another stream's read"
+    );
+    assert!(
+        !writes_ran,
+        "writes of the table ran before another stream's read of it"
+    );
+    for i in [0, 1, n / 2, n - 2, n - 1] {
+        assert_eq!(gated.get_at(i).unwrap(), input[i], "gated, element {i}");
         assert_eq!(
             quick.get_at(i).unwrap(),
             lcg(input[i], 3),
