@@ -1,10 +1,13 @@
 //! Concurrency stress (issue #7): N threads on one HAL and M HALs on one device, each
 //! looping alloc, upload, kernel, get_at, view and free. Prints operations per second; the
-//! floor is the same loop on one thread.
+//! floor is the same loop on one thread. Then the start of a HAL, its kernels loaded then
+//! or at their first use (`HalConfig::preload_kernels`).
+
+mod common;
 
 use std::time::{Duration, Instant};
 
-use cuda_hal::{ops, CudaHal};
+use cuda_hal::{ops, CudaHal, HalConfig};
 
 fn round(hal: &CudaHal, data: &[u32]) {
     let a = hal.copy_from("stress-a", data).unwrap();
@@ -72,4 +75,40 @@ fn main() {
         );
     }
     println!("INFO|stress|a round: alloc + 256 KiB upload + add kernel + get_at + view + 2 frees; one thread: {one:.0} rounds/s");
+    drop(hals);
+    hal_starts();
+}
+
+/// A new HAL, its kernels loaded as it starts (`preload`) or at their first use; with
+/// `fill`, then a first kernel (an 8-byte fill of 1 MiB) and a wait for it.
+fn start_hal(preload: bool, fill: bool) {
+    let config = HalConfig {
+        preload_kernels: preload,
+        ..HalConfig::default()
+    };
+    let hal = CudaHal::with_config(0, config).unwrap();
+    if fill {
+        let b = hal.alloc::<u64>("first fill", 1 << 17).unwrap();
+        b.fill(7).unwrap();
+        hal.synchronize().unwrap();
+    }
+}
+
+/// The start of a HAL with its kernels loaded then, against loading them at first use.
+fn hal_starts() {
+    for fill in [false, true] {
+        let (preloaded, lazy) = common::paired_median_us(
+            10,
+            3000,
+            || start_hal(true, fill),
+            || start_hal(false, fill),
+        );
+        let what = match fill {
+            false => "CudaHal::with_config",
+            true => "CudaHal::with_config + first fill + sync",
+        };
+        println!(
+            "ROW|stress|{what}, kernels loaded at the start (us)|{preloaded:.1}|{what}, kernels loaded at first use|{lazy:.1}|-1|-"
+        );
+    }
 }

@@ -111,6 +111,14 @@ pub struct HalConfig {
     /// block to or from a device scratch the kernel uses (to compare the two; both give the
     /// same results).
     pub mapped_batches: bool,
+    /// Load every kernel of the crate's module (and of each [`CudaHal::load_module`]) when
+    /// it is loaded, rather than at each kernel's first launch. With lazy loading, the
+    /// driver's default (`CUDA_MODULE_LOADING`), loading a kernel may wait for the whole
+    /// context: without this, the first launch of each kernel waits for the work queued on
+    /// every stream of the device's context, and a kernel that waits for another's
+    /// progress may never end ([`crate::driver::Module::load_all_functions`]). A driver
+    /// older than CUDA 12.4 cannot: kernels then load at first use, as with this off.
+    pub preload_kernels: bool,
 }
 
 impl Default for HalConfig {
@@ -128,6 +136,7 @@ impl Default for HalConfig {
             ntt_fixed_passes: true,
             lde_fused_expand: true,
             mapped_batches: true,
+            preload_kernels: true,
         }
     }
 }
@@ -235,7 +244,7 @@ pub(crate) struct HalInner {
     /// Live `CudaHal` handles (buffers hold the inner state, not a handle).
     handles: std::sync::atomic::AtomicUsize,
     info: DeviceInfo,
-    config: HalConfig,
+    pub(crate) config: HalConfig,
     pub(crate) ctx: PrimaryContext,
 }
 
@@ -291,7 +300,7 @@ impl CudaHal {
         ctx.bind()?;
         let stream = Arc::new(Stream::new_non_blocking()?);
         let pool = MemPool::new(ordinal, config.release_threshold)?;
-        let kernels = KernelTable::load();
+        let kernels = KernelTable::load(config.preload_kernels);
         let staging = StagingPool::new(config.staging);
         let hal = CudaHal {
             counted: true,

@@ -51,16 +51,19 @@ pub(crate) struct KernelTable {
 }
 
 impl KernelTable {
-    /// Loads the embedded module into the current context; a failure is kept and returned
-    /// by every kernel lookup, so memory operations still work.
-    pub(crate) fn load() -> Self {
+    /// Loads the embedded module into the current context, with `preload` each of its
+    /// kernels too ([`preload`]); a failure to load the module is kept and returned by every
+    /// kernel lookup, so memory operations still work.
+    pub(crate) fn load(preload: bool) -> Self {
         let module = if kernels_available() {
             Module::load(FATBIN)
         } else {
             Err(Error::KernelsUnavailable)
         };
-        if let Err(e) = &module {
-            log::warn!("kernels unavailable: {e}");
+        match &module {
+            Ok(m) if preload => self::preload(m),
+            Ok(_) => {}
+            Err(e) => log::warn!("kernels unavailable: {e}"),
         }
         KernelTable {
             embedded: module,
@@ -111,6 +114,16 @@ impl KernelTable {
     /// Adds a module whose kernels [`KernelTable::get`] finds from now on.
     pub(crate) fn add(&self, module: Module) {
         self.loaded.write().push(module);
+    }
+}
+
+/// Loads every kernel of `module` now (`HalConfig::preload_kernels`). Where the driver
+/// cannot, the kernels load at their first use, as they would without: logged, not an
+/// error (a sticky error is noted for the context all the same, by the conversion).
+pub(crate) fn preload(module: &Module) {
+    match module.load_all_functions() {
+        Ok(n) => log::debug!("{n} kernels loaded"),
+        Err(e) => log::warn!("kernels load at their first use: {e}"),
     }
 }
 
@@ -252,6 +265,9 @@ impl CudaHal {
         let h = &self.inner;
         h.enter()?;
         let module = h.guard(Module::load(image))?;
+        if h.config.preload_kernels {
+            preload(&module);
+        }
         h.kernels.add(module);
         Ok(())
     }

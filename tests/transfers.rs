@@ -287,7 +287,8 @@ impl Drop for Gate {
 /// as it was.
 #[test]
 fn reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other() {
-    let Some(hal) = gpu() else { return };
+    // The device to itself: no other test's work (or kernel loading) beside the gate.
+    let Some(hal) = gpu_exclusive() else { return };
     let n = 1 << 20;
     let input = Rng::new(41).u32s(n);
     let table = hal.copy_from("table", &input).unwrap();
@@ -381,6 +382,62 @@ fn reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other() {
             "table, element {i}"
         );
     }
+}
+
+/// A HAL loads its kernels when it starts (`HalConfig::preload_kernels`): a kernel's first
+/// launch, beside a kernel that waits for the host, does not wait for it. (With lazy
+/// loading, the driver's default, loading a kernel at its first use may wait for the whole
+/// context, the waiting kernel included.)
+#[test]
+fn a_kernels_first_launch_does_not_wait_for_other_streams() {
+    // The device to itself: no other test's work (or kernel loading) beside the gate.
+    let Some(_device) = gpu_exclusive() else {
+        return;
+    };
+    // A HAL of its own: its module's kernels have not been launched yet.
+    let hal = CudaHal::with_config(0, HalConfig::default()).unwrap();
+    assert!(hal.config().preload_kernels);
+    let n = 1 << 16;
+    let held = hal.copy_from("held", &vec![5u32; n]).unwrap();
+    let out = hal.alloc::<u32>("out", n).unwrap();
+    let wide = hal.alloc::<u64>("wide", n).unwrap();
+    let mut gate = Gate::shut(&hal);
+    let side = hal.create_stream().unwrap();
+    let dims = LaunchDims {
+        grid: (1, 1, 1),
+        block: (256, 1, 1),
+        shared_bytes: 0,
+    };
+    // SAFETY: as in `reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other`.
+    unsafe {
+        hal.launch("copy_after_gate_u32", dims)
+            .on(&side)
+            .output(&out)
+            .input(&held)
+            .scalar(n as u64)
+            .scalar(gate.device_addr())
+            .run()
+    }
+    .unwrap();
+    // The first launch of fill_u64 in this HAL, on its main stream.
+    wide.fill(u64::MAX - 3).unwrap();
+    let done = hal.create_event().unwrap();
+    done.record(&hal.main_stream()).unwrap();
+    let filled = becomes_true(std::time::Duration::from_secs(20), || {
+        done.is_complete().unwrap()
+    });
+    let by_watchdog = gate.open();
+    side.synchronize().unwrap();
+    assert!(
+        !by_watchdog,
+        "the test's own calls blocked on the gated kernel"
+    );
+    assert!(
+        filled,
+        "the first launch of a kernel waited for another stream's kernel"
+    );
+    assert_eq!(wide.get_at(n - 1).unwrap(), u64::MAX - 3);
+    assert_eq!(out.get_at(n - 1).unwrap(), 5);
 }
 
 #[test]

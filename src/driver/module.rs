@@ -1,6 +1,6 @@
 use std::ffi::CString;
 
-use cuda_sys::{CUfunction, CUmodule};
+use cuda_sys::{CUfunction, CUfunctionLoadingState, CUmodule, CUmoduleLoadingMode};
 
 use super::{api, PrimaryContext, Stream};
 use crate::{Error, Result};
@@ -132,9 +132,80 @@ impl Module {
         )?;
         Ok(Function { raw })
     }
+
+    /// Loads every kernel of the module now, rather than at its first use; returns how
+    /// many it loaded (0 where the driver loads modules whole already,
+    /// `CUDA_MODULE_LOADING=EAGER`).
+    ///
+    /// With lazy loading, the driver's default since CUDA 12.2, a kernel is loaded when
+    /// it is first looked up, and loading it may wait for the whole context: the first
+    /// launch of each kernel then waits for the work queued on every stream, and a kernel
+    /// that waits for another's progress (a queue between two kernels) may never end.
+    /// Needs a driver of CUDA 12.4 or later: an older one gives [`Error::Cuda`] for the
+    /// missing symbol.
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Module, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// if !cuda_hal::kernels_available() {
+    ///     return println!("built without nvcc");
+    /// }
+    /// let m = Module::load(cuda_hal::FATBIN).unwrap();
+    /// let loaded = m.load_all_functions().unwrap();
+    /// assert!(m.function("fill_u64").unwrap().is_loaded().unwrap());
+    /// println!("{loaded} kernels loaded");
+    /// ```
+    pub fn load_all_functions(&self) -> Result<usize> {
+        let d = api()?;
+        let mut mode = CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING;
+        // SAFETY: an out-pointer to a local.
+        unsafe { d.cuModuleGetLoadingMode(&mut mode)? };
+        if mode == CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING {
+            return Ok(0);
+        }
+        let mut count = 0;
+        // SAFETY: an out-pointer to a local; the module is live.
+        unsafe { d.cuModuleGetFunctionCount(&mut count, self.raw)? };
+        let mut functions: Vec<CUfunction> = vec![std::ptr::null_mut(); count as usize];
+        // SAFETY: room for `count` handles; the module is live.
+        unsafe { d.cuModuleEnumerateFunctions(functions.as_mut_ptr(), count, self.raw)? };
+        for &f in &functions {
+            // SAFETY: a handle of this live module.
+            unsafe { d.cuFuncLoad(f)? };
+        }
+        Ok(functions.len())
+    }
 }
 
 impl Function {
+    /// Whether the kernel's code is loaded on the device (with lazy loading, not before
+    /// its first use or [`Module::load_all_functions`]).
+    ///
+    /// ```
+    /// use cuda_hal::driver::{Module, PrimaryContext};
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// ctx.bind().unwrap();
+    /// if !cuda_hal::kernels_available() {
+    ///     return println!("built without nvcc");
+    /// }
+    /// let m = Module::load(cuda_hal::FATBIN).unwrap();
+    /// let fill = m.function("fill_u32").unwrap();
+    /// println!("fill_u32 loaded: {}", fill.is_loaded().unwrap());
+    /// ```
+    pub fn is_loaded(&self) -> Result<bool> {
+        let mut state = CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED;
+        // SAFETY: an out-pointer to a local; the handle's module is live (see `Function`).
+        unsafe { api()?.cuFuncIsLoaded(&mut state, self.raw)? };
+        Ok(state == CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED)
+    }
+
     /// The raw handle, for calling `cuLaunchKernel` directly (as the benches' floors do).
     ///
     /// ```
