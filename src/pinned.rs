@@ -248,16 +248,12 @@ impl<T> Drop for PinnedBuffer<T> {
 /// A block of the HAL's pinned pool, with the event of the last copy that used it.
 pub(crate) struct PinnedBlock {
     pub(crate) mem: PinnedMemory,
-    pending: Option<Pending>,
+    /// The event of the last copy the block was given back after (once the host has
+    /// waited for the stream it was recorded on since, the block is idle with no query).
+    pending: Option<Arc<Event>>,
     /// While the block is lent out: the pool's count of bytes lent, which it leaves when
     /// given back or freed.
     lent: Option<Arc<AtomicUsize>>,
-}
-
-/// The last copy a block was given back after: its event (once the host has waited for the
-/// stream it was recorded on since, the block is idle with no event query).
-struct Pending {
-    done: Arc<Event>,
 }
 
 impl Drop for PinnedBlock {
@@ -273,10 +269,7 @@ impl PinnedBlock {
     /// or asked of its event, without waiting). An error of the event counts as busy:
     /// `settle` then reports it.
     fn is_idle(&mut self) -> bool {
-        let idle = match &self.pending {
-            None => true,
-            Some(p) => p.done.known_done() || matches!(p.done.is_complete(), Ok(true)),
-        };
+        let idle = self.pending.as_ref().is_none_or(|done| done.done_now());
         if idle {
             self.pending = None;
         }
@@ -286,7 +279,7 @@ impl PinnedBlock {
     /// Waits for the block's last copy, unless a wait for its stream showed it done.
     fn settle(&mut self) -> Result<()> {
         match self.pending.take() {
-            Some(p) if !p.done.known_done() => p.done.synchronize(),
+            Some(done) if !done.known_done() => done.synchronize(),
             _ => Ok(()),
         }
     }
@@ -463,7 +456,7 @@ impl PinnedPool {
     /// pool reuses or frees it only once `done` completes (known with no event query once
     /// the host has waited for the stream `done` was recorded on since).
     pub(crate) fn give_after(&self, mut block: PinnedBlock, done: Arc<Event>) {
-        block.pending = Some(Pending { done });
+        block.pending = Some(done);
         self.give(block);
     }
 

@@ -166,8 +166,7 @@ impl Slot {
     /// asked of the event, without waiting). An error of the event counts as busy:
     /// `settle` then reports it.
     fn is_idle(&mut self) -> bool {
-        if self.in_flight && (self.done.known_done() || matches!(self.done.is_complete(), Ok(true)))
-        {
+        if self.in_flight && self.done.done_now() {
             self.in_flight = false;
         }
         !self.in_flight

@@ -324,9 +324,8 @@ impl Completion for Event {
     }
 
     fn known_complete(&self) -> bool {
-        // Known from its stream's waits, with no driver call; else asked. (An event of
-        // another context may not be queryable from this one: kept.)
-        self.known_done() || self.is_complete().unwrap_or(false)
+        // (An event of another context may not be queryable from this one: kept.)
+        self.done_now()
     }
 }
 

@@ -190,6 +190,13 @@ impl Event {
         }
     }
 
+    /// Whether the work before the last record is done: known with no driver call where
+    /// it can be ([`Event::known_done`]), else asked. An error of the query counts as not
+    /// done (a wait on the event then reports it).
+    pub(crate) fn done_now(&self) -> bool {
+        self.known_done() || matches!(self.is_complete(), Ok(true))
+    }
+
     /// The handle, for the crate's own calls that do not record the event.
     pub(super) fn handle(&self) -> CUevent {
         self.raw
