@@ -727,4 +727,133 @@ mod tests {
             "another stream's running use stays"
         );
     }
+
+    /// A step of [`side_uses_match_a_model_of_the_streams`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Work on side stream `id` that reads (or writes) the allocation.
+        Use { id: u64, write: bool },
+        /// The device finishes the oldest running work of stream `id`.
+        Finish { id: u64 },
+        /// The host waits for stream `id`: its work is done, and known done.
+        HostWaits { id: u64 },
+        /// An access by stream `own` (0: the main stream, which forgets what it follows).
+        Access { own: u64, write: bool },
+        /// The free of an allocation outside the pool: the host waits for every use.
+        HostFree,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1..5u64, any::<bool>()).prop_map(|(id, write)| Step::Use { id, write }),
+            2 => (1..5u64).prop_map(|id| Step::Finish { id }),
+            1 => (1..5u64).prop_map(|id| Step::HostWaits { id }),
+            3 => (0..5u64, any::<bool>()).prop_map(|(own, write)| Step::Access { own, write }),
+            1 => Just(Step::HostFree),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any mix of side uses, device progress, host waits and accesses: an access waits
+        /// (or the free blocks) for every unfinished use of another stream it must follow
+        /// (for a read, the writes), and for nothing else but such uses not known done;
+        /// its fast path is taken only where there is none. The model keeps every use
+        /// until an access of the main stream (or the free) follows it.
+        #[test]
+        fn side_uses_match_a_model_of_the_streams(
+            steps in proptest::collection::vec(step(), 1..200)
+        ) {
+            let uses = SideUses::<Work>::default();
+            let mut model: Vec<(u64, bool, Arc<Work>)> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Use { id, write } => {
+                        let w = work(false);
+                        uses.add(id, w.clone(), write);
+                        model.push((id, write, w));
+                    }
+                    Step::Finish { id } => {
+                        let oldest = model
+                            .iter()
+                            .find(|(i, _, w)| *i == id && !w.done.load(Ordering::Relaxed));
+                        if let Some((_, _, w)) = oldest {
+                            w.done.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    Step::HostWaits { id } => {
+                        for (_, _, w) in model.iter().filter(|(i, _, _)| *i == id) {
+                            w.done.store(true, Ordering::Relaxed);
+                            w.waited.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    Step::Access { own, write } => {
+                        let follows = |(i, wr, _): &(u64, bool, Arc<Work>)| {
+                            *i != own && (write || *wr)
+                        };
+                        let mut waited: Vec<*const Work> = Vec::new();
+                        // `wait_on`: its fast path, else `order_after`.
+                        if uses.pending_for(write) {
+                            uses.order_after(own, write, own == 0, |ev| {
+                                waited.push(ev);
+                                Ok(())
+                            })
+                            .unwrap();
+                        }
+                        for u in model.iter().filter(|u| follows(u)) {
+                            let unfinished = !u.2.done.load(Ordering::Relaxed);
+                            let ptr = Arc::as_ptr(&u.2);
+                            proptest::prop_assert!(
+                                !unfinished || waited.contains(&ptr),
+                                "stream {own} ({}) did not wait for an unfinished {} of \
+                                 stream {}", if write { "write" } else { "read" },
+                                if u.1 { "write" } else { "read" }, u.0
+                            );
+                        }
+                        for ptr in &waited {
+                            let Some(u) = model.iter().find(|u| Arc::as_ptr(&u.2) == *ptr) else {
+                                return Err(proptest::test_runner::TestCaseError::fail(
+                                    "waited for a use it forgot",
+                                ));
+                            };
+                            proptest::prop_assert!(follows(u), "waited for a use it need not");
+                            proptest::prop_assert!(
+                                !u.2.waited.load(Ordering::Relaxed),
+                                "waited for a use known done"
+                            );
+                        }
+                        if own == 0 {
+                            model.retain(|u| !follows(u));
+                        }
+                    }
+                    Step::HostFree => {
+                        let mut blocked: Vec<*const Work> = Vec::new();
+                        if uses.pending() {
+                            uses.order_after(0, true, true, |ev| {
+                                blocked.push(ev);
+                                Ok(())
+                            })
+                            .unwrap();
+                        }
+                        for (_, _, w) in &model {
+                            let unfinished = !w.done.load(Ordering::Relaxed);
+                            proptest::prop_assert!(
+                                !unfinished || blocked.contains(&Arc::as_ptr(w)),
+                                "the free did not wait for an unfinished use"
+                            );
+                        }
+                        model.clear();
+                        proptest::prop_assert!(!uses.pending());
+                    }
+                }
+                let unfinished = |write_only: bool| {
+                    model
+                        .iter()
+                        .any(|(_, wr, w)| (*wr || !write_only) && !w.done.load(Ordering::Relaxed))
+                };
+                proptest::prop_assert!(!unfinished(false) || uses.pending());
+                proptest::prop_assert!(!unfinished(true) || uses.pending_for(false));
+            }
+        }
+    }
 }
