@@ -5,6 +5,9 @@
 #   scripts/gpu-run.sh [tests|bench|all] [build names...]    (default: all, all five builds)
 #   scripts/gpu-run.sh faults     the fault-injection tests of .gpu-faults/ (carried instead
 #                                 of .gpu-bundle: the two do not fit one carry)
+#   scripts/gpu-run.sh faults-memcheck [test names...]
+#                                 the same under memcheck's leak check (all, or those named),
+#                                 a call of its own: it runs several times longer
 #
 # Environment:
 #   OUT             where the results go (default ./gpu-out)
@@ -25,36 +28,44 @@ ALL_BUILDS=(baseline p1 p12 p123 all)
 mode=all
 case "${1:-}" in
   tests|bench|all) mode="$1"; shift ;;
-  faults)
+  faults|faults-memcheck)
     # Every driver call of each scenario failing in turn (tests/faults.rs).
+    which="$1"; shift
     OUT="${OUT:-./gpu-out}"; mkdir -p "$OUT"
     [ -f .gpu-faults/faults.gz ] && gzip -d -f .gpu-faults/faults.gz && chmod +x .gpu-faults/faults
     [ -x .gpu-faults/faults ] || { echo "gpu-run: .gpu-faults/faults not found: run scripts/gpu-pack.sh all and carry .gpu-faults" >&2; exit 2; }
-    echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), fault injection"
+    echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), fault injection ($which${1:+: $*})"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4
-    CUDA_HAL_REQUIRE_GPU=1 RUST_BACKTRACE=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-      .gpu-faults/faults --test-threads=1 --nocapture > "$OUT/faults.log" 2>&1
-    rc=$?
-    grep -aE "driver calls|releases refused|panicked|test result|^test " "$OUT/faults.log"
-    # Again under memcheck with its leak check: device memory (managed memory included,
-    # which the free memory the tests compare does not show) and driver errors the tests
-    # do not see, such as a registration left behind. Without the runs whose refused
-    # releases leave their allocations behind on purpose.
-    san=skipped
-    if command -v compute-sanitizer > /dev/null; then
-      CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-        compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
-        .gpu-faults/faults --test-threads=1 > "$OUT/faults-memcheck.log" 2>&1
-      src=$?
-      summary="$(grep -aE "ERROR SUMMARY" "$OUT/faults-memcheck.log" | tail -n 1)"
-      echo "memcheck: exit $src, $summary"
-      san=bad
-      if [ "$src" -eq 0 ] && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then san=clean; fi
+    if [ "$which" = faults ]; then
+      CUDA_HAL_REQUIRE_GPU=1 RUST_BACKTRACE=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+        .gpu-faults/faults --test-threads=1 --nocapture "$@" > "$OUT/faults.log" 2>&1
+      rc=$?
+      grep -aE "driver calls|releases refused|panicked|test result|^test " "$OUT/faults.log"
+      if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log"; then
+        echo "RESULT: PASS (fault injection)"
+      else
+        echo "RESULT: FAIL (fault injection, exit $rc)"
+        [ "$rc" -eq 0 ] && rc=1
+      fi
+      exit "$rc"
     fi
-    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log" && [ "$san" != bad ]; then
-      echo "RESULT: PASS (fault injection; memcheck $san)"
+    # Under memcheck with its leak check: device memory (managed memory included, which
+    # the free memory the tests compare does not show) and driver errors the tests do not
+    # see, such as a registration left behind. Without the runs whose refused releases
+    # leave their allocations behind on purpose.
+    command -v compute-sanitizer > /dev/null || { echo "RESULT: FAIL (no compute-sanitizer)"; exit 2; }
+    CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+      compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
+      .gpu-faults/faults --test-threads=1 --nocapture "$@" > "$OUT/faults-memcheck.log" 2>&1
+    rc=$?
+    grep -aE "driver calls|panicked|test result|^test |ERROR SUMMARY" "$OUT/faults-memcheck.log"
+    summary="$(grep -aE "ERROR SUMMARY" "$OUT/faults-memcheck.log" | tail -n 1)"
+    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults-memcheck.log" \
+       && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
+      echo "RESULT: PASS (fault injection under memcheck)"
     else
-      echo "RESULT: FAIL (fault injection, exit $rc; memcheck $san)"
+      [ "$rc" -eq 124 ] && echo "gpu-run: memcheck ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
+      echo "RESULT: FAIL (fault injection under memcheck, exit $rc; ${summary:-no summary})"
       [ "$rc" -eq 0 ] && rc=1
     fi
     exit "$rc"

@@ -35,7 +35,9 @@
 //!   4 MiB) after the HAL goes, and a new HAL works.
 //!
 //! Each scenario runs in a HAL with the block cache and in one without, where every free
-//! reaches the driver. gpu-run.sh runs the binary again under memcheck's leak check.
+//! reaches the driver. Their HALs load kernels at first use ([`lazy`]); the scenario
+//! [`kernels_loaded_up_front`] starts one that loads them all. `gpu-run.sh faults-memcheck`
+//! runs the binary again under memcheck's leak check.
 //!
 //! Run with `cargo test --features fault-injection --test faults` (gpu-run.sh runs the
 //! binary gpu-pack.sh builds so); without the feature this file is empty.
@@ -360,14 +362,22 @@ fn every_call_fails_in_turn_checking(
     let no_cache = HalConfig {
         block_cache_bytes: 0,
         mapped_batches: false,
-        ..HalConfig::default()
+        ..lazy()
     };
-    let runs = [
-        (HalConfig::default(), ""),
-        (no_cache, ", no block cache, batches copied"),
-    ];
+    let runs = [(lazy(), ""), (no_cache, ", no block cache, batches copied")];
     for (config, which) in runs {
         every_call_of(&ctx, check, &config, &format!("{name}{which}"), &scenario);
+    }
+}
+
+/// The configuration the scenarios start from: the defaults, with kernels loaded at their
+/// first use. Every run starts a HAL (outside the injection), thousands in all; loading
+/// each of the module's kernels at each start made memcheck's pass run for more than
+/// ten minutes. [`kernels_loaded_up_front`] injects into a start that loads them.
+fn lazy() -> HalConfig {
+    HalConfig {
+        preload_kernels: false,
+        ..HalConfig::default()
     }
 }
 
@@ -613,7 +623,7 @@ fn prover_operations() {
 fn copies_between_hals() {
     every_call_fails_in_turn("copies between HALs", |hal| {
         // Another HAL of the same device: the copies between HALs, without a second GPU.
-        let other = CudaHal::new(0)?;
+        let other = CudaHal::with_config(0, hal.config().clone())?;
         let data = Rng::new(3).u32s(3 * MIB);
         let a = hal.copy_from("a", &data)?;
         let b = other.alloc::<u32>("b", data.len())?;
@@ -622,6 +632,32 @@ fn copies_between_hals() {
         let c = hal.alloc::<u32>("c", data.len())?;
         c.copy_from_device_via_host(&b)?;
         assert_eq!(c.get_at(3 * MIB - 1)?, data[3 * MIB - 1]);
+        Ok(())
+    });
+}
+
+/// A HAL that loads every kernel as it starts (`HalConfig::preload_kernels`), each of its
+/// calls failing in turn: where loading a kernel fails, the kernel loads at its first use.
+/// One configuration: the block cache plays no part.
+#[test]
+fn kernels_loaded_up_front() {
+    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
+    if common::gpu().is_none() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
+    let check = Checks { free_memory: true };
+    let name = "kernels loaded up front";
+    every_call_of(&ctx, check, &lazy(), name, &|hal| {
+        let preloading = HalConfig {
+            preload_kernels: true,
+            ..hal.config().clone()
+        };
+        let other = CudaHal::with_config(0, preloading)?;
+        let b = other.alloc::<u64>("b", 4096)?;
+        b.fill(u64::MAX - 1)?;
+        assert_eq!(b.get_at(4095)?, u64::MAX - 1);
         Ok(())
     });
 }
@@ -644,7 +680,7 @@ fn reads_and_batches_past_the_pinned_pool() {
             max_slots: 4,
             ..StagingConfig::default()
         },
-        ..HalConfig::default()
+        ..lazy()
     };
     let check = Checks { free_memory: true };
     let copied = HalConfig {
