@@ -256,6 +256,37 @@ impl Gate {
         self.mem.device_ptr().unwrap()
     }
 
+    /// Queues on `stream` a copy of `input` to `output` (of one length) that waits for the
+    /// gate to open, in `blocks` blocks of 256 threads (each waits).
+    fn copy_after(
+        &self,
+        hal: &CudaHal,
+        stream: &cuda_hal::HalStream,
+        output: &cuda_hal::Buffer<u32>,
+        input: &cuda_hal::Buffer<u32>,
+        blocks: u32,
+    ) {
+        assert_eq!(output.len(), input.len());
+        let dims = LaunchDims {
+            grid: (blocks, 1, 1),
+            block: (256, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: copy_after_gate_u32(out, in, n, gate) reads in[0..n) and writes out[0..n)
+        // once the u32 at `gate` is not 0; both buffers hold n elements, and the gate
+        // (mapped host memory) lives as long as `self`, which opens it before it goes.
+        unsafe {
+            hal.launch("copy_after_gate_u32", dims)
+                .on(stream)
+                .output(output)
+                .input(input)
+                .scalar(input.len() as u64)
+                .scalar(self.device_addr())
+                .run()
+        }
+        .unwrap();
+    }
+
     /// Opens the gate: whether the watchdog had opened it first.
     fn open(&mut self) -> bool {
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -309,24 +340,7 @@ fn reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other() {
     let (s1, s2) = (hal.create_stream().unwrap(), hal.create_stream().unwrap());
     let events = || hal.create_event().unwrap();
     let (gated_done, main_done, s2_done, writes_done) = (events(), events(), events(), events());
-    let dims = LaunchDims {
-        grid: (2, 1, 1),
-        block: (256, 1, 1),
-        shared_bytes: 0,
-    };
-    // SAFETY: copy_after_gate_u32(out, in, n, gate) reads in[0..n) and writes out[0..n) once
-    // the u32 at `gate` is not 0; both buffers hold n elements, and the gate (mapped host
-    // memory) lives until the streams are synchronised below.
-    unsafe {
-        hal.launch("copy_after_gate_u32", dims)
-            .on(&s1)
-            .output(&gated)
-            .input(&table)
-            .scalar(n as u64)
-            .scalar(gate.device_addr())
-            .run()
-    }
-    .unwrap();
+    gate.copy_after(&hal, &s1, &gated, &table, 2);
     gated_done.record(&s1).unwrap();
     launch_lcg(&hal, None, &quick, &table, 3);
     copy.copy_from_buffer(&table).unwrap();
@@ -403,22 +417,7 @@ fn a_kernels_first_launch_does_not_wait_for_other_streams() {
     let wide = hal.alloc::<u64>("wide", n).unwrap();
     let mut gate = Gate::shut(&hal);
     let side = hal.create_stream().unwrap();
-    let dims = LaunchDims {
-        grid: (1, 1, 1),
-        block: (256, 1, 1),
-        shared_bytes: 0,
-    };
-    // SAFETY: as in `reads_of_one_buffer_on_several_streams_do_not_wait_for_each_other`.
-    unsafe {
-        hal.launch("copy_after_gate_u32", dims)
-            .on(&side)
-            .output(&out)
-            .input(&held)
-            .scalar(n as u64)
-            .scalar(gate.device_addr())
-            .run()
-    }
-    .unwrap();
+    gate.copy_after(&hal, &side, &out, &held, 1);
     // The first launch of fill_u64 in this HAL, on its main stream.
     wide.fill(u64::MAX - 3).unwrap();
     let done = hal.create_event().unwrap();
