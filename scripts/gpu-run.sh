@@ -187,7 +187,8 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
       if [ "${left_out:-0}" -gt 0 ]; then
         not_run=", $left_out two-device tests not run: ${ngpus:-0} device(s)"
       fi
-      run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" "${test_args[@]}" \
+      # (--show-output: what passing tests print, such as the driver behaviour a probe saw.)
+      run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" --show-output "${test_args[@]}" \
         ${not_run:+"${two_device_args[@]}"}
       rc=$?
       # Harness lines: "test result: ok. 5 passed; 0 failed; 1 ignored; ..."
