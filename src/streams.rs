@@ -310,22 +310,22 @@ impl HalEvent {
 /// driver [`Event`] (a stand-in in unit tests).
 pub(crate) trait Completion {
     /// Whether the work is known to be done with no driver call (the host has waited for
-    /// its stream since).
-    fn known_done_here(&self) -> bool;
+    /// its stream since): [`Event::known_done`].
+    fn known_done(&self) -> bool;
 
-    /// Whether the work is known to be done, the driver asked where it must be: `false`
-    /// when the driver cannot tell.
-    fn known_complete(&self) -> bool;
+    /// Whether the work is done, the driver asked where it must be: `false` when the
+    /// driver cannot tell ([`Event::done_now`]; an event of another context may not be
+    /// queryable from this one, and is then kept).
+    fn done_now(&self) -> bool;
 }
 
 impl Completion for Event {
-    fn known_done_here(&self) -> bool {
-        self.known_done()
+    fn known_done(&self) -> bool {
+        Event::known_done(self)
     }
 
-    fn known_complete(&self) -> bool {
-        // (An event of another context may not be queryable from this one: kept.)
-        self.done_now()
+    fn done_now(&self) -> bool {
+        Event::done_now(self)
     }
 }
 
@@ -425,7 +425,7 @@ impl<E: Completion> SideUses<E> {
     ) -> Result<()> {
         let mut uses = self.uses.lock();
         for u in uses.iter() {
-            if (write || u.write) && u.id != own_id && !u.ev.known_done_here() {
+            if (write || u.write) && u.id != own_id && !u.ev.known_done() {
                 wait(&u.ev)?;
             }
         }
@@ -487,7 +487,7 @@ fn prune_completed<E: Completion>(uses: &mut Vec<SideUse<E>>, only: Option<u64>)
         if only.is_some_and(|id| id != u.id) || running.contains(&u.id) {
             return true;
         }
-        let done = u.ev.known_complete();
+        let done = u.ev.done_now();
         if !done {
             running.push(u.id);
         }
@@ -544,11 +544,11 @@ mod tests {
     }
 
     impl Completion for Work {
-        fn known_done_here(&self) -> bool {
+        fn known_done(&self) -> bool {
             self.waited.load(Ordering::Relaxed)
         }
 
-        fn known_complete(&self) -> bool {
+        fn done_now(&self) -> bool {
             ASKED.with(|a| a.set(a.get() + 1));
             self.done.load(Ordering::Relaxed)
         }
