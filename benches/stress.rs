@@ -111,4 +111,35 @@ fn hal_starts() {
             "ROW|stress|{what}, kernels loaded at the start (us)|{preloaded:.1}|{what}, kernels loaded at first use|{lazy:.1}|-1|-"
         );
     }
+    start_parts();
+}
+
+/// What a HAL's start is made of: each part made and dropped on its own (the device's
+/// context kept current meanwhile), against a whole HAL with its kernels loaded at first
+/// use, to see where the start's time goes.
+fn start_parts() {
+    use cuda_hal::driver::{DeviceInfo, MemPool, Module, PrimaryContext, Stream};
+    let ctx = PrimaryContext::retain(0).unwrap();
+    ctx.bind().unwrap();
+    let part = |f: &mut dyn FnMut()| common::median_us(10, 1000, f);
+    let info = part(&mut || drop(DeviceInfo::query(0).unwrap()));
+    let stream = part(&mut || drop(Stream::new_non_blocking().unwrap()));
+    let pool = part(&mut || drop(MemPool::new(0, u64::MAX).unwrap()));
+    let module = part(&mut || drop(Module::load(cuda_hal::FATBIN).unwrap()));
+    let mut kernels = 0;
+    let loaded = part(&mut || {
+        let m = Module::load(cuda_hal::FATBIN).unwrap();
+        kernels = m.load_all_functions().unwrap();
+    });
+    let lazy = HalConfig {
+        preload_kernels: false,
+        ..HalConfig::default()
+    };
+    let whole = part(&mut || drop(CudaHal::with_config(0, lazy.clone()).unwrap()));
+    println!(
+        "INFO|stress|a HAL's start by part, each made and dropped (median us): device info \
+         {info:.1}, stream {stream:.1}, memory pool {pool:.1}, the kernels' module {module:.1}, \
+         with its {kernels} kernels loaded {loaded:.1}; a whole HAL, kernels loaded at first \
+         use, {whole:.1}"
+    );
 }
