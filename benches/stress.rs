@@ -1,7 +1,8 @@
 //! Concurrency stress (issue #7): N threads on one HAL and M HALs on one device, each
 //! looping alloc, upload, kernel, get_at, view and free. Prints operations per second; the
 //! floor is the same loop on one thread. Then the start of a HAL, its kernels loaded then
-//! or at their first use (`HalConfig::preload_kernels`).
+//! or at their first use (`HalConfig::preload_kernels`), alone on its device or beside
+//! another HAL, whose kernels it shares.
 
 mod common;
 
@@ -75,7 +76,9 @@ fn main() {
         );
     }
     println!("INFO|stress|a round: alloc + 256 KiB upload + add kernel + get_at + view + 2 frees; one thread: {one:.0} rounds/s");
-    drop(hals);
+    // The starts below are of a device's only HAL: its context kept, no HAL on it.
+    let _ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
+    drop((hals, hal));
     hal_starts();
 }
 
@@ -94,8 +97,10 @@ fn start_hal(preload: bool, fill: bool) {
     }
 }
 
-/// The start of a HAL with its kernels loaded then, against loading them at first use.
+/// The start of a device's only HAL with its kernels loaded then, against loading them at
+/// first use; then of a HAL beside another, which shares its kernels.
 fn hal_starts() {
+    let mut only = 0.0;
     for fill in [false, true] {
         let (preloaded, lazy) = common::paired_median_us(
             10,
@@ -110,7 +115,16 @@ fn hal_starts() {
         println!(
             "ROW|stress|{what}, kernels loaded at the start (us)|{preloaded:.1}|{what}, kernels loaded at first use|{lazy:.1}|-1|-"
         );
+        if !fill {
+            only = preloaded;
+        }
     }
+    let first = CudaHal::new(0).unwrap();
+    let beside = common::median_us(10, 3000, || start_hal(true, false));
+    drop(first);
+    println!(
+        "ROW|stress|CudaHal::with_config beside a HAL on the device, kernels shared (us)|{beside:.1}|CudaHal::with_config, the device's only HAL|{only:.1}|-1|-"
+    );
     start_parts();
 }
 

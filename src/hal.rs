@@ -112,7 +112,8 @@ pub struct HalConfig {
     /// same results).
     pub mapped_batches: bool,
     /// Load every kernel of the crate's module (and of each [`CudaHal::load_module`]) when
-    /// it is loaded, rather than at each kernel's first launch. With lazy loading, the
+    /// it is loaded, rather than at each kernel's first launch. (The HALs of one device
+    /// share the crate's module: the first loads it, the first with this on its kernels.) With lazy loading, the
     /// driver's default (`CUDA_MODULE_LOADING`), loading a kernel may wait for the whole
     /// context: without this, the first launch of each kernel waits for the work queued on
     /// every stream of the device's context, and a kernel that waits for another's
@@ -266,7 +267,9 @@ impl CudaHal {
     }
 
     /// Opens device `ordinal`: retains its primary context, creates a non-blocking stream,
-    /// creates the HAL's own memory pool and loads the embedded kernels.
+    /// creates the HAL's own memory pool and loads the embedded kernels, or shares them
+    /// with the HALs already open on the device (loading them is most of a first HAL's
+    /// start).
     ///
     /// ```
     /// use cuda_hal::{CudaHal, HalConfig};
@@ -300,7 +303,7 @@ impl CudaHal {
         ctx.bind()?;
         let stream = Arc::new(Stream::new_non_blocking()?);
         let pool = MemPool::new(ordinal, config.release_threshold)?;
-        let kernels = KernelTable::load(config.preload_kernels);
+        let kernels = KernelTable::load(ctx.raw(), config.preload_kernels);
         let staging = StagingPool::new(config.staging);
         let hal = CudaHal {
             counted: true,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gpu, gpu_exclusive, Rng, MIB};
+use common::{gpu, gpu_alone, gpu_exclusive, Rng, MIB};
 use cuda_hal::{
     CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES,
     READ_SNAPSHOT_NAME,
@@ -447,8 +447,9 @@ fn first_fill_beside_gated_kernel(preload_kernels: bool, limit: std::time::Durat
 /// [`kernels_loaded_at_first_use_beside_a_gated_kernel`] shows what this driver does.)
 #[test]
 fn a_kernels_first_launch_does_not_wait_for_other_streams() {
-    // The device to itself: no other test's work (or kernel loading) beside the gate.
-    let Some(_device) = gpu_exclusive() else {
+    // The device to itself: no other test's work (or kernel loading) beside the gate, and
+    // no HAL whose kernels the test's would share.
+    let Some(_device) = gpu_alone() else {
         return;
     };
     assert!(HalConfig::default().preload_kernels);
@@ -469,7 +470,7 @@ fn a_kernels_first_launch_does_not_wait_for_other_streams() {
 /// depends on `CUDA_MODULE_LOADING` and the driver); the results are.
 #[test]
 fn kernels_loaded_at_first_use_beside_a_gated_kernel() {
-    let Some(_device) = gpu_exclusive() else {
+    let Some(_device) = gpu_alone() else {
         return;
     };
     let fill = first_fill_beside_gated_kernel(false, std::time::Duration::from_secs(3));
@@ -482,6 +483,55 @@ fn kernels_loaded_at_first_use_beside_a_gated_kernel() {
         "kernels loaded at first use (CUDA_MODULE_LOADING={}): a HAL's first fill, beside a \
          kernel held behind a gate on another stream, {what}",
         std::env::var("CUDA_MODULE_LOADING").unwrap_or_else(|_| "unset".into())
+    );
+}
+
+/// The HALs of one device share the crate's kernels while one of them lives: a HAL that
+/// loads its kernels at first use, opened beside one that loaded them as it started, finds
+/// them loaded (its first fill does not wait for a gated kernel); once every HAL is gone,
+/// the kernels go with them.
+#[test]
+fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
+    let Some(_device) = gpu_alone() else {
+        return;
+    };
+    let lazy = HalConfig {
+        preload_kernels: false,
+        ..HalConfig::default()
+    };
+    // What a lookup does on this driver: with lazy loading, a kernel is not loaded until
+    // its first launch; a driver whose lookup loads it leaves the last check nothing to see.
+    let alone = CudaHal::with_config(0, lazy.clone()).unwrap();
+    let loaded_by_lookup = alone.kernel("fill_u64").unwrap().is_loaded().unwrap();
+    if loaded_by_lookup {
+        println!("a kernel is loaded once looked up here: the last check cannot fail");
+    }
+    drop(alone);
+    let eager = CudaHal::new(0).unwrap();
+    let beside = CudaHal::with_config(0, lazy.clone()).unwrap();
+    let (a, b) = (
+        eager.kernel("fill_u64").unwrap(),
+        beside.kernel("fill_u64").unwrap(),
+    );
+    assert_eq!(a.raw(), b.raw(), "one module for the device's HALs");
+    assert!(b.is_loaded().unwrap(), "loaded by the HAL beside");
+    drop(beside);
+    let fill = first_fill_beside_gated_kernel(false, std::time::Duration::from_secs(20));
+    assert!(
+        !fill.host_blocked,
+        "the test's own calls blocked on the gated kernel"
+    );
+    assert!(
+        fill.completed,
+        "a HAL beside one that loaded the kernels waited to load them"
+    );
+    drop(eager);
+    // Every HAL gone: a new one loads the module afresh, as the first did.
+    let again = CudaHal::with_config(0, lazy).unwrap();
+    assert_eq!(
+        again.kernel("fill_u64").unwrap().is_loaded().unwrap(),
+        loaded_by_lookup,
+        "the kernels outlived the HALs that held them"
     );
 }
 

@@ -5,13 +5,14 @@
 //! while a HAL on it lives; one retained after they are all gone starts clean, and the
 //! driver then says whether it still works.
 
-use std::sync::{Arc, Weak};
+use std::convert::Infallible;
+use std::sync::Arc;
 
 use cuda_sys::CUcontext;
 use once_cell::sync::OnceCell;
-use parking_lot::Mutex;
 
 use super::api;
+use super::per_context::PerContext;
 
 /// The poisoning of one context, shared by the HALs on it.
 #[derive(Debug, Default)]
@@ -21,25 +22,16 @@ pub(crate) struct Poisoning {
     cause: OnceCell<cuda_sys::Error>,
 }
 
-/// The contexts HALs live on, by handle. Touched when a HAL opens and when a sticky error
-/// comes, never on an operation's path.
-static CONTEXTS: Mutex<Vec<(usize, Weak<Poisoning>)>> = Mutex::new(Vec::new());
+/// The poisoning of each context HALs live on.
+static CONTEXTS: PerContext<Poisoning> = PerContext::new();
 
 impl Poisoning {
     /// The poisoning of context `ctx`, shared with every live HAL on it.
     pub(crate) fn of(ctx: CUcontext) -> Arc<Poisoning> {
-        let mut contexts = CONTEXTS.lock();
-        contexts.retain(|(_, p)| p.strong_count() > 0);
-        if let Some(p) = contexts
-            .iter()
-            .find(|(c, _)| *c == ctx as usize)
-            .and_then(|(_, p)| p.upgrade())
-        {
-            return p;
+        match CONTEXTS.get_or_make(ctx, || Ok::<_, Infallible>(Poisoning::default())) {
+            Ok(p) => p,
+            Err(never) => match never {},
         }
-        let p = Arc::new(Poisoning::default());
-        contexts.push((ctx as usize, Arc::downgrade(&p)));
-        p
     }
 
     /// The error that broke the context, if one did.
@@ -66,12 +58,7 @@ pub(crate) fn note_sticky(e: &cuda_sys::Error) {
     if unsafe { d.cuCtxGetCurrent(&mut current) }.is_err() || current.is_null() {
         return;
     }
-    let found = CONTEXTS
-        .lock()
-        .iter()
-        .find(|(c, _)| *c == current as usize)
-        .and_then(|(_, p)| p.upgrade());
-    if let Some(p) = found {
+    if let Some(p) = CONTEXTS.get(current) {
         if p.set(e) {
             log::error!("CUDA context {current:?} poisoned: {e}");
         }
@@ -98,15 +85,5 @@ mod tests {
         drop((a1, a2));
         // Every HAL on `a` gone: a context retained again starts clean.
         assert!(Poisoning::of(a).cause().is_none());
-        // Entries of contexts no HAL lives on go, so the table does not grow.
-        for _ in 0..100 {
-            drop(Poisoning::of(a));
-        }
-        let entries_of_a = CONTEXTS
-            .lock()
-            .iter()
-            .filter(|(c, _)| *c == a as usize)
-            .count();
-        assert_eq!(entries_of_a, 1);
     }
 }

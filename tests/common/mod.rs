@@ -45,6 +45,13 @@ pub fn gpu_exclusive() -> Option<GpuTest> {
     })
 }
 
+/// The device to itself with no HAL open on it: for tests of what a HAL's start does, which
+/// a HAL beside it would change (the HALs of one device share the crate's kernels).
+pub fn gpu_alone() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+    let excl = DEVICE.write().unwrap_or_else(|e| e.into_inner());
+    hal0().map(|_| excl)
+}
+
 fn hal0() -> Option<CudaHal> {
     match CudaHal::new(0) {
         Ok(h) => Some(h),
