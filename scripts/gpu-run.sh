@@ -191,9 +191,10 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
       run_bin "$OUT/tests.log" "tests: build=$b binary=$name" "$bin" --show-output "${test_args[@]}" \
         ${not_run:+"${two_device_args[@]}"}
       rc=$?
-      # Harness lines: "test result: ok. 5 passed; 0 failed; 1 ignored; ..."
+      # The harness's line, the binary's last: "test result: ok. 5 passed; 0 failed; 1
+      # ignored; ..." (a test run in a child process prints the child's own with its output).
       read -r p f i < <(grep -aoE 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed; [0-9]+ ignored' "$last" \
-        | awk '{ p += $4; f += $6; i += $8 } END { print p + 0, f + 0, i + 0 }')
+        | tail -n 1 | awk '{ p += $4; f += $6; i += $8 } END { print p + 0, f + 0, i + 0 }')
       T_PASS[$b]=$((T_PASS[$b] + p)); T_FAIL[$b]=$((T_FAIL[$b] + f)); T_IGN[$b]=$((T_IGN[$b] + i))
       status="ok"
       if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
