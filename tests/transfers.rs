@@ -488,8 +488,9 @@ fn kernels_loaded_at_first_use_beside_a_gated_kernel() {
 
 /// The HALs of one device share the crate's kernels while one of them lives: a HAL that
 /// loads its kernels at first use, opened beside one that loaded them as it started, finds
-/// them loaded (its first fill does not wait for a gated kernel); once every HAL is gone,
-/// the kernels go with them.
+/// them loaded (its first fill does not wait for a gated kernel). (That they go with the
+/// last HAL: the unit tests of `PerContext`, and the fault-injection runs, whose HALs come
+/// and go with the context kept and the device's free memory checked after each.)
 #[test]
 fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
     let Some(_device) = gpu_alone() else {
@@ -499,16 +500,8 @@ fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
         preload_kernels: false,
         ..HalConfig::default()
     };
-    // What a lookup does on this driver: with lazy loading, a kernel is not loaded until
-    // its first launch; a driver whose lookup loads it leaves the last check nothing to see.
-    let alone = CudaHal::with_config(0, lazy.clone()).unwrap();
-    let loaded_by_lookup = alone.kernel("fill_u64").unwrap().is_loaded().unwrap();
-    if loaded_by_lookup {
-        println!("a kernel is loaded once looked up here: the last check cannot fail");
-    }
-    drop(alone);
     let eager = CudaHal::new(0).unwrap();
-    let beside = CudaHal::with_config(0, lazy.clone()).unwrap();
+    let beside = CudaHal::with_config(0, lazy).unwrap();
     let (a, b) = (
         eager.kernel("fill_u64").unwrap(),
         beside.kernel("fill_u64").unwrap(),
@@ -524,14 +517,6 @@ fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
     assert!(
         fill.completed,
         "a HAL beside one that loaded the kernels waited to load them"
-    );
-    drop(eager);
-    // Every HAL gone: a new one loads the module afresh, as the first did.
-    let again = CudaHal::with_config(0, lazy).unwrap();
-    assert_eq!(
-        again.kernel("fill_u64").unwrap().is_loaded().unwrap(),
-        loaded_by_lookup,
-        "the kernels outlived the HALs that held them"
     );
 }
 
