@@ -489,8 +489,7 @@ fn kernels_loaded_at_first_use_beside_a_gated_kernel() {
 /// The HALs of one device share the crate's kernels while one of them lives: a HAL that
 /// loads its kernels at first use, opened beside one that loaded them as it started, finds
 /// them loaded (its first fill does not wait for a gated kernel). (That they go with the
-/// last HAL: the unit tests of `PerContext`, and the fault-injection runs, whose HALs come
-/// and go with the context kept and the device's free memory checked after each.)
+/// last HAL: the unit tests of `PerContext`.)
 #[test]
 fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
     let Some(_device) = gpu_alone() else {
