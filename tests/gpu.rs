@@ -1159,6 +1159,85 @@ fn driver_objects_keep_their_context_alive() {
     common::run_child("driver_objects_child", &[]);
 }
 
+/// Nothing the crate makes outlives the HALs of a device: once they and their buffers,
+/// streams and reads are dropped, the device's primary context is no longer retained by
+/// anything (a leaked buffer, stream, event, module or HAL state would hold it). In a
+/// process of its own, where no other test holds the context.
+#[test]
+fn nothing_outlives_the_hals_of_a_device() {
+    let Some(_hal) = gpu() else { return };
+    common::run_child("nothing_outlives_child", &[]);
+}
+
+#[test]
+#[ignore = "run by nothing_outlives_the_hals_of_a_device in its own process"]
+fn nothing_outlives_child() {
+    if !common::is_child("nothing_outlives_child") {
+        return;
+    }
+    assert!(
+        !driver::PrimaryContext::is_active(0).unwrap(),
+        "retained before any HAL"
+    );
+    {
+        let a = CudaHal::new(0).unwrap();
+        let lazy = cuda_hal::HalConfig {
+            preload_kernels: false,
+            ..cuda_hal::HalConfig::default()
+        };
+        let b = CudaHal::with_config(0, lazy).unwrap();
+        let n = 1 << 20;
+        let x = a
+            .copy_from("x", &(0..n as u32).collect::<Vec<_>>())
+            .unwrap();
+        let y = a.alloc::<u32>("y", n).unwrap();
+        ops::add(&y, &x, &x).unwrap();
+        assert_eq!(y.get_at(7).unwrap(), 14);
+        let side = a.create_stream().unwrap();
+        let dims = LaunchDims::for_elements(n, a.info().multiprocessors);
+        // SAFETY: fill_u32(out, value, n) writes y's n elements.
+        unsafe {
+            a.launch("fill_u32", dims)
+                .output(&y)
+                .scalar(3u32)
+                .scalar(n as u64)
+                .on(&side)
+                .run()
+        }
+        .unwrap();
+        // The read waits for the side stream's write.
+        assert!(y
+            .read_async()
+            .unwrap()
+            .wait()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 3));
+        a.upload_batch(&[(&x, &vec![1u32; n][..])]).unwrap();
+        let mut out = vec![0u32; n];
+        a.download_batch(&mut [(&x, &mut out[..])]).unwrap();
+        assert_eq!((out[5], x.view(|s| s[n - 1]).unwrap()), (1, 1));
+        let z = b.copy_from("z", &[1u64; 4096]).unwrap();
+        z.fill(9).unwrap();
+        assert_eq!(z.get_at(4095).unwrap(), 9);
+        let on_thread = a.clone();
+        std::thread::spawn(move || drop(on_thread.alloc::<u8>("t", 1 << 16).unwrap()))
+            .join()
+            .unwrap();
+        drop(x); // freed while its HAL lives; y and z go with the scope
+    }
+    // Anything released on another thread (a copy thread's last hold) has a moment to go.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while driver::PrimaryContext::is_active(0).unwrap() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        !driver::PrimaryContext::is_active(0).unwrap(),
+        "something the HALs made still holds the device's context"
+    );
+    println!("CHILD-OK");
+}
+
 #[test]
 #[ignore = "run by driver_objects_keep_their_context_alive in its own process"]
 fn driver_objects_child() {

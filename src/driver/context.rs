@@ -98,6 +98,32 @@ impl PrimaryContext {
         Ok(retained)
     }
 
+    /// Whether device `ordinal`'s primary context is active: retained by someone in this
+    /// process (a HAL, a driver object made in it, a [`PrimaryContext`]). Once every HAL of
+    /// the device and everything made in it are dropped, it is not: nothing the crate made
+    /// outlives them.
+    ///
+    /// ```
+    /// use cuda_hal::driver::PrimaryContext;
+    /// let Ok(ctx) = PrimaryContext::retain(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// assert!(PrimaryContext::is_active(0).unwrap());
+    /// drop(ctx); // inactive now, unless something else in the process holds it
+    /// ```
+    pub fn is_active(ordinal: usize) -> Result<bool> {
+        let d = api()?;
+        let ordinal = i32::try_from(ordinal)
+            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal}")))?;
+        let (mut device, mut flags, mut active): (CUdevice, u32, i32) = (0, 0, 0);
+        // SAFETY: out-pointers are valid locals.
+        unsafe { d.cuDeviceGet(&mut device, ordinal)? };
+        // SAFETY: as above; the device handle came from the driver.
+        unsafe { d.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)? };
+        Ok(active != 0)
+    }
+
     /// One more reference to this same context, released when the result drops. A context
     /// the driver no longer gives back (reset by someone else) is an error.
     ///
