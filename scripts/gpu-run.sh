@@ -7,7 +7,8 @@
 #                                 of .gpu-bundle: the two do not fit one carry)
 #   scripts/gpu-run.sh faults-memcheck [test names...]
 #                                 the same under memcheck's leak check (all, or those named),
-#                                 a call of its own: it runs several times longer
+#                                 spread over the visible GPUs, a call of its own; logs
+#                                 faults-memcheck.gpuN.log
 #
 # Environment:
 #   OUT             where the results go (default ./gpu-out)
@@ -54,19 +55,47 @@ case "${1:-}" in
     # see, such as a registration left behind. Without the runs whose refused releases
     # leave their allocations behind on purpose.
     command -v compute-sanitizer > /dev/null || { echo "RESULT: FAIL (no compute-sanitizer)"; exit 2; }
-    CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-      compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
-      .gpu-faults/faults --test-threads=1 --nocapture "$@" > "$OUT/faults-memcheck.log" 2>&1
-    rc=$?
-    grep -aE "driver calls|panicked|test result|^test |ERROR SUMMARY" "$OUT/faults-memcheck.log"
-    summary="$(grep -aE "ERROR SUMMARY" "$OUT/faults-memcheck.log" | tail -n 1)"
-    if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults-memcheck.log" \
-       && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
-      echo "RESULT: PASS (fault injection under memcheck)"
+    # The tests (those named, else all) spread over the visible GPUs, one memcheck process
+    # per GPU side by side: on one H200 the ten scenarios take about 320 s under memcheck.
+    if [ "$#" -gt 0 ]; then tests=("$@"); else
+      mapfile -t tests < <(.gpu-faults/faults --list 2>/dev/null | sed -n 's/: test$//p')
+    fi
+    gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+    [ "${gpus:-0}" -ge 1 ] || gpus=1
+    # GPUs chosen by the caller: all on what they see.
+    [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=1
+    [ "$gpus" -gt "${#tests[@]}" ] && gpus="${#tests[@]}"
+    pids=()
+    for ((g = 0; g < gpus; g++)); do
+      share=()
+      for ((t = g; t < ${#tests[@]}; t += gpus)); do share+=("${tests[$t]}"); done
+      echo "gpu-run: memcheck on GPU $g: ${share[*]}"
+      CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$g}" CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 \
+        timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+        compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
+        .gpu-faults/faults --test-threads=1 --nocapture --exact "${share[@]}" \
+        > "$OUT/faults-memcheck.gpu$g.log" 2>&1 &
+      pids+=("$!")
+    done
+    rc=0
+    for ((g = 0; g < gpus; g++)); do
+      wait "${pids[$g]}"; grc=$?
+      log="$OUT/faults-memcheck.gpu$g.log"
+      grep -aE "driver calls|panicked|test result|^test |ERROR SUMMARY" "$log"
+      summary="$(grep -aE "ERROR SUMMARY" "$log" | tail -n 1)"
+      if [ "$grc" -eq 0 ] && grep -aqE "test result: ok\. [1-9]" "$log" \
+         && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
+        echo "gpu-run: GPU $g: ok"
+      else
+        [ "$grc" -eq 124 ] && echo "gpu-run: GPU $g: memcheck ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
+        echo "gpu-run: GPU $g: failed (exit $grc; ${summary:-no summary})"
+        rc=$((grc ? grc : 1))
+      fi
+    done
+    if [ "$rc" -eq 0 ]; then
+      echo "RESULT: PASS (fault injection under memcheck, ${#tests[@]} tests on $gpus GPU(s))"
     else
-      [ "$rc" -eq 124 ] && echo "gpu-run: memcheck ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
-      echo "RESULT: FAIL (fault injection under memcheck, exit $rc; ${summary:-no summary})"
-      [ "$rc" -eq 0 ] && rc=1
+      echo "RESULT: FAIL (fault injection under memcheck)"
     fi
     exit "$rc"
     ;;
