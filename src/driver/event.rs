@@ -218,9 +218,37 @@ impl Event {
     /// assert!(s.is_idle().unwrap());
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        let last = self.last_record();
         // SAFETY: raw is a live event.
         unsafe { api()?.cuEventSynchronize(self.raw)? };
+        self.found_complete(last);
         Ok(())
+    }
+
+    /// Where the event was last recorded, if this crate knows (no record through the
+    /// handed-out handle, no failed record).
+    fn last_record(&self) -> Option<StreamMark> {
+        if self.escaped.load(Relaxed) {
+            return None;
+        }
+        match &*self.recorded.lock() {
+            Recorded::At(mark) => Some(mark.clone()),
+            Recorded::Never | Recorded::Unknown => None,
+        }
+    }
+
+    /// A wait for the event (or a query), begun when its last record was `last`, found it
+    /// complete: the work queued on that stream up to the record is done, and the stream
+    /// learns so ([`Stream::known_idle`], the marks), sparing later queries. Unless the
+    /// event was recorded again meanwhile: the driver may have waited for the newer
+    /// record, on another stream.
+    fn found_complete(&self, last: Option<StreamMark>) {
+        let Some(last) = last else { return };
+        let unchanged = !self.escaped.load(Relaxed)
+            && matches!(&*self.recorded.lock(), Recorded::At(now) if now.same_point(&last));
+        if unchanged {
+            last.reached();
+        }
     }
 
     /// Whether the work before the last record is done, without blocking.
@@ -240,9 +268,13 @@ impl Event {
     /// }
     /// ```
     pub fn is_complete(&self) -> Result<bool> {
+        let last = self.last_record();
         // SAFETY: raw is a live event.
         match unsafe { api()?.cuEventQuery(self.raw) } {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.found_complete(last);
+                Ok(true)
+            }
             Err(e) if e.code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
             Err(e) => Err(e.into()),
         }

@@ -245,6 +245,17 @@ impl StreamMark {
     pub(crate) fn known_done(&self) -> bool {
         self.counts.passed(self.mark)
     }
+
+    /// Whether `other` is this same point of this same stream.
+    pub(super) fn same_point(&self, other: &StreamMark) -> bool {
+        Arc::ptr_eq(&self.counts, &other.counts) && self.mark == other.mark
+    }
+
+    /// The work queued before the mark is done (an event recorded at it was found
+    /// complete): as a wait for the stream begun at the mark that returned.
+    pub(super) fn reached(&self) {
+        self.counts.waited(self.mark);
+    }
 }
 
 #[cfg(test)]
@@ -270,6 +281,35 @@ mod tests {
         assert!(s.passed(mark));
         let next = s.count_queued();
         assert!(!s.passed(next), "work queued since the last wait");
+    }
+
+    #[test]
+    fn a_mark_reached_covers_the_work_up_to_it_and_no_more() {
+        use super::StreamMark;
+        use std::sync::Arc;
+        let counts = Arc::new(QueueCounts::default());
+        let mark_at = |mark| StreamMark {
+            counts: counts.clone(),
+            mark,
+        };
+        let (first, second) = (counts.count_queued(), counts.count_queued());
+        let (a, b) = (mark_at(first), mark_at(second));
+        assert!(a.same_point(&mark_at(first)) && !a.same_point(&b));
+        let elsewhere = StreamMark {
+            counts: Arc::new(QueueCounts::default()),
+            mark: first,
+        };
+        assert!(!a.same_point(&elsewhere), "another stream's point");
+        a.reached();
+        assert!(a.known_done() && !b.known_done(), "later work not covered");
+        assert!(!counts.all_done());
+        b.reached();
+        assert!(
+            counts.all_done(),
+            "the last work reached: the stream is idle"
+        );
+        a.reached(); // an earlier point found again: nothing goes back
+        assert!(b.known_done());
     }
 
     #[test]
