@@ -113,12 +113,13 @@ pub struct HalConfig {
     pub mapped_batches: bool,
     /// Load every kernel of the crate's module (and of each [`CudaHal::load_module`]) when
     /// it is loaded, rather than at each kernel's first launch. (The HALs of one device
-    /// share the crate's module: the first loads it, the first with this on its kernels.) With lazy loading, the
-    /// driver's default (`CUDA_MODULE_LOADING`), loading a kernel may wait for the whole
-    /// context: without this, the first launch of each kernel waits for the work queued on
-    /// every stream of the device's context, and a kernel that waits for another's
-    /// progress may never end ([`crate::driver::Module::load_all_functions`]). A driver
-    /// older than CUDA 12.4 cannot: kernels then load at first use, as with this off.
+    /// share the crate's module: the first loads it, the first with this on its kernels.)
+    /// With lazy loading, the driver's default (`CUDA_MODULE_LOADING`), loading a kernel
+    /// may wait for the whole context: without this, the first launch of each kernel
+    /// waits for the work queued on every stream of the device's context, and a kernel
+    /// that waits for another's progress may never end
+    /// ([`crate::driver::Module::load_all_functions`]). A driver older than CUDA 12.4
+    /// cannot: kernels then load at first use, as with this off.
     pub preload_kernels: bool,
 }
 

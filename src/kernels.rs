@@ -64,11 +64,7 @@ impl KernelTable {
             Err(Error::KernelsUnavailable)
         };
         match &module {
-            Ok(m) if preload && !m.all_loaded.load(Ordering::Acquire) => {
-                if self::preload(&m.module) {
-                    m.all_loaded.store(true, Ordering::Release);
-                }
-            }
+            Ok(m) if preload => m.preload_once(),
             Ok(_) => {}
             Err(e) => log::warn!("kernels unavailable: {e}"),
         }
@@ -167,6 +163,13 @@ impl EmbeddedModule {
             })
         })
     }
+
+    /// Loads every kernel ([`preload`]) unless a HAL already did.
+    fn preload_once(&self) {
+        if !self.all_loaded.load(Ordering::Acquire) && preload(&self.module) {
+            self.all_loaded.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// Grid, block and dynamic shared memory of a launch.
@@ -214,6 +217,13 @@ enum Access {
     Read,
     Write,
     ReadWrite,
+}
+
+impl Access {
+    /// Whether the kernel may write the buffer.
+    fn writes(self) -> bool {
+        self != Access::Read
+    }
 }
 
 /// A kernel launch being assembled: arguments in the kernel's parameter order.
@@ -621,16 +631,16 @@ impl<'h> Launch<'h> {
                 // Every buffer's host edits are uploaded on the main stream first, then the
                 // side stream waits for the main stream once (not once per buffer).
                 for (raw, range, access) in &self.buffers {
-                    raw.flush_for_side(range.clone(), *access != Access::Read)?;
+                    raw.flush_for_side(range.clone(), access.writes())?;
                 }
                 s.after_main()?;
                 for (raw, _, access) in &self.buffers {
-                    raw.wait_side_uses(s, *access != Access::Read)?;
+                    raw.wait_side_uses(s, access.writes())?;
                 }
             }
             None => {
                 for (raw, range, access) in &self.buffers {
-                    raw.prepare_device_access(range.clone(), *access != Access::Read)?;
+                    raw.prepare_device_access(range.clone(), access.writes())?;
                 }
             }
         }
@@ -656,13 +666,13 @@ impl<'h> Launch<'h> {
         if let (Some(s), Some(done)) = (&side, done) {
             h.record_use(&done, &s.stream)?;
             for (raw, _, access) in &self.buffers {
-                raw.side.add(s.id, done.clone(), *access != Access::Read);
+                raw.side.add(s.id, done.clone(), access.writes());
             }
         }
         // A concurrent host read may have refilled an output's host copy from the old data
         // between the checks above and the launch: invalidate again now the kernel is queued.
         for (raw, range, access) in &self.buffers {
-            if *access != Access::Read {
+            if access.writes() {
                 raw.invalidate_host(range.clone());
             }
         }
@@ -674,13 +684,9 @@ impl<'h> Launch<'h> {
 fn check_aliasing(buffers: &[BufferArg]) -> Result<()> {
     for (i, (a, ra, acc_a)) in buffers.iter().enumerate() {
         for (b, rb, acc_b) in &buffers[i + 1..] {
-            let writes = *acc_a != Access::Read || *acc_b != Access::Read;
+            let writes = acc_a.writes() || acc_b.writes();
             if writes && Arc::ptr_eq(a, b) && ra.start < rb.end && rb.start < ra.end {
-                let (out, other) = if *acc_a != Access::Read {
-                    (a, b)
-                } else {
-                    (b, a)
-                };
+                let (out, other) = if acc_a.writes() { (a, b) } else { (b, a) };
                 return Err(Error::Aliasing {
                     output: out.name().to_string(),
                     other: other.name().to_string(),
