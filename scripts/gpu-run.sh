@@ -8,7 +8,7 @@
 #   scripts/gpu-run.sh faults-memcheck [test names...]
 #                                 the same under memcheck's leak check (all, or those named),
 #                                 spread over the visible GPUs, a call of its own; logs
-#                                 faults-memcheck.gpuN.log
+#                                 faults-memcheck/<test>.log, verdicts faults-memcheck/gpuN.txt
 #
 # Environment:
 #   OUT             where the results go (default ./gpu-out)
@@ -55,43 +55,69 @@ case "${1:-}" in
     # see, such as a registration left behind. Without the runs whose refused releases
     # leave their allocations behind on purpose.
     command -v compute-sanitizer > /dev/null || { echo "RESULT: FAIL (no compute-sanitizer)"; exit 2; }
-    # The tests (those named, else all) spread over the visible GPUs, one memcheck process
-    # per GPU side by side: on one H200 the ten scenarios take about 320 s under memcheck.
+    # The tests (those named, else all) spread over the visible GPUs: one worker per GPU
+    # takes the next test from a shared queue and runs it in a memcheck process of its own,
+    # so the GPUs finish close together whatever the tests' lengths (on one H200 the ten
+    # scenarios take about 320 s under memcheck; split in turn over two, 89 and 219 s).
     if [ "$#" -gt 0 ]; then tests=("$@"); else
       mapfile -t tests < <(.gpu-faults/faults --list 2>/dev/null | sed -n 's/: test$//p')
     fi
+    [ "${#tests[@]}" -gt 0 ] || { echo "RESULT: FAIL (no fault tests listed)"; exit 2; }
     gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
     [ "${gpus:-0}" -ge 1 ] || gpus=1
     # GPUs chosen by the caller: all on what they see.
     [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=1
     [ "$gpus" -gt "${#tests[@]}" ] && gpus="${#tests[@]}"
+    mc="$OUT/faults-memcheck"; rm -rf "$mc"; mkdir -p "$mc"
+    printf '%s\n' "${tests[@]}" > "$mc/queue"
+    # Prints the queue's first test and removes it, under a lock; nothing once it is empty.
+    # Without flock, one worker: no lock needed.
+    command -v flock > /dev/null || gpus=1
+    next_test() {
+      if [ "$gpus" -gt 1 ]; then
+        flock "$mc/queue.lock" sh -c 'head -n 1 "$1"; sed -i 1d "$1"' sh "$mc/queue"
+      else
+        head -n 1 "$mc/queue"; sed -i 1d "$mc/queue"
+      fi
+    }
+    # One GPU's worker: each test's output in faults-memcheck/<test>.log, and a line per
+    # test (its verdict and seconds) in faults-memcheck/gpuN.txt.
+    memcheck_worker() {
+      local g="$1" t log start trc summary
+      while t="$(next_test)" && [ -n "$t" ]; do
+        log="$mc/$t.log"; start=$SECONDS
+        CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$g}" CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 \
+          timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
+          compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
+          .gpu-faults/faults --test-threads=1 --nocapture --exact "$t" > "$log" 2>&1
+        trc=$?
+        summary="$(grep -aE "ERROR SUMMARY" "$log" | tail -n 1)"
+        if [ "$trc" -eq 0 ] && grep -aq "test result: ok\. 1 passed" "$log" \
+           && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
+          echo "ok $t GPU $g $((SECONDS - start)) s"
+        else
+          [ "$trc" -eq 124 ] && summary="ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
+          echo "FAILED $t GPU $g $((SECONDS - start)) s (exit $trc; ${summary:-no summary})"
+        fi >> "$mc/gpu$g.txt"
+      done
+    }
     pids=()
     for ((g = 0; g < gpus; g++)); do
-      share=()
-      for ((t = g; t < ${#tests[@]}; t += gpus)); do share+=("${tests[$t]}"); done
-      echo "gpu-run: memcheck on GPU $g: ${share[*]}"
-      CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$g}" CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 \
-        timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-        compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
-        .gpu-faults/faults --test-threads=1 --nocapture --exact "${share[@]}" \
-        > "$OUT/faults-memcheck.gpu$g.log" 2>&1 &
+      : > "$mc/gpu$g.txt"
+      memcheck_worker "$g" &
       pids+=("$!")
     done
-    rc=0
-    for ((g = 0; g < gpus; g++)); do
-      wait "${pids[$g]}"; grc=$?
-      log="$OUT/faults-memcheck.gpu$g.log"
-      grep -aE "driver calls|panicked|test result|^test |ERROR SUMMARY" "$log"
-      summary="$(grep -aE "ERROR SUMMARY" "$log" | tail -n 1)"
-      if [ "$grc" -eq 0 ] && grep -aqE "test result: ok\. [1-9]" "$log" \
-         && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
-        echo "gpu-run: GPU $g: ok"
-      else
-        [ "$grc" -eq 124 ] && echo "gpu-run: GPU $g: memcheck ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
-        echo "gpu-run: GPU $g: failed (exit $grc; ${summary:-no summary})"
-        rc=$((grc ? grc : 1))
-      fi
+    for pid in "${pids[@]}"; do wait "$pid"; done
+    for t in "${tests[@]}"; do
+      grep -aE "driver calls|panicked|test result|ERROR SUMMARY" "$mc/$t.log" 2>/dev/null | sed "s/^/$t: /"
     done
+    cat "$mc"/gpu*.txt
+    rc=0
+    passed="$(cat "$mc"/gpu*.txt | grep -c '^ok ' || true)"
+    if [ "$passed" -ne "${#tests[@]}" ]; then
+      echo "gpu-run: memcheck passed $passed of ${#tests[@]} tests"
+      rc=1
+    fi
     if [ "$rc" -eq 0 ]; then
       echo "RESULT: PASS (fault injection under memcheck, ${#tests[@]} tests on $gpus GPU(s))"
     else
