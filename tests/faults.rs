@@ -1,8 +1,11 @@
 //! Every driver call of an operation failing in turn (feature `fault-injection`; GPU).
 //!
-//! Each scenario runs once to count its driver calls (the scenario's, and then the HAL's own
+//! Each scenario runs once to list its driver calls (the scenario's, and then the HAL's own
 //! as it goes: its trim, pool, stream and modules; not those of the checks in between), then
-//! once per call `k` with call `k` made to fail (`cuda_sys::fault`): an allocation before it reaches the driver with
+//! once per call with that call made to fail (`cuda_sys::fault`). A call is picked as the
+//! `n`-th call of its entry point ([`Pick`]), so it stays the same call where a run skips or
+//! adds a query (a stream whose work is known done asks the driver nothing). An allocation
+//! fails before it reaches the driver with
 //! `CUDA_ERROR_OUT_OF_MEMORY`; a release (free, destroy, unload, unregister) after the
 //! driver made it, with `CUDA_ERROR_INVALID_VALUE`, so that a caller that took the error
 //! for "not released" and tried again would double-free (memcheck's run sees that), and
@@ -23,7 +26,7 @@
 //! costs that one allocation, and nothing else the HAL holds. (Skipped under memcheck, whose
 //! leak check rightly reports those allocations: `CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1`.)
 //!
-//! Each scenario then runs once per call `k` with a sticky error (`CUDA_ERROR_ILLEGAL_ADDRESS`,
+//! Each scenario then runs once per call `k` (the `k`-th of all its calls) with a sticky error (`CUDA_ERROR_ILLEGAL_ADDRESS`,
 //! as after a device fault) striking at call `k`: that call and every later one fail, as
 //! [`once_stuck`] says (device work fails before the driver sees it; waits and releases are
 //! made, then reported as failed). After every such run:
@@ -207,9 +210,35 @@ impl Scenario<'_> {
     }
 }
 
+/// A driver call of a scenario: the `nth` call (from 1) of entry point `symbol`.
+#[derive(Clone, Copy, Debug)]
+struct Pick {
+    symbol: &'static str,
+    nth: u64,
+}
+
+impl std::fmt::Display for Pick {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} #{}", self.symbol, self.nth)
+    }
+}
+
+/// Each call of `called` (entry points in the order called) as a [`Pick`].
+fn picks(called: &[&'static str]) -> Vec<Pick> {
+    let mut seen = std::collections::HashMap::<&str, u64>::new();
+    let mut pick = |symbol| {
+        let nth = seen.entry(symbol).or_default();
+        *nth += 1;
+        Pick { symbol, nth: *nth }
+    };
+    called.iter().map(|&symbol| pick(symbol)).collect()
+}
+
 /// What one run with a call made to fail saw.
 struct Run {
     injected: fault::Injected,
+    /// The entry points called, in order (`fault::called`).
+    called: Vec<&'static str>,
     /// Whether the scenario returned an error.
     returned_error: bool,
     /// Bytes of device memory not given back once the HAL went.
@@ -233,21 +262,25 @@ fn leak_bound(report: &cuda_hal::MemoryReport) -> usize {
     largest.unwrap_or(0).next_multiple_of(POOL_CHUNK) + POOL_CHUNK
 }
 
-/// Runs the scenario on a new HAL with call `fail_at` failing (0: none) as `how` says,
+/// Runs the scenario on a new HAL with call `pick` failing (`None`: none) as `how` says,
 /// checks what the module's doc says, and returns what it saw. The calls counted are the
 /// scenario's and then the HAL's own as it goes (its trim, pool, stream and modules), not
 /// those of the checks in between.
-fn run(s: &Scenario<'_>, fail_at: u64, how: fn(&'static str) -> FailOnce) -> Run {
+fn run(s: &Scenario<'_>, pick: Option<Pick>, how: fn(&'static str) -> FailOnce) -> Run {
     let (config, name, scenario) = (s.config, s.name, s.body);
     let free_before = free_device_bytes(s.ctx);
     let hal = CudaHal::with_config(0, config.clone()).unwrap();
-    fault::arm(fail_at, how);
+    match pick {
+        Some(p) => fault::arm_nth(p.symbol, p.nth, how),
+        None => fault::arm(0, how),
+    }
+    let call = pick.map_or("no call".to_string(), |p| format!("call {p}"));
     let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&hal)));
     let in_scenario = fault::pause();
-    let what = format!("{name}, call {fail_at} ({:?})", in_scenario.failed);
+    let what = format!("{name}, {call} ({:?})", in_scenario.failed);
     let result = outcome.unwrap_or_else(|_| panic!("{what}: panicked"));
     let returned_error = result.is_err();
-    if fail_at == 0 {
+    if pick.is_none() {
         result.unwrap_or_else(|e| panic!("{name} without a failure: {e}"));
     }
     assert!(hal.poisoned().is_none(), "{what}: poisoned");
@@ -261,7 +294,8 @@ fn run(s: &Scenario<'_>, fail_at: u64, how: fn(&'static str) -> FailOnce) -> Run
     fault::resume();
     let dropped = catch_unwind(AssertUnwindSafe(|| drop(hal)));
     let injected = fault::disarm();
-    let what = format!("{name}, call {fail_at} ({:?})", injected.failed);
+    let called = fault::called();
+    let what = format!("{name}, {call} ({:?})", injected.failed);
     assert!(dropped.is_ok(), "{what}: panicked as the HAL went");
     let refused_release = injected
         .failed
@@ -273,6 +307,7 @@ fn run(s: &Scenario<'_>, fail_at: u64, how: fn(&'static str) -> FailOnce) -> Run
         .unwrap_or_else(|e| panic!("{e}"));
     Run {
         injected,
+        called,
         returned_error,
         short,
         bound,
@@ -402,15 +437,16 @@ fn every_call_of(
         name,
         body: scenario,
     };
-    let calls = run(&s, 0, injected_code).injected.calls;
+    let all = picks(&run(&s, None, injected_code).called);
+    let calls = all.len() as u64;
     let (mut failed, mut errors, mut releases) = (0, 0, Vec::new());
-    for k in 1..=calls {
-        let r = run(&s, k, injected_code);
+    for &pick in &all {
+        let r = run(&s, Some(pick), injected_code);
         if let Some(symbol) = r.injected.failed {
             failed += 1;
             errors += usize::from(r.returned_error);
             if matches!(release_refused(symbol), FailOnce::Refused(_)) {
-                releases.push(k);
+                releases.push(pick);
             }
         }
     }
@@ -447,15 +483,15 @@ fn every_call_of(
     assert!(struck > 0, "{name}: no sticky error struck");
 }
 
-/// Runs the scenario once per release call `k` of `releases` with that call refused
+/// Runs the scenario once per release call of `releases` with that call refused
 /// before the driver (see the module doc), and says what each left behind.
-fn every_release_refused(s: &Scenario<'_>, releases: &[u64]) {
+fn every_release_refused(s: &Scenario<'_>, releases: &[Pick]) {
     let (mut refused, mut worst) = (0, (0, 0, ""));
-    for &k in releases {
-        let r = run(s, k, release_refused);
+    for &pick in releases {
+        let r = run(s, Some(pick), release_refused);
         if let Some(symbol) = r.injected.failed {
             println!(
-                "{}, call {k} ({symbol}) refused: {:.1} MiB left behind",
+                "{}, call {pick} ({symbol}) refused: {:.1} MiB left behind",
                 s.name,
                 r.short as f64 / MIB as f64
             );

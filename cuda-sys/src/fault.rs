@@ -1,7 +1,11 @@
 //! Fault injection, for tests of error paths (feature `fault-injection`, off by default).
 //!
 //! Once armed (`fault::arm`), every call of a driver entry point that returns a `CUresult`
-//! is counted, and the `n`-th fails as the caller chooses by entry point (`FailOnce`):
+//! is counted, and the `n`-th fails as the caller chooses by entry point (`FailOnce`); or,
+//! armed with `fault::arm_nth`, the `n`-th call of one entry point, which stays the same
+//! call when other calls come and go between runs (a query skipped because its stream's
+//! work was already known done). `fault::called` lists the entry points called, in order:
+//! a run made with nothing failing names every call a later run can pick. The call is
 //! refused *before* the driver is called, as if the driver had refused it (nothing it would
 //! have made exists), or made and then reported as failed (a release whose memory is gone
 //! all the same). Without the feature, the checks every entry point makes are empty and
@@ -57,7 +61,9 @@ pub(crate) fn after(symbol: &'static str, result: Result<(), Error>) -> Result<(
 }
 
 #[cfg(feature = "fault-injection")]
-pub use imp::{arm, arm_sticky, disarm, pause, resume, FailOnce, Injected, OnceStuck};
+pub use imp::{
+    arm, arm_nth, arm_sticky, called, disarm, pause, resume, FailOnce, Injected, OnceStuck,
+};
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -71,6 +77,13 @@ mod imp {
         armed: bool,
         calls: u64,
         fail_at: u64,
+        /// With [`arm_nth`]: the entry point whose call `fail_at` (counting its calls
+        /// alone) fails; else `fail_at` counts every call.
+        only: Option<&'static str>,
+        /// Calls of `only` so far.
+        only_calls: u64,
+        /// The entry points called, in order, since the last arm.
+        called: Vec<&'static str>,
         how: fn(&'static str) -> FailOnce,
         failed: Option<&'static str>,
         /// With [`arm`]: the call made to fail after the driver answers, on its thread, and
@@ -87,6 +100,9 @@ mod imp {
         armed: false,
         calls: 0,
         fail_at: 0,
+        only: None,
+        only_calls: 0,
+        called: Vec::new(),
         how: |_| FailOnce::LeftAlone,
         failed: None,
         late: None,
@@ -145,12 +161,29 @@ mod imp {
             armed: true,
             calls: 0,
             fail_at,
+            only: None,
+            only_calls: 0,
+            called: Vec::new(),
             how,
             failed: None,
             late: None,
             sticky: None,
             stuck: false,
         };
+    }
+
+    /// Counts calls from now on; the `nth` call (1 for the next) of entry point `symbol`
+    /// fails as `how(symbol)` says. Calls of other entry points, however many, do not move
+    /// it.
+    pub fn arm_nth(symbol: &'static str, nth: u64, how: fn(&'static str) -> FailOnce) {
+        arm(nth, how);
+        state().only = Some(symbol);
+    }
+
+    /// The entry points called (and counted) since the last arm, in order. The `k`-th
+    /// call's place among the calls of its entry point is what [`arm_nth`] takes.
+    pub fn called() -> Vec<&'static str> {
+        state().called.clone()
     }
 
     /// Counts calls from now on; the first call from call `fail_at` on (1 for the next; 0
@@ -162,6 +195,9 @@ mod imp {
             armed: true,
             calls: 0,
             fail_at,
+            only: None,
+            only_calls: 0,
+            called: Vec::new(),
             how: |_| FailOnce::LeftAlone,
             failed: None,
             late: None,
@@ -203,6 +239,7 @@ mod imp {
             return Ok(());
         }
         s.calls += 1;
+        s.called.push(symbol);
         if let Some((code, once_stuck)) = s.sticky {
             let how = once_stuck(symbol);
             if !s.stuck && s.fail_at != 0 && s.calls >= s.fail_at && how != OnceStuck::Unaffected {
@@ -214,7 +251,15 @@ mod imp {
                 _ => Ok(()),
             };
         }
-        if s.calls != s.fail_at {
+        let picked = match s.only {
+            Some(only) if only == symbol => {
+                s.only_calls += 1;
+                s.only_calls == s.fail_at
+            }
+            Some(_) => false,
+            None => s.calls == s.fail_at,
+        };
+        if !picked {
             return Ok(());
         }
         match (s.how)(symbol) {
@@ -326,6 +371,35 @@ mod tests {
         resume();
         assert!(before("cuMemAlloc_v2").is_err());
         assert_eq!(disarm().calls, 2);
+
+        // By entry point: the second call of cuMemFree_v2 fails, however many other calls
+        // come first; the calls are listed in order.
+        arm_nth("cuMemFree_v2", 2, |_| {
+            FailOnce::Refused(CUresult::CUDA_ERROR_INVALID_VALUE)
+        });
+        assert!(before("cuMemFree_v2").is_ok());
+        assert!(before("cuMemAlloc_v2").is_ok());
+        assert!(before("cuMemAlloc_v2").is_ok());
+        assert!(before("cuMemFree_v2").is_err());
+        assert!(before("cuMemFree_v2").is_ok());
+        assert_eq!(
+            called(),
+            [
+                "cuMemFree_v2",
+                "cuMemAlloc_v2",
+                "cuMemAlloc_v2",
+                "cuMemFree_v2",
+                "cuMemFree_v2"
+            ]
+        );
+        assert_eq!(disarm().failed, Some("cuMemFree_v2"));
+        arm_nth("cuMemFree_v2", 3, |_| {
+            FailOnce::Refused(CUresult::CUDA_ERROR_INVALID_VALUE)
+        });
+        assert!(before("cuMemFree_v2").is_ok());
+        assert!(before("cuMemFree_v2").is_ok());
+        assert_eq!(disarm().failed, None);
+        assert_eq!(called().len(), 2);
 
         // Disarmed: nothing fails.
         assert!(before("cuMemcpyHtoD_v2").is_ok());
