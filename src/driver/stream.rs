@@ -90,11 +90,9 @@ impl Stream {
     /// tells that work done with no driver call once a [`Stream::synchronize`] (or an
     /// [`Stream::is_idle`] that found the stream idle) begun after it has returned.
     pub(super) fn queue_marked<R>(&self, queue: impl FnOnce(CUstream) -> R) -> (R, StreamMark) {
+        let before = self.counts.begin_wait();
         let queued = queue(self.raw);
-        let mark = StreamMark {
-            mark: self.counts.count_queued(),
-            counts: self.counts.clone(),
-        };
+        let mark = StreamMark::new(self.counts.clone(), before, self.counts.count_queued());
         (queued, mark)
     }
 
@@ -237,9 +235,25 @@ impl QueueCounts {
 pub(super) struct StreamMark {
     counts: Arc<QueueCounts>,
     mark: u64,
+    /// The count up to which work was queued before the marked call: what the call's
+    /// completion covers ([`StreamMark::reached`]).
+    covers: u64,
 }
 
 impl StreamMark {
+    /// The mark `mark` of a call queued when the stream's count was `before`. Work counted
+    /// between the two, by other threads, may have been queued after the call (each count
+    /// follows its queueing), so the call's completion covers only the work up to
+    /// `before`, or, with none counted between, its own count too.
+    fn new(counts: Arc<QueueCounts>, before: u64, mark: u64) -> Self {
+        let covers = if mark == before + 1 { mark } else { before };
+        StreamMark {
+            counts,
+            mark,
+            covers,
+        }
+    }
+
     /// Whether a wait for the stream begun after the mark has returned: the work queued
     /// before the mark is done.
     pub(crate) fn known_done(&self) -> bool {
@@ -251,10 +265,12 @@ impl StreamMark {
         Arc::ptr_eq(&self.counts, &other.counts) && self.mark == other.mark
     }
 
-    /// The work queued before the mark is done (an event recorded at it was found
-    /// complete): as a wait for the stream begun at the mark that returned.
+    /// The marked call is done (an event recorded by it was found complete), and so the
+    /// work queued before it: as a wait for the stream that returned, begun when the call
+    /// was queued. Work counted by other threads while the call was queued is left out,
+    /// since it may have been queued after it.
     pub(super) fn reached(&self) {
-        self.counts.waited(self.mark);
+        self.counts.waited(self.covers);
     }
 }
 
@@ -288,17 +304,11 @@ mod tests {
         use super::StreamMark;
         use std::sync::Arc;
         let counts = Arc::new(QueueCounts::default());
-        let mark_at = |mark| StreamMark {
-            counts: counts.clone(),
-            mark,
-        };
+        let mark_at = |mark| StreamMark::new(counts.clone(), mark - 1, mark);
         let (first, second) = (counts.count_queued(), counts.count_queued());
         let (a, b) = (mark_at(first), mark_at(second));
         assert!(a.same_point(&mark_at(first)) && !a.same_point(&b));
-        let elsewhere = StreamMark {
-            counts: Arc::new(QueueCounts::default()),
-            mark: first,
-        };
+        let elsewhere = StreamMark::new(Arc::new(QueueCounts::default()), first - 1, first);
         assert!(!a.same_point(&elsewhere), "another stream's point");
         a.reached();
         assert!(a.known_done() && !b.known_done(), "later work not covered");
@@ -310,6 +320,32 @@ mod tests {
         );
         a.reached(); // an earlier point found again: nothing goes back
         assert!(b.known_done());
+    }
+
+    #[test]
+    fn a_mark_reached_leaves_out_work_counted_while_its_call_was_queued() {
+        use super::StreamMark;
+        use std::sync::Arc;
+        let counts = Arc::new(QueueCounts::default());
+        let earlier = counts.count_queued();
+        // Thread A reads the count and queues an event record; thread B queues work after
+        // the record and counts it; A counts its record.
+        let before = counts.begin_wait();
+        let other = counts.count_queued();
+        let record = StreamMark::new(counts.clone(), before, counts.count_queued());
+        record.reached();
+        assert!(
+            counts.passed(earlier),
+            "work counted before the record is covered"
+        );
+        assert!(
+            !counts.passed(other),
+            "work another thread counted meanwhile may follow the record"
+        );
+        assert!(!record.known_done() && !counts.all_done());
+        // A wait begun after both covers them.
+        counts.waited(counts.begin_wait());
+        assert!(record.known_done() && counts.all_done());
     }
 
     #[test]
