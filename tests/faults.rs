@@ -62,6 +62,14 @@ use cuda_hal::{
 /// The injection state is global: one scenario at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// The scenarios' turn ([`ONE_AT_A_TIME`]), or `None` without a GPU. Taken before the check
+/// for a GPU (which starts a HAL, and drops it): no HAL of another test lives during a
+/// scenario (the HALs on a context share its poisoning while one lives).
+fn one_at_a_time() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    common::gpu().map(|_| one)
+}
+
 /// Parts of the names of the entry points that release what a HAL holds.
 const RELEASES: [&str; 5] = ["Destroy", "Free", "Unload", "Release", "Unregister"];
 
@@ -388,11 +396,7 @@ fn every_call_fails_in_turn_checking(
     name: &str,
     scenario: impl Fn(&CudaHal) -> Result<()>,
 ) {
-    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
-    if common::gpu().is_none() {
-        return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_one) = one_at_a_time() else { return };
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     // The second run also takes the copied route of small batches (a device scratch).
     let no_cache = HalConfig {
@@ -678,14 +682,11 @@ fn copies_between_hals() {
 
 /// A HAL that loads every kernel as it starts (`HalConfig::preload_kernels`), each of its
 /// calls failing in turn: where loading a kernel fails, the kernel loads at its first use.
+/// It shares the module of the HAL beside it, so the module's load is not among its calls.
 /// One configuration: the block cache plays no part.
 #[test]
 fn kernels_loaded_up_front() {
-    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
-    if common::gpu().is_none() {
-        return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_one) = one_at_a_time() else { return };
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     let check = Checks { free_memory: true };
     let name = "kernels loaded up front";
@@ -706,11 +707,7 @@ fn kernels_loaded_up_front() {
 /// through the staging slots.
 #[test]
 fn reads_and_batches_past_the_pinned_pool() {
-    // (No HAL kept meanwhile: the HALs on a context share its poisoning while one lives.)
-    if common::gpu().is_none() {
-        return;
-    }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_one) = one_at_a_time() else { return };
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     let config = HalConfig {
         pinned_pool_bytes: MIB,

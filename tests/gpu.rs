@@ -1225,6 +1225,10 @@ fn nothing_outlives_child() {
             .join()
             .unwrap();
         drop(x); // freed while its HAL lives; y and z go with the scope
+        assert!(
+            driver::PrimaryContext::is_active(0).unwrap(),
+            "the HALs hold the context"
+        );
     }
     // Anything released on another thread (a copy thread's last hold) has a moment to go.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);

@@ -506,7 +506,6 @@ fn the_hals_of_one_device_share_their_kernels_while_one_lives() {
         beside.kernel("fill_u64").unwrap(),
     );
     assert_eq!(a.raw(), b.raw(), "one module for the device's HALs");
-    assert!(b.is_loaded().unwrap(), "loaded by the HAL beside");
     drop(beside);
     let fill = first_fill_beside_gated_kernel(false, std::time::Duration::from_secs(20));
     assert!(

@@ -99,9 +99,9 @@ impl PrimaryContext {
     }
 
     /// Whether device `ordinal`'s primary context is active: retained by someone in this
-    /// process (a HAL, a driver object made in it, a [`PrimaryContext`]). Once every HAL of
-    /// the device and everything made in it are dropped, it is not: nothing the crate made
-    /// outlives them.
+    /// process (a HAL, a driver object made in it, a [`PrimaryContext`], or another library
+    /// such as the CUDA runtime). Once every HAL of the device and everything made in it
+    /// are dropped, nothing the crate made holds it.
     ///
     /// ```
     /// use cuda_hal::driver::PrimaryContext;
