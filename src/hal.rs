@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::allocs::{Allocs, Granted};
 use crate::buffer::Buffer;
 use crate::driver::{
-    api, DeviceInfo, Event, MemPool, Poisoning, PoolStats, PrimaryContext, Stream,
+    api, DeviceInfo, Event, Function, MemPool, Poisoning, PoolStats, PrimaryContext, Stream,
 };
 use crate::kernels::KernelTable;
 use crate::ledger::{AllocKind, Dir, Ledger, LedgerSnapshot};
@@ -716,6 +716,12 @@ impl HalInner {
             let _ = stream.synchronize();
         }
         self.guard(recorded)
+    }
+
+    /// The kernel `name` ([`KernelTable::get`]); the HAL's context is current (after
+    /// [`HalInner::enter`]).
+    pub(crate) fn function(&self, name: &str, embedded_only: bool) -> Result<Function> {
+        self.kernels.get(self.ctx.raw(), name, embedded_only)
     }
 
     /// Checks the context is usable and current on this thread.

@@ -43,8 +43,11 @@ pub fn kernels_available() -> bool {
 }
 
 pub(crate) struct KernelTable {
-    /// The embedded module, shared by the HALs of the context, or why it is not there.
-    embedded: Result<Arc<EmbeddedModule>>,
+    /// The embedded module, shared by the HALs of the context, or why it is not there (a
+    /// failure that may pass is tried again at the next lookup: [`KernelTable::get`]).
+    embedded: RwLock<Result<Arc<EmbeddedModule>>>,
+    /// Load every kernel of the module as it loads (`HalConfig::preload_kernels`).
+    preload: bool,
     /// Modules of [`CudaHal::load_module`], searched after the embedded one in load order.
     loaded: RwLock<Vec<Module>>,
     /// Kernels found so far, by name, and whether the embedded module has them.
@@ -55,24 +58,32 @@ impl KernelTable {
     /// The embedded module of context `ctx`, current on the calling thread: the one the
     /// context's live HALs share, else loaded now ([`EmbeddedModule::of`]); with `preload`
     /// each of its kernels loaded too, unless they all are ([`preload`]). A failure to load
-    /// the module is kept and returned by every kernel lookup, so memory operations still
-    /// work.
+    /// the module does not fail the HAL: memory operations work, and kernel lookups return
+    /// the error, or load the module then where the failure may pass
+    /// ([`load_may_succeed_later`]).
     pub(crate) fn load(ctx: CUcontext, preload: bool) -> Self {
-        let module = if kernels_available() {
-            EmbeddedModule::of(ctx)
-        } else {
-            Err(Error::KernelsUnavailable)
-        };
-        match &module {
-            Ok(m) if preload => m.preload_once(),
-            Ok(_) => {}
-            Err(e) => log::warn!("kernels unavailable: {e}"),
-        }
         KernelTable {
-            embedded: module,
+            embedded: RwLock::new(embedded_module(ctx, preload)),
+            preload,
             loaded: RwLock::new(Vec::new()),
             functions: RwLock::new(FxHashMap::default()),
         }
+    }
+
+    /// The embedded module, loaded again now if its load failed in a way that may pass
+    /// (context `ctx` current on the calling thread). One thread loads; the others wait and
+    /// take its answer.
+    fn embedded(&self, ctx: CUcontext) -> Result<Arc<EmbeddedModule>> {
+        let retry = match &*self.embedded.read() {
+            Ok(m) => return Ok(m.clone()),
+            Err(e) if !load_may_succeed_later(e) => return Err(e.clone()),
+            Err(e) => e.clone(),
+        };
+        let mut embedded = self.embedded.write();
+        if matches!(&*embedded, Err(e) if *e == retry) {
+            *embedded = embedded_module(ctx, self.preload);
+        }
+        embedded.clone()
     }
 
     /// The kernel `name`: the embedded one, else (unless `embedded_only`) the first loaded
@@ -80,18 +91,21 @@ impl KernelTable {
     /// or no kernels built). The crate's own operations pass `embedded_only`: they pass
     /// the arguments of the embedded kernels, which a user's kernel of the same name need
     /// not take.
-    pub(crate) fn get(&self, name: &str, embedded_only: bool) -> Result<Function> {
+    ///
+    /// Context `ctx` is current on the calling thread: where the embedded module's load
+    /// failed in a way that may pass, it is loaded again here.
+    pub(crate) fn get(&self, ctx: CUcontext, name: &str, embedded_only: bool) -> Result<Function> {
         if let Some(&(f, embedded)) = self.functions.read().get(name) {
             if embedded || !embedded_only {
                 return Ok(f);
             }
         }
-        let not_embedded = match &self.embedded {
+        let not_embedded = match self.embedded(ctx) {
             Ok(embedded) => match embedded.module.function(name) {
                 Ok(f) => return Ok(self.remember(name, f, true)),
                 Err(e) => e,
             },
-            Err(e) => e.clone(),
+            Err(e) => e,
         };
         if embedded_only {
             return Err(not_embedded);
@@ -117,6 +131,50 @@ impl KernelTable {
     /// Adds a module whose kernels [`KernelTable::get`] finds from now on.
     pub(crate) fn add(&self, module: Module) {
         self.loaded.write().push(module);
+    }
+}
+
+/// The embedded module of context `ctx` (current on the calling thread), with its kernels
+/// loaded where `preload` asks, or why it is not there (logged).
+fn embedded_module(ctx: CUcontext, preload: bool) -> Result<Arc<EmbeddedModule>> {
+    if !kernels_available() {
+        return Err(Error::KernelsUnavailable);
+    }
+    let module = EmbeddedModule::of(ctx);
+    match &module {
+        Ok(m) if preload => m.preload_once(),
+        Ok(_) => {}
+        Err(e) if load_may_succeed_later(e) => {
+            log::warn!("kernels not loaded, tried again at the next kernel lookup: {e}")
+        }
+        Err(e) => log::warn!("kernels unavailable: {e}"),
+    }
+    module
+}
+
+/// Whether a failed load of the embedded module may succeed if tried again: a driver error
+/// other than one that says the image cannot run on this device or driver (no code for the
+/// GPU, an image or PTX the driver rejects, no JIT compiler) or that broke the context. A
+/// build without kernels, a missing entry point or a poisoned context never pass.
+pub(crate) fn load_may_succeed_later(e: &Error) -> bool {
+    use cuda_sys::CUresult as R;
+    let Error::Cuda(e) = e else { return false };
+    match e.code() {
+        None => false,
+        Some(code) => !matches!(
+            code,
+            R::CUDA_ERROR_NO_BINARY_FOR_GPU
+                | R::CUDA_ERROR_INVALID_IMAGE
+                | R::CUDA_ERROR_INVALID_PTX
+                | R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+                | R::CUDA_ERROR_JIT_COMPILER_NOT_FOUND
+                | R::CUDA_ERROR_JIT_COMPILATION_DISABLED
+                | R::CUDA_ERROR_INVALID_SOURCE
+                | R::CUDA_ERROR_NOT_SUPPORTED
+                | R::CUDA_ERROR_INVALID_DEVICE
+                | R::CUDA_ERROR_NO_DEVICE
+                | R::CUDA_ERROR_DEINITIALIZED
+        ),
     }
 }
 
@@ -349,7 +407,7 @@ impl CudaHal {
     pub fn kernel(&self, name: &str) -> Result<Function> {
         let h = &self.inner;
         h.enter()?;
-        h.guard(h.kernels.get(name, false))
+        h.guard(h.function(name, false))
     }
 
     /// Starts a launch of the kernel `kernel`: an embedded one, or one of a module loaded
@@ -624,7 +682,7 @@ impl<'h> Launch<'h> {
         check_aliasing(&self.buffers)?;
         let h = &self.hal.inner;
         h.enter()?;
-        let f = h.kernels.get(self.kernel, self.embedded_only)?;
+        let f = h.function(self.kernel, self.embedded_only)?;
         let side = self.stream.take().filter(|s| !s.is_main());
         match &side {
             Some(s) => {
@@ -716,4 +774,49 @@ pub struct DevicePtr {
     pub addr: CUdeviceptr,
     /// Bytes from `addr` that belong to the buffer.
     pub bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_sys::CUresult as R;
+
+    fn driver(code: R) -> Error {
+        Error::Cuda(cuda_sys::Error::from_code(code, "cuModuleLoadData"))
+    }
+
+    #[test]
+    fn a_failed_module_load_is_tried_again_only_where_it_may_pass() {
+        // A refusal that may pass: memory, a call refused for now, the OS.
+        for code in [
+            R::CUDA_ERROR_OUT_OF_MEMORY,
+            R::CUDA_ERROR_INVALID_VALUE,
+            R::CUDA_ERROR_OPERATING_SYSTEM,
+            R::CUDA_ERROR_UNKNOWN,
+        ] {
+            assert!(load_may_succeed_later(&driver(code)), "{code:?}");
+        }
+        // The image cannot run here, whenever it is tried.
+        for code in [
+            R::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            R::CUDA_ERROR_INVALID_IMAGE,
+            R::CUDA_ERROR_INVALID_PTX,
+            R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            R::CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+        ] {
+            assert!(!load_may_succeed_later(&driver(code)), "{code:?}");
+        }
+        // No kernels built, no entry point, a broken context.
+        let missing = cuda_sys::Error::MissingSymbol {
+            symbol: "cuModuleLoadData",
+        };
+        let fault = cuda_sys::Error::from_code(R::CUDA_ERROR_ILLEGAL_ADDRESS, "cuModuleLoadData");
+        for e in [
+            Error::KernelsUnavailable,
+            Error::Cuda(missing),
+            Error::ContextPoisoned { cause: fault },
+        ] {
+            assert!(!load_may_succeed_later(&e), "{e}");
+        }
+    }
 }

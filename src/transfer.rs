@@ -580,7 +580,7 @@ impl CudaHal {
         }
         // Queues the gather of the table at `table` into `outputs`.
         let launch = |table: CUdeviceptr, outputs: CUdeviceptr| -> Result<()> {
-            let f = h.kernels.get("gather_elements", true)?;
+            let f = h.function("gather_elements", true)?;
             let dims = LaunchDims::for_elements(n, h.info_sms());
             let (mut t, mut o, mut c, mut e) = (table, outputs, n as u64, sz as u32);
             let mut params = [
@@ -845,7 +845,7 @@ impl CudaHal {
         } else {
             "scatter_segments"
         };
-        let f = h.kernels.get(name, true)?;
+        let f = h.function(name, true)?;
         let blocks = segments.min(h.info_sms() * 8).max(1);
         let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
         let mut params = [
