@@ -720,7 +720,7 @@ impl HalInner {
 
     /// The kernel `name` ([`KernelTable::get`]); the HAL's context is current (after
     /// [`HalInner::enter`]).
-    pub(crate) fn function(&self, name: &str, embedded_only: bool) -> Result<Function> {
+    pub(crate) fn function(&self, name: &str, embedded_only: bool) -> Result<Function<'_>> {
         self.kernels.get(self.ctx.raw(), name, embedded_only)
     }
 

@@ -50,8 +50,9 @@ pub(crate) struct KernelTable {
     preload: bool,
     /// Modules of [`CudaHal::load_module`], searched after the embedded one in load order.
     loaded: RwLock<Vec<Module>>,
-    /// Kernels found so far, by name, and whether the embedded module has them.
-    functions: RwLock<FxHashMap<String, (Function, bool)>>,
+    /// Kernels found so far, by name, and whether the embedded module has them. Their
+    /// modules are this table's: [`KernelTable::get`] lends them out bound to it.
+    functions: RwLock<FxHashMap<String, (Function<'static>, bool)>>,
 }
 
 impl KernelTable {
@@ -94,7 +95,12 @@ impl KernelTable {
     ///
     /// Context `ctx` is current on the calling thread: where the embedded module's load
     /// failed in a way that may pass, it is loaded again here.
-    pub(crate) fn get(&self, ctx: CUcontext, name: &str, embedded_only: bool) -> Result<Function> {
+    pub(crate) fn get(
+        &self,
+        ctx: CUcontext,
+        name: &str,
+        embedded_only: bool,
+    ) -> Result<Function<'_>> {
         if let Some(&(f, embedded)) = self.functions.read().get(name) {
             if embedded || !embedded_only {
                 return Ok(f);
@@ -110,18 +116,19 @@ impl KernelTable {
         if embedded_only {
             return Err(not_embedded);
         }
-        let found = self
-            .loaded
-            .read()
-            .iter()
-            .find_map(|m| m.function(name).ok());
-        match found {
+        let loaded = self.loaded.read();
+        match loaded.iter().find_map(|m| m.function(name).ok()) {
             Some(f) => Ok(self.remember(name, f, false)),
             None => Err(not_embedded),
         }
     }
 
-    fn remember(&self, name: &str, f: Function, embedded: bool) -> Function {
+    /// Keeps `f`, a kernel of one of this table's modules, under `name`.
+    fn remember(&self, name: &str, f: Function<'_>, embedded: bool) -> Function<'_> {
+        // SAFETY: `f`'s module is this table's (the embedded module, kept once loaded, or
+        // one of `loaded`, never removed) and lives as long as the table; the table lends
+        // the handle out bound to itself.
+        let f = unsafe { f.unbound() };
         self.functions
             .write()
             .insert(name.to_string(), (f, embedded));
@@ -384,9 +391,9 @@ impl CudaHal {
 
     /// The kernel `name` as the driver's [`Function`]: an embedded one, else one of a
     /// module loaded with [`CudaHal::load_module`], as [`CudaHal::launch`] finds it; to ask
-    /// the driver about it, or to launch it on a stream of your own. Valid while the HAL
-    /// lives. The HALs of one device share the embedded kernels, so they get the same
-    /// handles.
+    /// the driver about it, or to launch it on a stream of your own. The handle borrows the
+    /// HAL, which keeps its module loaded. The HALs of one device share the embedded
+    /// kernels, so they get the same handles.
     ///
     /// ```
     /// use cuda_hal::{kernels_available, CudaHal, Error};
@@ -404,7 +411,17 @@ impl CudaHal {
     /// assert_eq!(beside.kernel("fill_u32").unwrap().raw(), fill.raw());
     /// assert!(matches!(hal.kernel("no_such_kernel"), Err(Error::KernelNotFound { .. })));
     /// ```
-    pub fn kernel(&self, name: &str) -> Result<Function> {
+    ///
+    /// The handle does not outlive the HAL:
+    ///
+    /// ```compile_fail,E0597
+    /// let fill = {
+    ///     let hal = cuda_hal::CudaHal::new(0).unwrap();
+    ///     hal.kernel("fill_u32").unwrap()
+    /// }; // error: `hal` does not live long enough
+    /// fill.is_loaded().unwrap();
+    /// ```
+    pub fn kernel(&self, name: &str) -> Result<Function<'_>> {
         let h = &self.inner;
         h.enter()?;
         h.guard(h.function(name, false))

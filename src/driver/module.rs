@@ -1,4 +1,5 @@
 use std::ffi::CString;
+use std::marker::PhantomData;
 
 use cuda_sys::{CUfunction, CUfunctionLoadingState, CUmodule, CUmoduleLoadingMode};
 
@@ -31,7 +32,9 @@ unsafe impl Send for Module {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Module {}
 
-/// A kernel of a [`Module`]. Valid while the module is loaded.
+/// A kernel of a [`Module`], borrowed from it: the handle cannot outlive the module that
+/// holds the kernel's code (a handle of an unloaded module is a dangling pointer to the
+/// driver).
 ///
 /// ```
 /// use cuda_hal::driver::{Module, PrimaryContext, Stream};
@@ -62,15 +65,27 @@ unsafe impl Sync for Module {}
 /// }
 /// assert!(host.iter().all(|&x| x == 7));
 /// ```
+///
+/// A handle does not outlive its module:
+///
+/// ```compile_fail,E0597
+/// use cuda_hal::driver::Module;
+/// let fill = {
+///     let m = Module::load(cuda_hal::FATBIN).unwrap();
+///     m.function("fill_u32").unwrap()
+/// }; // error: `m` does not live long enough
+/// fill.is_loaded().unwrap();
+/// ```
 #[derive(Clone, Copy, Debug)]
-pub struct Function {
+pub struct Function<'m> {
     raw: CUfunction,
+    module: PhantomData<&'m Module>,
 }
 
 // SAFETY: function handles are immutable driver objects usable from any thread.
-unsafe impl Send for Function {}
+unsafe impl Send for Function<'_> {}
 // SAFETY: see `Send`.
-unsafe impl Sync for Function {}
+unsafe impl Sync for Function<'_> {}
 
 impl Module {
     /// Loads an image with `cuModuleLoadData` into the primary context current on the
@@ -113,7 +128,7 @@ impl Module {
     /// assert!(m.function("eltwise_add_u32").is_ok());
     /// assert!(m.function("no_such_kernel").is_err());
     /// ```
-    pub fn function(&self, name: &str) -> Result<Function> {
+    pub fn function(&self, name: &str) -> Result<Function<'_>> {
         let c_name = CString::new(name).map_err(|_| Error::KernelNotFound {
             name: name.to_string(),
             reason: "name contains a NUL byte".into(),
@@ -130,7 +145,10 @@ impl Module {
                 },
             },
         )?;
-        Ok(Function { raw })
+        Ok(Function {
+            raw,
+            module: PhantomData,
+        })
     }
 
     /// Loads every kernel of the module now, rather than at its first use; returns how
@@ -181,7 +199,7 @@ impl Module {
     }
 }
 
-impl Function {
+impl<'m> Function<'m> {
     /// Whether the kernel's code is loaded on the device (with lazy loading, not before
     /// its first use or [`Module::load_all_functions`]; on an H200 with driver 580.159.04,
     /// looking it up with [`Module::function`] loaded it).
@@ -202,7 +220,7 @@ impl Function {
     /// ```
     pub fn is_loaded(&self) -> Result<bool> {
         let mut state = CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED;
-        // SAFETY: an out-pointer to a local; the handle's module is live (see `Function`).
+        // SAFETY: an out-pointer to a local; the handle's module is live (it borrows it).
         unsafe { api()?.cuFuncIsLoaded(&mut state, self.raw)? };
         Ok(state == CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED)
     }
@@ -224,6 +242,18 @@ impl Function {
     /// ```
     pub fn raw(&self) -> CUfunction {
         self.raw
+    }
+
+    /// The handle without its borrow of the module, for a table that keeps the module
+    /// alive beside it.
+    ///
+    /// # Safety
+    /// The module must stay loaded while the handle, or a copy of it, is used.
+    pub(crate) unsafe fn unbound(self) -> Function<'static> {
+        Function {
+            raw: self.raw,
+            module: PhantomData,
+        }
     }
 
     /// Launches the kernel on `stream`.
