@@ -188,12 +188,16 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
         dev.upload_async(&host).unwrap();
         hal.synchronize().unwrap();
     });
+    // (Registering: from the call to the closure's start; unregistering: from its end to
+    // the call's return.)
     let t0 = Instant::now();
-    let reg = hal.register_host(&mut host).unwrap();
-    let reg_us = t0.elapsed().as_secs_f64() * 1e6;
-    let t = median_us(10, 200, || dev.copy_from_registered(&reg).unwrap());
-    let t1 = Instant::now();
-    drop(reg);
+    let (reg_us, t, t1) = hal
+        .with_registered_host(&mut host, |reg| {
+            let reg_us = t0.elapsed().as_secs_f64() * 1e6;
+            let t = median_us(10, 200, || dev.copy_from_registered(reg).unwrap());
+            (reg_us, t, Instant::now())
+        })
+        .unwrap();
     let unreg_us = t1.elapsed().as_secs_f64() * 1e6;
     row(
         "registered upload 64 MiB",

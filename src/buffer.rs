@@ -315,14 +315,18 @@ impl RawBuffer {
             let id = c.state.begin_borrow(r, kind).map_err(|_| self.borrowed())?;
             (c.bytes.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr), id)
         };
-        struct EndBorrow<'a>(&'a RawBuffer, u64);
-        impl Drop for EndBorrow<'_> {
-            fn drop(&mut self) {
-                self.0.cache.lock().state.end_borrow(self.1);
-            }
-        }
         let _end = EndBorrow(self, id);
         Ok(f(base))
+    }
+}
+
+/// Ends a borrow of a host copy (registered with `CacheState::begin_borrow`) as it goes,
+/// on unwinding too.
+pub(crate) struct EndBorrow<'a>(pub(crate) &'a RawBuffer, pub(crate) u64);
+
+impl Drop for EndBorrow<'_> {
+    fn drop(&mut self) {
+        self.0.cache.lock().state.end_borrow(self.1);
     }
 }
 
@@ -709,17 +713,29 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// The elements from a valid host copy (phase 2), or `None`.
+    ///
+    /// The copy is made under a shared borrow of the bytes, not under the buffer's lock: a
+    /// large one runs on the rayon pool, whose threads may be waiting for that lock (a
+    /// prover's `par_iter` reading the buffer), and would then never take its tasks.
     pub(crate) fn cached_copy(&self) -> Option<Vec<T>> {
         let r = self.byte_range();
-        let c = self.raw.cache.lock();
-        let host = c.bytes.as_ref()?;
-        if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
-            return None;
-        }
+        let (base, id) = {
+            let mut c = self.raw.cache.lock();
+            let base = c.bytes.as_ref()?.ptr;
+            if !c.state.plan_read(&r).is_ok_and(|m| m.is_empty()) {
+                return None;
+            }
+            (
+                base,
+                c.state.begin_borrow(r.clone(), BorrowKind::Shared).ok()?,
+            )
+        };
+        let _end = EndBorrow(&self.raw, id);
         self.raw.hal.ledger.cache(true);
-        // SAFETY: r is readable with no exclusive view (plan_read), and the lock keeps one
-        // from starting during the copy.
-        let bytes = unsafe { std::slice::from_raw_parts(host.ptr.add(r.start), r.len()) };
+        // SAFETY: r is readable with no exclusive view (plan_read), and the shared borrow
+        // keeps exclusive views and downloads out of it until the copy is done; the host
+        // copy stays with the allocation while `self` lives.
+        let bytes = unsafe { std::slice::from_raw_parts(base.add(r.start), r.len()) };
         Some(host_pages::copied(bytes))
     }
 
@@ -1006,9 +1022,11 @@ impl<T: Pod> Buffer<T> {
         h.enter()?;
         let r = self.byte_range();
         self.raw.prepare_device_access(r.clone(), true)?;
-        h.upload(self.raw_ptr(), bytemuck::cast_slice(src))?;
+        let uploaded = h.upload(self.raw_ptr(), bytemuck::cast_slice(src));
+        // Even where the upload failed: some of its chunks may be queued, and a host copy
+        // read meanwhile would be older than them.
         self.raw.invalidate_host(r);
-        Ok(())
+        uploaded
     }
 
     /// Copies `src` (same length, any buffer of the same HAL) into this buffer on the device.

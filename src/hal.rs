@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cuda_sys::CUdeviceptr;
 use parking_lot::Mutex;
 
-use crate::allocs::{Allocs, Granted};
+use crate::allocs::{Allocs, Granted, Ticket};
 use crate::buffer::Buffer;
 use crate::driver::{
     api, DeviceInfo, Event, Function, MemPool, Poisoning, PoolStats, PrimaryContext, Stream,
@@ -744,9 +744,14 @@ impl HalInner {
 
     /// Passes `r` through, recording a sticky driver error as poisoning the context.
     pub(crate) fn guard<T>(&self, r: Result<T>) -> Result<T> {
-        let Err(e) = r else { return r };
+        r.map_err(|e| self.guarded(e))
+    }
+
+    /// [`HalInner::guard`] of an error: a sticky one recorded, and returned as
+    /// [`Error::ContextPoisoned`].
+    pub(crate) fn guarded(&self, e: Error) -> Error {
         let Some(cause) = e.poisoning() else {
-            return Err(e);
+            return e;
         };
         if self.poisoned.set(cause) {
             log::error!(
@@ -754,9 +759,9 @@ impl HalInner {
                 self.info.ordinal
             );
         }
-        Err(Error::ContextPoisoned {
+        Error::ContextPoisoned {
             cause: cause.clone(),
-        })
+        }
     }
 
     /// Allocates `bytes` (> 0): [`HalInner::alloc_with`], the allocation returned as is.
@@ -794,27 +799,12 @@ impl HalInner {
         let Some(Granted { ticket, cached }) = self.allocs.alloc(&name, bytes, pooled) else {
             return Err(self.oom(&name, bytes, None));
         };
-        let ptr = match cached {
+        let (ptr, ticket) = match cached {
             Some(ptr) => {
                 log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
-                ptr
+                (ptr, ticket)
             }
-            None => match self
-                .ctx
-                .bind()
-                .map_err(AllocFail::Other)
-                .and_then(|()| self.alloc_from_driver(&name, bytes, pooled))
-            {
-                Ok(ptr) => ptr,
-                Err(fail) => {
-                    // Forgotten first, so `in_use` does not count the refused request.
-                    self.allocs.abandon(ticket, bytes);
-                    return Err(match fail {
-                        AllocFail::OutOfMemory(e) => self.oom(&name, bytes, Some(e)),
-                        AllocFail::Other(e) => e,
-                    });
-                }
-            },
+            None => self.alloc_from_driver(&name, bytes, pooled, ticket)?,
         };
         let alloc = DeviceAlloc {
             ptr,
@@ -825,47 +815,91 @@ impl HalInner {
         Ok(finish(alloc, name))
     }
 
-    /// Allocates from the pool (`pooled`) or with `cuMemAlloc`; out of memory makes room
-    /// ([`HalInner::make_room`]) and retries once, and if it is still out of memory and
-    /// other HALs of the device are usable, makes room in them and retries once more.
+    /// Allocates from the pool (`pooled`) or with `cuMemAlloc` the request `ticket` admits.
+    /// Out of memory makes room ([`HalInner::make_room`]) and retries once, and if it is
+    /// still out of memory and other HALs of the device are usable, makes room in them and
+    /// retries once more. A refused request is forgotten before room is made and admitted
+    /// again before its retry (which may then find a cached block): the peaks never count
+    /// it beside the memory freed for it, and its limit is checked again. Where making room
+    /// fails in part (a free the driver refused), the retry is made all the same, unless
+    /// the failure broke the context. The allocation and its ticket; the request is
+    /// forgotten on error.
+    // A `&Cow`: a static name readmitted stays keyed by its address.
+    #[allow(clippy::ptr_arg)]
+    #[inline(never)]
     fn alloc_from_driver(
         &self,
-        name: &str,
+        name: &Cow<'static, str>,
         bytes: usize,
         pooled: bool,
-    ) -> Result<CUdeviceptr, AllocFail> {
-        let oom =
-            |r: &Result<CUdeviceptr, cuda_sys::Error>| matches!(r, Err(e) if e.is_out_of_memory());
-        let mut result = self.classified_alloc(bytes, pooled);
-        if oom(&result) {
-            log::debug!("alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying");
-            self.ledger.oom_retry();
-            self.make_room().map_err(AllocFail::Other)?;
-            result = self.classified_alloc(bytes, pooled);
-            if oom(&result) && self.make_room_in_neighbours() {
-                self.ledger.oom_retry();
-                result = self.classified_alloc(bytes, pooled);
-            }
-        }
-        match result {
-            Ok(ptr) => {
-                if pooled {
-                    self.ledger.alloc(AllocKind::Pool);
-                } else {
-                    self.ledger.alloc(AllocKind::Driver);
+        mut ticket: Ticket,
+    ) -> Result<(CUdeviceptr, Ticket)> {
+        let mut attempt = 0;
+        loop {
+            let result = self.ctx.bind().map_err(AllocFail::Other).and_then(|()| {
+                self.classified_alloc(bytes, pooled)
+                    .map_err(|e| self.alloc_fail(e))
+            });
+            let refused = match result {
+                Ok(ptr) => {
+                    self.ledger.alloc(match pooled {
+                        true => AllocKind::Pool,
+                        false => AllocKind::Driver,
+                    });
+                    log::trace!(
+                        "alloc `{name}`: {bytes} bytes at {ptr:#x} ({})",
+                        if pooled { "pool" } else { "driver" }
+                    );
+                    return Ok((ptr, ticket));
                 }
-                log::trace!(
-                    "alloc `{name}`: {bytes} bytes at {ptr:#x} ({})",
-                    if pooled { "pool" } else { "driver" }
-                );
-                Ok(ptr)
+                Err(fail) => {
+                    // Forgotten first, so that neither `in_use` nor a peak counts it while
+                    // room is made.
+                    self.allocs.abandon(ticket, bytes);
+                    match fail {
+                        AllocFail::OutOfMemory(e) => e,
+                        AllocFail::Other(e) => return Err(e),
+                    }
+                }
+            };
+            let retry = match attempt {
+                0 => {
+                    log::debug!(
+                        "alloc `{name}` of {bytes} bytes: out of memory; trimming and retrying"
+                    );
+                    if let Err(e) = self.make_room() {
+                        // (`trim` gave back all it could; a broken context was recorded.)
+                        self.usable()?;
+                        log::warn!("alloc `{name}`: making room: {e}; retrying all the same");
+                    }
+                    true
+                }
+                1 => self.make_room_in_neighbours(),
+                _ => false,
+            };
+            if !retry {
+                return Err(self.oom(name, bytes, Some(refused)));
             }
-            Err(e) if e.is_out_of_memory() => Err(AllocFail::OutOfMemory(e)),
-            Err(e) => Err(AllocFail::Other(match self.guard::<()>(Err(e.into())) {
-                Err(e) => e,
-                Ok(()) => Error::InvalidArgument("unreachable".into()),
-            })),
+            self.ledger.oom_retry();
+            let Some(granted) = self.allocs.alloc(name, bytes, pooled) else {
+                return Err(self.oom(name, bytes, None));
+            };
+            ticket = granted.ticket;
+            if let Some(ptr) = granted.cached {
+                log::trace!("alloc `{name}`: {bytes} bytes at {ptr:#x} (cached block)");
+                return Ok((ptr, ticket));
+            }
+            attempt += 1;
         }
+    }
+
+    /// A failed driver allocation: out of memory, or another error (a sticky one recorded
+    /// as poisoning the context).
+    fn alloc_fail(&self, e: cuda_sys::Error) -> AllocFail {
+        if e.is_out_of_memory() {
+            return AllocFail::OutOfMemory(e);
+        }
+        AllocFail::Other(self.guarded(e.into()))
     }
 
     /// [`HalInner::driver_alloc`], and with `count_pool_hits` a pooled allocation counted
@@ -953,9 +987,13 @@ impl HalInner {
     }
 
     /// Makes room ([`HalInner::make_room`]) in this HAL, then in the other HALs of its
-    /// device.
+    /// device. A failure in part (a free the driver refused) is logged, not returned: the
+    /// rest was given back. An error only where the context broke.
     pub(crate) fn make_room_on_device(&self) -> Result<()> {
-        self.make_room()?;
+        if let Err(e) = self.make_room() {
+            self.usable()?;
+            log::warn!("making room on device {}: {e}", self.info.ordinal);
+        }
         self.make_room_in_neighbours();
         Ok(())
     }
@@ -1038,19 +1076,17 @@ impl HalInner {
             // the process's life).
             false => {
                 let bound = self.ctx.bind();
-                let freed = api().and_then(|d| {
-                    // SAFETY: ptr came from alloc_raw and is freed once, after (pooled: in
-                    // stream order with) every use queued on the stream.
-                    unsafe {
-                        if pooled {
-                            self.stream.queue(|st| d.cuMemFreeAsync(ptr, st))?;
-                        } else {
-                            self.stream.synchronize()?;
-                            d.cuMemFree(ptr)?;
-                        }
-                    }
-                    Ok(())
-                });
+                let freed = match pooled {
+                    // SAFETY: ptr came from the pool (alloc_raw) and is freed once, in
+                    // stream order with every use queued on the stream.
+                    true => api().and_then(|d| {
+                        self.stream
+                            .queue(|st| unsafe { d.cuMemFreeAsync(ptr, st) })
+                            .map_err(Error::from)
+                    }),
+                    // SAFETY: ptr came from cuMemAlloc (alloc_raw) and is freed once, here.
+                    false => unsafe { self.free_after_stream(ptr) },
+                };
                 bound.and(freed)
             }
         };
@@ -1061,6 +1097,29 @@ impl HalInner {
         if let Err(e) = result {
             log::warn!("freeing `{name}` ({bytes} bytes) failed: {e}");
         }
+    }
+
+    /// Frees `ptr` with `cuMemFree` once the stream's work is over, or once a device fault
+    /// broke the context, which runs no more work (skipping the free there leaked the
+    /// memory: found by the sticky fault injection under memcheck). Past another failure of
+    /// the stream's wait the device may still use the memory, which is leaked. The wait's
+    /// error, else the free's.
+    ///
+    /// # Safety
+    /// `ptr` came from `cuMemAlloc` or `cuMemAllocManaged` in this HAL's context, only this
+    /// HAL's stream may still use it, and nothing frees it again or uses it after.
+    pub(crate) unsafe fn free_after_stream(&self, ptr: CUdeviceptr) -> Result<()> {
+        let synced = self.stream.synchronize();
+        let freeable = match &synced {
+            Ok(()) => true,
+            Err(e) => e.poisoning().is_some(),
+        };
+        let freed = match freeable {
+            // SAFETY: the caller's promise; the stream's work is over or will never run.
+            true => api().and_then(|d| unsafe { d.cuMemFree(ptr) }.map_err(Error::from)),
+            false => Ok(()),
+        };
+        synced.and(freed)
     }
 
     /// Copies host bytes to the device. Phase 4: staged and asynchronous (returns when the

@@ -22,6 +22,8 @@ pub(crate) const HOST_ALIGN: usize = 4096;
 
 /// From this many bytes on, [`HostBytes::zero`] runs on several threads.
 const PARALLEL_ZERO_BYTES: usize = 4 << 20;
+/// The zeroing's pieces are whole multiples of this.
+const ZERO_PIECE: usize = 1 << 20;
 
 /// From this many bytes on, a host copy is an anonymous mapping: zero pages committed when
 /// first touched. (The allocator's zeroed memory at a page's alignment is written through
@@ -86,13 +88,28 @@ impl HostBytes {
             return;
         }
         let bytes = self.range_mut(r);
-        if bytes.len() < PARALLEL_ZERO_BYTES {
+        if bytes.len() < PARALLEL_ZERO_BYTES || rayon::current_thread_index().is_some() {
             bytes.fill(0);
-        } else {
-            // On the thread pool: the download this replaces spreads its host copies over
-            // several threads too.
-            use rayon::prelude::*;
-            bytes.par_chunks_mut(1 << 20).for_each(|c| c.fill(0));
+            return;
+        }
+        // Over several threads, as the download this replaces spreads its host copies: the
+        // copy threads, never the rayon pool. The caller holds its buffer's lock, which the
+        // rayon pool's threads may all be waiting for (a prover's `par_iter` reading the
+        // buffer), and then none would take the zeroing's tasks: a deadlock. The copy
+        // threads take no buffer's lock. (On a rayon thread, which would get a thread of its
+        // own per piece, the bytes are zeroed in place.)
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let piece = bytes.len().div_ceil(threads).next_multiple_of(ZERO_PIECE);
+        let pieces: Vec<Mutex<&mut [u8]>> = bytes.chunks_mut(piece).map(Mutex::new).collect();
+        let zeroed = crate::copy_threads::run_each(pieces.len(), &|w| {
+            pieces[w].lock().fill(0);
+            Ok(())
+        });
+        if zeroed.is_err() {
+            // (Only a piece's panic fails it: zeroed here instead.)
+            for p in &pieces {
+                p.lock().fill(0);
+            }
         }
     }
 

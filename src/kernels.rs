@@ -106,32 +106,41 @@ impl KernelTable {
                 return Ok(f);
             }
         }
-        let not_embedded = match self.embedded(ctx) {
+        // Whether the embedded module's answer is final: loaded, or failed for good.
+        let (not_embedded, settled) = match self.embedded(ctx) {
             Ok(embedded) => match embedded.module.function(name) {
-                Ok(f) => return Ok(self.remember(name, f, true)),
-                Err(e) => e,
+                Ok(f) => return Ok(self.remember(name, f, true, true)),
+                Err(e) => (e, true),
             },
-            Err(e) => e,
+            Err(e) => {
+                let settled = !load_may_succeed_later(&e);
+                (e, settled)
+            }
         };
         if embedded_only {
             return Err(not_embedded);
         }
         let loaded = self.loaded.read();
         match loaded.iter().find_map(|m| m.function(name).ok()) {
-            Some(f) => Ok(self.remember(name, f, false)),
+            // Kept only once the embedded module's answer is final: a module loaded later
+            // may hold a kernel of the same name, which comes first.
+            Some(f) => Ok(self.remember(name, f, false, settled)),
             None => Err(not_embedded),
         }
     }
 
-    /// Keeps `f`, a kernel of one of this table's modules, under `name`.
-    fn remember(&self, name: &str, f: Function<'_>, embedded: bool) -> Function<'_> {
+    /// Lends `f`, a kernel of one of this table's modules, bound to the table, and with
+    /// `keep` keeps it under `name`.
+    fn remember(&self, name: &str, f: Function<'_>, embedded: bool, keep: bool) -> Function<'_> {
         // SAFETY: `f`'s module is this table's (the embedded module, kept once loaded, or
         // one of `loaded`, never removed) and lives as long as the table; the table lends
         // the handle out bound to itself.
         let f = unsafe { f.unbound() };
-        self.functions
-            .write()
-            .insert(name.to_string(), (f, embedded));
+        if keep {
+            self.functions
+                .write()
+                .insert(name.to_string(), (f, embedded));
+        }
         f
     }
 
@@ -738,20 +747,23 @@ impl<'h> Launch<'h> {
             h.ledger.launch();
         }
         h.guard(r)?;
-        if let (Some(s), Some(done)) = (&side, done) {
-            h.record_use(&done, &s.stream)?;
-            for (raw, _, access) in &self.buffers {
-                raw.side.add(s.id, done.clone(), access.writes());
-            }
-        }
+        let recorded = match (&side, done) {
+            (Some(s), Some(done)) => h.record_use(&done, &s.stream).map(|()| {
+                for (raw, _, access) in &self.buffers {
+                    raw.side.add(s.id, done.clone(), access.writes());
+                }
+            }),
+            _ => Ok(()),
+        };
         // A concurrent host read may have refilled an output's host copy from the old data
-        // between the checks above and the launch: invalidate again now the kernel is queued.
+        // between the checks above and the launch: invalidate again now the kernel is queued
+        // (where recording its use failed too).
         for (raw, range, access) in &self.buffers {
             if access.writes() {
                 raw.invalidate_host(range.clone());
             }
         }
-        Ok(())
+        recorded
     }
 }
 

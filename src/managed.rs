@@ -143,6 +143,8 @@ impl CudaHal {
         if bytes > free.saturating_sub(*handed_out) {
             return Err(oom());
         }
+        // (Before the request is tracked, which an early return here would leave.)
+        let d = api()?;
         let Some(ticket) = h
             .allocs
             .track(&std::borrow::Cow::Owned(name.to_string()), bytes)
@@ -152,7 +154,7 @@ impl CudaHal {
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: out-pointer is a valid local.
         let r = unsafe {
-            api()?.cuMemAllocManaged(
+            d.cuMemAllocManaged(
                 &mut ptr,
                 bytes,
                 cuda_sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0,
@@ -345,19 +347,27 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// Waits until the host may touch the memory: the HAL's stream (which may be using
-    /// it) is idle. A device without concurrent managed access (`DeviceInfo::
-    /// concurrent_managed_access`: older GPUs, Windows) faults a host access while any
-    /// kernel of the context runs, so there the whole context is waited for.
+    /// it) is idle. Refused on a device without concurrent managed access (`DeviceInfo::
+    /// concurrent_managed_access`: older GPUs, Windows, WSL): there a host access faults
+    /// while any kernel of the context runs, and the slice handed out would outlive a wait
+    /// for the context, since safe calls (a `fill`, another thread's launch) start kernels
+    /// (found by review). Kernels on such a device still use the memory.
     fn host_ready(&self) -> Result<()> {
         self.hal.enter()?;
-        if self.hal.info().concurrent_managed_access {
-            self.hal.guard(self.hal.stream.synchronize())
-        } else {
-            self.hal.guard(self.hal.ctx.synchronize())
+        if !self.hal.info().concurrent_managed_access {
+            return Err(Error::InvalidArgument(format!(
+                "host access to managed `{}`: device {} has no concurrent managed access, \
+                 where the host may not touch managed memory while any kernel runs",
+                self.name,
+                self.hal.info().ordinal
+            )));
         }
+        self.hal.guard(self.hal.stream.synchronize())
     }
 
     /// The elements on the host, once the HAL's stream (which may be using them) is idle.
+    /// An error on a device without concurrent managed access (see
+    /// [`DeviceInfo::concurrent_managed_access`](crate::DeviceInfo)).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -403,22 +413,10 @@ impl<T> Drop for ManagedBuffer<T> {
         // A failed bind does not stop the release: the stream and the pointer name their
         // context (skipping the free would leak the memory for the process's life).
         let bound = self.hal.ctx.bind();
-        let synced = self.hal.stream.synchronize();
-        // Freed once the stream's work is over, or once a device fault broke the context
-        // (which runs no more work: skipping the free leaked it, found by the sticky fault
-        // injection under memcheck). Past another failure the device may still use the
-        // memory, which is leaked.
-        let freeable = match &synced {
-            Ok(()) => true,
-            Err(e) => e.poisoning().is_some(),
-        };
-        let freed = match freeable {
-            // SAFETY: ptr came from cuMemAllocManaged and is freed once, after the stream's
-            // work (or in a context that runs none).
-            true => api().and_then(|d| unsafe { d.cuMemFree(self.ptr) }.map_err(Error::from)),
-            false => Ok(()),
-        };
-        let r = bound.and(synced).and(freed);
+        // SAFETY: ptr came from cuMemAllocManaged in the HAL's context, only its stream
+        // uses it (a launch's `managed` argument queues there), and it is freed once, here.
+        let freed = unsafe { self.hal.free_after_stream(self.ptr) };
+        let r = bound.and(freed);
         // After the free (not holding the lock through the stream's wait): until then a
         // request meanwhile still counts these bytes, erring on the side of refusing.
         let live = managed_live(self.hal.info().ordinal);

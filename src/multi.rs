@@ -201,6 +201,8 @@ impl<T: Pod> Buffer<T> {
         });
         d.guard(queued.map_err(Error::from))?;
         d.ledger.copy(crate::ledger::Dir::D2D, self.size_bytes());
+        // The host copy is stale once the copy is queued, even where recording it fails.
+        self.raw().invalidate_host(r.clone());
         // The source is not freed or overwritten until the copy has read it.
         d.record_use(&done, &d.stream)?;
         src.raw().side.add(d.aside.copy_id, done, false);
@@ -299,12 +301,14 @@ impl<T: Pod> Buffer<T> {
             Ok(())
         })();
         if let Err(e) = queued {
-            // Copies may be in flight: let them finish before the slots go back.
+            // Copies may be in flight: let them finish before the slots go back. (Some may
+            // have written the destination: its host copy is stale.)
             let _ = s.enter().and_then(|()| s.stream.synchronize());
             let _ = d.enter().and_then(|()| d.stream.synchronize());
             for b in blocks {
                 d.pinned.give(b);
             }
+            self.raw().invalidate_host(r);
             return Err(e);
         }
         // The last upload comes after every download (its stream waited for each) and

@@ -61,10 +61,17 @@ impl CudaHal {
     /// assert_eq!(dev.get_at(0).unwrap(), 1);
     /// ```
     pub fn alloc_pinned<T: Pod>(&self, len: usize, flags: PinnedFlags) -> Result<PinnedBuffer<T>> {
-        if len == 0 {
+        if len == 0 || std::mem::size_of::<T>() == 0 {
             return Err(Error::ZeroLength {
                 name: "pinned".into(),
             });
+        }
+        if std::mem::align_of::<T>() > PINNED_ALIGN {
+            // `host` hands out `&[T]`, which must be aligned; pinned memory is page-aligned.
+            return Err(Error::InvalidArgument(format!(
+                "pinned elements aligned to {} bytes; pinned memory is aligned to {PINNED_ALIGN}",
+                std::mem::align_of::<T>()
+            )));
         }
         self.inner.enter()?;
         let bytes = len
@@ -314,6 +321,9 @@ pub struct PinnedPoolStats {
 /// times its size to make room, not larger ones.
 const EVICT_RATIO: usize = 4;
 
+/// The alignment pinned memory has at least: a page (a mapping's, or the driver's).
+const PINNED_ALIGN: usize = 4096;
+
 /// Reusable pinned blocks in power-of-two sizes (64 KiB and up), bounded in bytes. A
 /// request larger than the pool keeps gets a block of its own size (in 64 KiB steps),
 /// freed when given back.
@@ -527,9 +537,15 @@ impl Drop for PinnedPool {
     }
 }
 
-/// Existing host memory page-locked with `cuMemHostRegister` for the borrow's lifetime, so
-/// copies to and from it run at pinned speed with no staging. Registering costs about
-/// 3 ms per 64 MiB: it pays off for a host buffer that is transferred many times.
+/// Existing host memory page-locked with `cuMemHostRegister` while a closure of
+/// [`CudaHal::with_registered_host`] runs, so copies to and from it run at pinned speed
+/// with no staging. Registering costs about 3 ms per 64 MiB: it pays off for a host buffer
+/// that is transferred many times.
+///
+/// The closure gets the registration by reference: it cannot be leaked (`mem::forget`)
+/// past the memory's borrow, which would leave the addresses registered after the memory
+/// is freed (a later registration of them refused, and copies through them taking stale
+/// pages; found by review of the guard it replaced).
 ///
 /// ```
 /// use cuda_hal::CudaHal;
@@ -539,12 +555,12 @@ impl Drop for PinnedPool {
 /// };
 /// let mut rows = vec![0u64; 4096];
 /// let dev = hal.copy_from("rows", &vec![9u64; 4096]).unwrap();
-/// {
-///     let mut host = hal.register_host(&mut rows).unwrap();
+/// hal.with_registered_host(&mut rows, |host| {
 ///     for _ in 0..4 {
-///         dev.copy_to_registered(&mut host).unwrap(); // no staging copy
+///         dev.copy_to_registered(host).unwrap(); // no staging copy
 ///     }
-/// } // unregistered here
+/// })
+/// .unwrap(); // unregistered as the closure returned
 /// assert_eq!(rows[4095], 9);
 /// ```
 pub struct RegisteredHost<'a, T> {
@@ -553,7 +569,9 @@ pub struct RegisteredHost<'a, T> {
 }
 
 impl CudaHal {
-    /// Page-locks `data` until the returned guard is dropped.
+    /// Page-locks `data` while `f` runs, and gives `f` the registration. An error where
+    /// `data` is empty or the driver refuses the registration; `f`'s value otherwise
+    /// (a failure to unregister after it is logged).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -562,23 +580,31 @@ impl CudaHal {
     ///     return;
     /// };
     /// let mut trace = vec![5u32; 1 << 16];
-    /// let mut host = hal.register_host(&mut trace).unwrap(); // page-locked while `host` lives
     /// let dev = hal.alloc::<u32>("trace", 1 << 16).unwrap();
-    /// dev.copy_from_registered(&host).unwrap();
-    /// host.as_mut_slice().fill(0);
-    /// dev.copy_to_registered(&mut host).unwrap();
-    /// drop(host);
+    /// hal.with_registered_host(&mut trace, |host| {
+    ///     dev.copy_from_registered(host)?;
+    ///     host.as_mut_slice().fill(0);
+    ///     dev.copy_to_registered(host)
+    /// })
+    /// .unwrap()
+    /// .unwrap();
     /// assert_eq!(trace[100], 5);
     /// ```
-    pub fn register_host<'a, T: Pod>(&self, data: &'a mut [T]) -> Result<RegisteredHost<'a, T>> {
+    pub fn with_registered_host<T: Pod, R>(
+        &self,
+        data: &mut [T],
+        f: impl FnOnce(&mut RegisteredHost<'_, T>) -> R,
+    ) -> Result<R> {
         if data.is_empty() {
             return Err(Error::ZeroLength {
                 name: "registered host memory".into(),
             });
         }
         self.inner.enter()?;
-        // SAFETY: data is valid for its length for 'a, and unregistered in Drop before 'a
-        // ends; the guard holds the only borrow, so the memory cannot move or be freed.
+        // SAFETY: data is valid for its length while the guard lives, and the guard is
+        // unregistered in its Drop, which runs before this call returns (or unwinds): `f`
+        // gets it by reference only, and cannot keep or forget it. The guard holds the only
+        // borrow, so the memory cannot move or be freed meanwhile.
         self.inner.guard(
             unsafe {
                 api()?.cuMemHostRegister(
@@ -589,10 +615,11 @@ impl CudaHal {
             }
             .map_err(Error::from),
         )?;
-        Ok(RegisteredHost {
+        let mut host = RegisteredHost {
             hal: self.inner.clone(),
             data,
-        })
+        };
+        Ok(f(&mut host))
     }
 }
 
@@ -606,8 +633,8 @@ impl<T: Pod> RegisteredHost<'_, T> {
     ///     return;
     /// };
     /// let mut data = vec![1u8, 2, 3];
-    /// let host = hal.register_host(&mut data).unwrap();
-    /// assert_eq!(host.as_slice(), &[1, 2, 3]);
+    /// hal.with_registered_host(&mut data, |host| assert_eq!(host.as_slice(), &[1, 2, 3]))
+    ///     .unwrap();
     /// ```
     pub fn as_slice(&self) -> &[T] {
         self.data
@@ -622,10 +649,12 @@ impl<T: Pod> RegisteredHost<'_, T> {
     ///     return;
     /// };
     /// let mut data = vec![0u32; 8];
-    /// let mut host = hal.register_host(&mut data).unwrap();
-    /// host.as_mut_slice()[0] = 42;
     /// let dev = hal.alloc::<u32>("dev", 8).unwrap();
-    /// dev.copy_from_registered(&host).unwrap();
+    /// hal.with_registered_host(&mut data, |host| {
+    ///     host.as_mut_slice()[0] = 42;
+    ///     dev.copy_from_registered(host).unwrap();
+    /// })
+    /// .unwrap();
     /// assert_eq!(dev.get_at(0).unwrap(), 42);
     /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
@@ -639,7 +668,7 @@ impl<T> Drop for RegisteredHost<'_, T> {
         // memory, and a later one of the same addresses is refused.
         let bound = self.hal.ctx.bind();
         let r = api().and_then(|d| {
-            // SAFETY: the pointer was registered by `register_host`; every copy that used
+            // SAFETY: the pointer was registered by `with_registered_host`; every copy that used
             // it completed before the copy call returned.
             unsafe { d.cuMemHostUnregister(self.data.as_mut_ptr().cast())? };
             Ok(())
@@ -792,9 +821,10 @@ impl<T: Pod> Buffer<T> {
     ///     return;
     /// };
     /// let mut data: Vec<u32> = (0..1024).collect();
-    /// let host = hal.register_host(&mut data).unwrap();
     /// let dev = hal.alloc::<u32>("dev", 1024).unwrap();
-    /// dev.copy_from_registered(&host).unwrap();
+    /// hal.with_registered_host(&mut data, |host| dev.copy_from_registered(host))
+    ///     .unwrap()
+    ///     .unwrap();
     /// assert_eq!(dev.get_at(1000).unwrap(), 1000);
     /// ```
     pub fn copy_from_registered(&self, src: &RegisteredHost<'_, T>) -> Result<()> {
@@ -812,8 +842,10 @@ impl<T: Pod> Buffer<T> {
             .queue(|st| unsafe { d.cuMemcpyHtoDAsync(self.raw_ptr(), from, bytes, st) });
         h.guard(queued.map_err(Error::from))?;
         h.ledger.copy(Dir::H2D, self.size_bytes());
-        h.guard(h.stream.synchronize())?;
+        let synced = h.guard(h.stream.synchronize());
+        // Even where the wait failed: the copy is queued.
         self.raw().invalidate_host(r);
+        synced?;
         Ok(())
     }
 
@@ -827,9 +859,10 @@ impl<T: Pod> Buffer<T> {
     /// };
     /// let dev = hal.copy_from("dev", &[7u8; 300]).unwrap();
     /// let mut data = vec![0u8; 300];
-    /// let mut host = hal.register_host(&mut data).unwrap();
-    /// dev.copy_to_registered(&mut host).unwrap();
-    /// assert!(host.as_slice().iter().all(|&x| x == 7));
+    /// hal.with_registered_host(&mut data, |host| dev.copy_to_registered(host))
+    ///     .unwrap()
+    ///     .unwrap();
+    /// assert!(data.iter().all(|&x| x == 7));
     /// ```
     pub fn copy_to_registered(&self, dst: &mut RegisteredHost<'_, T>) -> Result<()> {
         self.check_len(dst.data.len())?;

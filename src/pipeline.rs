@@ -12,6 +12,11 @@ use crate::ledger::Dir;
 use crate::pinned::PinnedBlock;
 use crate::{Buffer, CudaHal, Error, HalStream, Result};
 
+/// The name of a pipeline's device input buffers.
+pub(crate) const PIPELINE_IN: &str = "pipeline-in";
+/// The name of a pipeline's device output buffers.
+pub(crate) const PIPELINE_OUT: &str = "pipeline-out";
+
 /// Whether chunks overlap (two or three streams and buffer sets) or run one after another.
 ///
 /// ```
@@ -230,8 +235,8 @@ impl CudaHal {
         for _ in 0..nsets {
             sets.push(Set {
                 stream: self.create_stream()?,
-                dev_in: self.alloc::<I>("pipeline-in", chunk_len)?,
-                dev_out: self.alloc::<O>("pipeline-out", chunk_len)?,
+                dev_in: self.alloc::<I>(PIPELINE_IN, chunk_len)?,
+                dev_out: self.alloc::<O>(PIPELINE_OUT, chunk_len)?,
                 pin_in: match direct_in {
                     true => None,
                     false => Some(h.guard(h.pinned.take(chunk_len * si))?),

@@ -34,6 +34,15 @@ use crate::ntt_plan::{lde_pass_kernel, pass_kernel, plan_ntt, Loc, NttPass, REG_
 use crate::poseidon2::{Digest, Poseidon2};
 use crate::{Buffer, CudaHal, Error, LaunchDims, Result};
 
+/// The name of the twiddle tables' allocations.
+pub(crate) const PROVER_TWIDDLES: &str = "prover-twiddles";
+/// The name of the coset shift powers' allocations.
+pub(crate) const PROVER_SHIFT_POWERS: &str = "prover-shift-powers";
+/// The name of the Poseidon2 constants' allocations.
+pub(crate) const PROVER_POSEIDON2: &str = "prover-poseidon2";
+/// The name of an NTT's scratch.
+pub(crate) const PROVER_NTT_SCRATCH: &str = "prover-ntt-scratch";
+
 /// Which table a [`ProverCache`] entry holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum TableKey {
@@ -171,7 +180,7 @@ impl CudaHal {
             let w = Elem::root_of_unity(log_n)
                 .ok_or_else(|| Error::InvalidArgument(format!("no 2^{log_n}-th root of unity")))?;
             let w = if inverse { w.inv() } else { w };
-            self.powers_table("prover-twiddles", w, (1usize << log_n) / 2)
+            self.powers_table(PROVER_TWIDDLES, w, (1usize << log_n) / 2)
         })
     }
 
@@ -186,7 +195,7 @@ impl CudaHal {
                     )))
                 }
             };
-            CudaHal::copy_from(self, "prover-poseidon2", &t)
+            CudaHal::copy_from(self, PROVER_POSEIDON2, &t)
         })
     }
 
@@ -217,7 +226,7 @@ impl CudaHal {
         let scratch = if plan.iter().any(NttPass::uses_scratch) {
             group = cache.ntt_group(cols, log_n);
             loop {
-                match self.alloc::<Elem>("prover-ntt-scratch", group << log_n) {
+                match self.alloc::<Elem>(PROVER_NTT_SCRATCH, group << log_n) {
                     Ok(s) => {
                         cache.ntt_group_fitted(cols, log_n, group);
                         break Some(s);
@@ -619,7 +628,7 @@ impl Hal for CudaHal {
             });
         }
         let shift = self.table(TableKey::ShiftPowers { log_n }, || {
-            self.powers_table("prover-shift-powers", Elem::GENERATOR, 1 << log_n)
+            self.powers_table(PROVER_SHIFT_POWERS, Elem::GENERATOR, 1 << log_n)
         })?;
         let log_big = log_n + log_blowup;
         // Made first: if it cannot be, `out` is left as it was.

@@ -148,6 +148,10 @@ impl<T: Pod> GrowableBuffer<T> {
 
     /// The elements in use (a slice of the allocation); `ZeroLength` while empty.
     ///
+    /// The handle is of the allocation as it is now: a later `reserve`, `extend_from_slice`,
+    /// `resize` or `shrink_to_fit` that moves the elements to a new allocation leaves it on
+    /// the old one, where writes no longer reach this buffer. Ask for it again after those.
+    ///
     /// ```
     /// use cuda_hal::{CudaHal, GrowableBuffer};
     /// let Ok(hal) = CudaHal::new(0) else {

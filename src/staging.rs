@@ -33,7 +33,8 @@ use crate::Result;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Bytes per pinned slot, the largest unit of one DMA.
+    /// Bytes per pinned slot, the largest unit of one DMA: 4 KiB to 1 GiB (a value
+    /// outside is taken as the nearest bound).
     pub chunk_bytes: usize,
     /// The smallest chunk a transfer is cut into so that each worker has two: a transfer
     /// of `len` bytes uses chunks of `len / (2 * workers)` bytes, within `min_chunk_bytes`
@@ -41,9 +42,11 @@ pub struct StagingConfig {
     /// gives each worker past two at least 4 MiB). A transfer of at most `min_chunk_bytes`
     /// is one chunk, copied by the calling thread alone.
     pub min_chunk_bytes: usize,
-    /// Most workers (threads) one transfer uses.
+    /// Most workers (threads) one transfer uses: 1 to 256 (a value outside is taken as
+    /// the nearest bound).
     pub workers: usize,
-    /// Most slots the pool allocates; transfers wait for a free slot beyond that.
+    /// Most slots the pool allocates, 1 to 65536 (a value outside is taken as the nearest
+    /// bound); transfers wait for a free slot beyond that.
     pub max_slots: usize,
     /// Uploads of one host slice (`upload_async`, `copy_from_slice`, `copy_from`) of up to
     /// this many bytes fill the pinned slots with streaming (non-temporal) stores on
@@ -198,6 +201,13 @@ impl Slot {
     }
 }
 
+/// The largest [`StagingConfig::chunk_bytes`].
+const MAX_CHUNK_BYTES: usize = 1 << 30;
+/// The most [`StagingConfig::workers`].
+const MAX_WORKERS: usize = 256;
+/// The most [`StagingConfig::max_slots`].
+const MAX_SLOTS: usize = 1 << 16;
+
 /// The bounded pool of pinned slots of one HAL.
 pub(crate) struct StagingPool {
     cfg: StagingConfig,
@@ -209,12 +219,16 @@ pub(crate) struct StagingPool {
 
 impl StagingPool {
     pub(crate) fn new(cfg: StagingConfig) -> Self {
+        // Bounded so that no count of slots' bytes can overflow: at most 2^46 bytes of
+        // slots (an unbounded `chunk_bytes` wrapped `chunk * slots` to a small block whose
+        // slots overlapped and ran past it: found by review).
+        let chunk_bytes = cfg.chunk_bytes.clamp(4096, MAX_CHUNK_BYTES);
         StagingPool {
             cfg: StagingConfig {
-                chunk_bytes: cfg.chunk_bytes.max(4096),
-                min_chunk_bytes: cfg.min_chunk_bytes.clamp(4096, cfg.chunk_bytes.max(4096)),
-                workers: cfg.workers.max(1),
-                max_slots: cfg.max_slots.max(1),
+                chunk_bytes,
+                min_chunk_bytes: cfg.min_chunk_bytes.clamp(4096, chunk_bytes),
+                workers: cfg.workers.clamp(1, MAX_WORKERS),
+                max_slots: cfg.max_slots.clamp(1, MAX_SLOTS),
                 // (The streaming settings as given.)
                 ..cfg
             },
@@ -580,6 +594,28 @@ mod tests {
         assert_eq!((c.chunk_bytes, c.workers, c.max_slots), (4096, 1, 1));
         assert_eq!(c.min_chunk_bytes, 4096, "no larger than a chunk");
         assert_eq!(p.stats(), StagingStats::default());
+    }
+
+    #[test]
+    fn settings_past_their_bounds_are_taken_as_the_bounds() {
+        let p = StagingPool::new(StagingConfig {
+            chunk_bytes: 1 << 63,
+            min_chunk_bytes: usize::MAX,
+            workers: usize::MAX,
+            max_slots: usize::MAX,
+            ..StagingConfig::default()
+        });
+        let c = p.config();
+        assert_eq!(
+            (c.chunk_bytes, c.min_chunk_bytes, c.workers, c.max_slots),
+            (MAX_CHUNK_BYTES, MAX_CHUNK_BYTES, MAX_WORKERS, MAX_SLOTS)
+        );
+        // Every slot the pool may make, in bytes, and the work one transfer asks for.
+        assert!(c
+            .chunk_bytes
+            .checked_mul(c.max_slots)
+            .is_some_and(|b| b <= isize::MAX as usize));
+        assert!(c.workers.checked_mul(2).is_some());
     }
 
     #[test]

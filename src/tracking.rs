@@ -235,6 +235,9 @@ pub(crate) struct Names {
     /// since freed or named otherwise is never read. At most one entry per slot of the
     /// tracker, and one for the next slot it adds.
     overflow: FxHashMap<u32, Cow<'static, str>>,
+    /// The first ids, known before any allocation ([`Tracker::reserve_names`]): left out of
+    /// reports while no allocation used them.
+    reserved: usize,
 }
 
 impl Names {
@@ -406,6 +409,16 @@ impl Tracker {
             self.totals.push(Totals::default());
         }
         id
+    }
+
+    /// Makes `names` known before any allocation (the crate's own), with the first ids:
+    /// they count towards [`MAX_NAMES`] from the start, and reports leave them out while
+    /// no allocation used them. Called on a new tracker only.
+    pub(crate) fn reserve_names(&mut self, names: &[&'static str]) {
+        for name in names {
+            self.name_id(&Cow::Borrowed(name));
+        }
+        self.names.reserved = self.names.texts.len();
     }
 
     /// Keeps `text` as the name that reports give the allocation just tracked in `slot`
@@ -621,9 +634,11 @@ impl Tracker {
     }
 
     /// Takes back an allocation the driver then refused: not counted as made, and left out
-    /// of its name's peak and of the overall one, unless an allocation since raised that
-    /// further (then possibly counted, only when another thread allocated meanwhile).
-    /// `cached` is the bytes in the cache.
+    /// of the overall peak, unless an allocation since raised that further (then possibly
+    /// counted, only when another thread allocated meanwhile), and of its name's, unless a
+    /// free of the name came meanwhile (which folds the name's bytes, this request's with
+    /// them, into its peak). A name's peak is then brought down to the overall peak, which
+    /// its bytes, all in use, never passed. `cached` is the bytes in the cache.
     pub(crate) fn abandon(&mut self, name: u32, slot: u32, bytes: usize, cached: usize) {
         self.refund(name, bytes);
         self.fresh -= 1;
@@ -633,6 +648,9 @@ impl Tracker {
             self.peak = self.raised.1.max(self.held.wrapping_sub(cached));
             // `held - peak` may have risen: the floor becomes its upper bound.
             self.floor = self.held;
+        }
+        if let Some(t) = self.totals.get_mut(name as usize) {
+            t.peak = t.peak.min(self.peak);
         }
     }
 
@@ -696,9 +714,12 @@ impl Tracker {
             }
         }
         live.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.id.cmp(&b.id)));
+        let reserved = self.names.reserved;
         let mut by_name: Vec<NameTotals> = (self.names.texts.iter().zip(&self.totals))
             .zip(live_by_name)
-            .map(|((name, t), live)| NameTotals {
+            .enumerate()
+            .filter(|(id, ((_, t), live))| *id >= reserved || t.frees > 0 || *live > 0)
+            .map(|(_, ((name, t), live))| NameTotals {
                 name: name.clone(),
                 live,
                 current_bytes: t.current,
@@ -774,6 +795,49 @@ mod tests {
         );
         free(&mut t, more, 50);
         free(&mut t, keep, 60);
+    }
+
+    #[test]
+    fn a_free_of_its_name_does_not_lift_the_names_peak_past_the_overall_one() {
+        let mut t = Tracker::default();
+        let a = track(&mut t, "column".into(), 100);
+        // Admitted, and at the driver while the name's other allocation is freed (which
+        // folds the name's 600 bytes into its peak); then refused.
+        let (id, slot) = track(&mut t, "column".into(), 500);
+        free(&mut t, a, 100);
+        t.abandon(id, slot, 500, 0);
+        let r = report(&t);
+        assert_eq!(r.peak_bytes, 100);
+        let column = r.by_name.iter().find(|n| n.name == "column").unwrap();
+        assert_eq!(
+            (column.peak_bytes, column.allocations),
+            (100, 1),
+            "never more than 100 bytes of it were held"
+        );
+    }
+
+    #[test]
+    fn reserved_names_keep_their_ids_past_the_cap_and_stay_out_of_reports_until_used() {
+        let mut t = Tracker::default();
+        t.reserve_names(&["own-a", "own-b"]);
+        assert!(
+            report(&t).by_name.is_empty(),
+            "unused reserved names are not listed"
+        );
+        for k in 0..MAX_NAMES {
+            t.name_id(&Cow::Owned(format!("prover-{k}")));
+        }
+        assert_eq!(t.name_id(&Cow::Owned("late".into())), OVERFLOW_NAME);
+        let (id, _) = track(&mut t, Cow::Borrowed("own-b"), 64);
+        assert_eq!(id, 1, "its own id, not the overflow's");
+        let r = report(&t);
+        let own: Vec<_> = r
+            .by_name
+            .iter()
+            .filter(|n| n.name.starts_with("own-"))
+            .collect();
+        assert_eq!(own.len(), 1, "the unused one still left out");
+        assert_eq!((own[0].name.as_str(), own[0].live), ("own-b", 1));
     }
 
     #[test]

@@ -36,6 +36,13 @@ use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 /// ```
 pub const READ_SNAPSHOT_NAME: &str = "read_async snapshot";
 
+/// The device scratch of a `gather`, where the pinned block is not mapped.
+pub(crate) const GATHER_SCRATCH: &str = "gather-scratch";
+/// The device scratch of an `upload_batch` group, where the pinned block is not mapped.
+pub(crate) const UPLOAD_BATCH_SCRATCH: &str = "upload-batch-scratch";
+/// The device scratch of a `download_batch` group, where the pinned block is not mapped.
+pub(crate) const DOWNLOAD_BATCH_SCRATCH: &str = "download-batch-scratch";
+
 /// A device-to-host read in flight (seed 003's async GPU result).
 ///
 /// `is_ready` never blocks; `try_get` fetches the data if it has arrived; `wait` blocks
@@ -427,9 +434,10 @@ impl<T: Pod> Buffer<T> {
         h.enter()?;
         let r = self.byte_range();
         self.raw().prepare_device_access(r.clone(), true)?;
-        h.upload_staged(self.raw_ptr(), bytemuck::cast_slice(src))?;
+        let uploaded = h.upload_staged(self.raw_ptr(), bytemuck::cast_slice(src));
+        // Even where the upload failed: some of its chunks may be queued.
         self.raw().invalidate_host(r);
-        Ok(())
+        uploaded
     }
 
     /// Uploads `len` bytes at byte `offset` of this buffer that `fill(at, out)` writes
@@ -473,9 +481,14 @@ impl<T: Pod> Buffer<T> {
                 .and_then(|()| h.record_use(&done, &h.stream));
             h.ledger.copy(Dir::H2D, len);
             h.pinned.give_after(block, done);
+            // (The host copy is stale even where recording the use failed.)
+            self.raw().invalidate_host(r.clone());
             h.guard(res)?;
         } else {
-            h.upload_staged_filled(dst, len, fill)?;
+            let uploaded = h.upload_staged_filled(dst, len, fill);
+            // Even where the upload failed: some of its chunks may be queued.
+            self.raw().invalidate_host(r.clone());
+            uploaded?;
         }
         self.raw().invalidate_host(r);
         if !PHASES.async_copy {
@@ -605,7 +618,7 @@ impl CudaHal {
                 // the block when it goes back to the pool.
                 .and(h.stream.synchronize())
         } else {
-            let scratch_alloc = match h.alloc_raw(&Cow::Borrowed("gather-scratch"), total) {
+            let scratch_alloc = match h.alloc_raw(&Cow::Borrowed(GATHER_SCRATCH), total) {
                 Ok(scratch) => scratch,
                 Err(e) => {
                     h.pinned.give(block);
@@ -619,7 +632,7 @@ impl CudaHal {
                 })
                 // Waited for even where a step failed, as above.
                 .and(h.stream.synchronize());
-            h.free_raw("gather-scratch", scratch_alloc);
+            h.free_raw(GATHER_SCRATCH, scratch_alloc);
             result
         };
         let result = h.guard(result);
@@ -744,7 +757,7 @@ impl CudaHal {
             });
             return self.end_upload_batch(items, block, done, result);
         }
-        let scratch_alloc = match h.alloc_raw(&Cow::Borrowed("upload-batch-scratch"), total) {
+        let scratch_alloc = match h.alloc_raw(&Cow::Borrowed(UPLOAD_BATCH_SCRATCH), total) {
             Ok(scratch) => scratch,
             // Where memory does not hold the scratch (as large as the group), each
             // slice is copied from the staged block to its buffer.
@@ -780,7 +793,7 @@ impl CudaHal {
             self.launch_segments(false, scratch, data_start, segments)
         })();
         // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
-        h.free_raw("upload-batch-scratch", scratch_alloc);
+        h.free_raw(UPLOAD_BATCH_SCRATCH, scratch_alloc);
         self.end_upload_batch(items, block, done, result)
     }
 
@@ -798,10 +811,12 @@ impl CudaHal {
         // Whatever `result` says: some of the copies may be queued.
         let recorded = h.record_use(&done, &h.stream);
         h.pinned.give_after(block, done);
-        h.guard(result.and(recorded))?;
+        // Even where a step failed: some of the copies may be queued, and a host copy read
+        // meanwhile would be older than them.
         for (buf, _) in items {
             buf.raw().invalidate_host(buf.byte_range());
         }
+        h.guard(result.and(recorded))?;
         if !PHASES.async_copy {
             h.guard(h.stream.synchronize())?;
         }
@@ -976,7 +991,7 @@ impl CudaHal {
                 // block when it goes back to the pool.
                 .and(h.stream.synchronize())
         } else {
-            let scratch_alloc = match h.alloc_raw(&Cow::Borrowed("download-batch-scratch"), total) {
+            let scratch_alloc = match h.alloc_raw(&Cow::Borrowed(DOWNLOAD_BATCH_SCRATCH), total) {
                 Ok(scratch) => scratch,
                 // Where memory does not hold the scratch (as large as the group), each
                 // buffer is downloaded on its own.
@@ -1002,7 +1017,7 @@ impl CudaHal {
                 // Waited for even where a step failed, as above.
                 .and(h.stream.synchronize());
             // Stream-ordered after the copy (pooled), or after a stream sync (driver).
-            h.free_raw("download-batch-scratch", scratch_alloc);
+            h.free_raw(DOWNLOAD_BATCH_SCRATCH, scratch_alloc);
             result
         };
         let result = h.guard(result);

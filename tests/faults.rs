@@ -55,7 +55,7 @@ mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use common::{Rng, MIB};
+use common::{Rng, Watchdog, MIB};
 use cuda_hal::cuda_sys::fault::{self, FailOnce};
 use cuda_hal::cuda_sys::CUresult;
 use cuda_hal::{
@@ -132,30 +132,6 @@ fn once_stuck(symbol: &'static str) -> fault::OnceStuck {
         fault::OnceStuck::RunsThenFails
     } else {
         fault::OnceStuck::Fails
-    }
-}
-
-/// Aborts the process if a run takes longer than a minute (a hang), saying which.
-struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
-
-impl Watchdog {
-    fn start(what: String) -> Self {
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        std::thread::spawn(move || {
-            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                wait.recv_timeout(std::time::Duration::from_secs(60))
-            {
-                eprintln!("{what}: no answer after 60 s (a hang)");
-                std::process::abort();
-            }
-        });
-        Watchdog(Some(done))
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        drop(self.0.take());
     }
 }
 
@@ -334,7 +310,7 @@ const PROVER_TABLES: [&str; 3] = ["prover-twiddles", "prover-shift-powers", "pro
 /// what went wrong.
 fn run_stuck(s: &Scenario<'_>, fail_at: u64) -> std::result::Result<Option<&'static str>, String> {
     let (config, name, scenario) = (s.config, s.name, s.body);
-    let _watchdog = Watchdog::start(format!("{name}, sticky from call {fail_at}"));
+    let _watchdog = Watchdog::start(format!("{name}, sticky from call {fail_at}"), 60);
     let free_before = free_device_bytes(s.ctx);
     let hal = CudaHal::with_config(0, config.clone()).unwrap();
     fault::arm_sticky(fail_at, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, once_stuck);
@@ -587,9 +563,7 @@ fn streams_pinned_memory_and_launches() {
         s.synchronize()?;
         assert_eq!(pinned.host()?[9], 2);
         let mut data = vec![4u32; MIB];
-        let registered = hal.register_host(&mut data)?;
-        a.copy_from_registered(&registered)?;
-        drop(registered);
+        hal.with_registered_host(&mut data, |registered| a.copy_from_registered(registered))??;
         assert_eq!(a.get_at(3)?, 4);
         Ok(())
     });

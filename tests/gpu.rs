@@ -148,6 +148,12 @@ fn own_module_kernels_launch_like_embedded_ones() {
     let err = hal.load_module(b"not a module").unwrap_err();
     assert!(matches!(err, Error::Cuda(_)), "{err}");
     assert!(hal.poisoned().is_none());
+    // A truncated fatbin: refused before the driver, which would read past its end.
+    if cuda_hal::kernels_available() {
+        let half = &cuda_hal::FATBIN[..cuda_hal::FATBIN.len() / 2];
+        let err = hal.load_module(half).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    }
     add(1).unwrap();
     assert_eq!(x.get_at(n - 1).unwrap(), (n - 1) as u32 + 6);
     // Embedded kernels are still looked up first.

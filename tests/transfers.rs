@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gpu, gpu_alone, gpu_exclusive, Rng, MIB};
+use common::{gpu, gpu_alone, gpu_exclusive, Rng, Watchdog, MIB};
 use cuda_hal::{
     CudaHal, Error, HalConfig, LaunchDims, PinnedFlags, PipelineMode, StagingConfig, PHASES,
     READ_SNAPSHOT_NAME,
@@ -100,6 +100,37 @@ fn pinned_buffers_round_trip_with_every_flag_set() {
     ));
 }
 
+/// Pinned elements the memory cannot align (past a page), or of no size, are refused (the
+/// host view would have panicked, or been shorter than `len`), and write-combined memory
+/// (the driver's, whose contents it leaves unspecified) starts as zeros.
+#[test]
+fn pinned_buffers_refuse_what_their_host_view_cannot_hold() {
+    #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+    #[repr(C, align(8192))]
+    struct Big([u8; 4096], [u8; 4096]);
+    let Some(hal) = gpu() else { return };
+    assert!(matches!(
+        hal.alloc_pinned::<Big>(2, PinnedFlags::default()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        hal.alloc_pinned::<()>(5, PinnedFlags::default()),
+        Err(Error::ZeroLength { .. })
+    ));
+    let wc = PinnedFlags {
+        write_combined: true,
+        ..Default::default()
+    };
+    let pin = hal.alloc_pinned::<u64>(1 << 16, wc).unwrap();
+    assert!(pin.host().unwrap().iter().all(|&x| x == 0));
+    assert_eq!(
+        hal.alloc_pinned::<u64>(4, PinnedFlags::default())
+            .unwrap()
+            .len(),
+        4
+    );
+}
+
 /// Pinned memory is a new mapping registered with the driver: page-locked while it lives,
 /// and unregistered when dropped, on any thread, which keeps its own current context.
 #[test]
@@ -167,19 +198,60 @@ fn registered_host_memory_round_trips() {
     let mut data = Rng::new(12).u32s(3 * MIB + 1);
     let want = data.clone();
     let dev = hal.copy_from("dev", &vec![POISON; data.len()]).unwrap();
-    {
-        let mut reg = hal.register_host(&mut data).unwrap();
-        dev.copy_from_registered(&reg).unwrap();
+    hal.with_registered_host(&mut data, |reg| {
+        dev.copy_from_registered(reg).unwrap();
         reg.as_mut_slice().fill(0);
-        dev.copy_to_registered(&mut reg).unwrap();
+        dev.copy_to_registered(reg).unwrap();
         assert_eq!(reg.as_slice(), &want[..]);
-    }
+    })
+    .unwrap();
     assert_eq!(dev.to_vec().unwrap(), want);
+    // Unregistered as the closure returned, and on unwinding out of it: registering the
+    // same memory again works.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        hal.with_registered_host(&mut data, |_| panic!("in the closure"))
+    }));
+    assert!(panicked.is_err());
+    let again = hal.with_registered_host(&mut data, |reg| reg.as_slice()[7]);
+    assert_eq!(again.unwrap(), want[7]);
     let mut empty: Vec<u32> = Vec::new();
     assert!(matches!(
-        hal.register_host(&mut empty),
+        hal.with_registered_host(&mut empty, |_| ()),
         Err(Error::ZeroLength { .. })
     ));
+}
+
+/// A read of a whole buffer (16 MiB) from its host copy beside rayon threads that read the
+/// same buffer: the copy ran on the rayon pool under the buffer's lock, and with every
+/// thread of the pool waiting for that lock none took its work (a deadlock, found by
+/// review). The watchdog aborts the run on a hang.
+#[test]
+fn a_large_read_from_the_host_copy_beside_rayon_readers_of_its_buffer_does_not_hang() {
+    use rayon::prelude::*;
+    if !PHASES.host_cache {
+        // (Without it a read copies from the device, and the baseline's `get_at` reads
+        // the whole buffer: 200,000 of them took minutes.)
+        return println!("no host copies in this build (phase 2 off): nothing to check");
+    }
+    let Some(hal) = gpu() else { return };
+    let _watchdog = Watchdog::start("host copies beside rayon readers".into(), 120);
+    let n = 4 * MIB;
+    let data: Vec<u32> = (0..n as u32).collect();
+    let b = hal.copy_from("b", &data).unwrap();
+    assert_eq!(b.to_vec().unwrap(), data, "(the host copy is now valid)");
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            for _ in 0..20 {
+                let v = b.read_async().unwrap().wait().unwrap();
+                assert_eq!(v[n - 1], (n - 1) as u32);
+            }
+        });
+        (0..200_000usize).into_par_iter().for_each(|i| {
+            let k = i * 7919 % n;
+            assert_eq!(b.get_at(k).unwrap(), k as u32);
+        });
+        reader.join().unwrap();
+    });
 }
 
 #[test]
@@ -1656,7 +1728,7 @@ fn a_read_past_the_pinned_pool_pins_no_block_of_its_own() {
         };
         assert!(got == want, "round {rounds}: the read's data");
         // The result is not left registered: registering it works.
-        drop(hal.register_host(&mut got).unwrap());
+        hal.with_registered_host(&mut got, |_| ()).unwrap();
     }
     // Dropped at once (a read the pool keeps blocks for would still be in flight).
     for rounds in 6..10u32 {

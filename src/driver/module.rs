@@ -90,7 +90,10 @@ unsafe impl Sync for Function<'_> {}
 impl Module {
     /// Loads an image with `cuModuleLoadData` into the primary context current on the
     /// thread, which it retains.
-    /// PTX text needs no terminating NUL: one is added.
+    /// PTX text needs no terminating NUL: one is added. The driver is given no length, and
+    /// finds a fatbin's or a cubin's extent in its headers: an image whose headers reach
+    /// past its end (a truncated file) is refused with [`Error::InvalidArgument`] before
+    /// the driver sees it.
     ///
     /// ```
     /// use cuda_hal::driver::{Module, PrimaryContext};
@@ -103,11 +106,13 @@ impl Module {
     /// assert!(Module::load(b"definitely not a fatbin").is_err());
     /// ```
     pub fn load(image: &[u8]) -> Result<Self> {
+        check_image(image)?;
         let ctx = PrimaryContext::retain_current()?;
         let aligned = aligned_image(image);
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: `aligned` holds the whole image and a NUL after it (the driver reads PTX
-        // up to its NUL), and outlives the call; the driver copies what it needs.
+        // up to its NUL, a fatbin or cubin as far as its headers say, which `check_image`
+        // found within it), and outlives the call; the driver copies what it needs.
         unsafe { api()?.cuModuleLoadData(&mut raw, aligned.as_ptr().cast())? };
         Ok(Module { raw, _ctx: ctx })
     }
@@ -293,6 +298,118 @@ impl<'m> Function<'m> {
     }
 }
 
+/// A fatbin's magic number (little-endian at its start).
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// Checks that the headers of a fatbin or an ELF image (a cubin) lie within `image`, with
+/// what they say the image holds: the driver reads as far as they say. A fatbin's entries
+/// are checked one by one (each a header and its payload); an ELF image's program and
+/// section header tables, and every segment and section with bytes in the file. Anything
+/// else is taken as PTX text, which the NUL after the copy bounds.
+fn check_image(image: &[u8]) -> Result<()> {
+    let past = |what: &str| {
+        Err(Error::InvalidArgument(format!(
+            "module image of {} bytes: its {what} lies past its end (a truncated file?)",
+            image.len()
+        )))
+    };
+    let bytes = |at: usize, n: usize| image.get(at..at.checked_add(n)?);
+    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes(at, 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(bytes(at, 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(bytes(at, 8)?.try_into().ok()?));
+    // `len` bytes from `at` lie within the image.
+    let within = |at: u64, len: u64| {
+        at.checked_add(len)
+            .is_some_and(|end| end <= image.len() as u64)
+    };
+    if u32_at(0) == Some(FATBIN_MAGIC) {
+        let (Some(header), Some(size)) = (u16_at(6), u64_at(8)) else {
+            return past("header");
+        };
+        let (header, end) = (u64::from(header), u64::from(header).checked_add(size));
+        if header < 16 || !end.is_some_and(|end| within(0, end)) {
+            return past("header or the entries it counts");
+        }
+        let end = end.unwrap_or_default();
+        // Each entry: a header (its size at +4, its payload's at +8) and the payload.
+        let mut at = header;
+        while at < end {
+            let entry = usize::try_from(at).unwrap_or(usize::MAX);
+            let (Some(entry_header), Some(payload)) = (
+                u32_at(entry.saturating_add(4)),
+                u64_at(entry.saturating_add(8)),
+            ) else {
+                return past("entry header");
+            };
+            let Some(next) = at
+                .checked_add(u64::from(entry_header))
+                .and_then(|a| a.checked_add(payload))
+                .filter(|&next| next <= end && u64::from(entry_header) >= 16)
+            else {
+                return past("entry");
+            };
+            at = next;
+        }
+        return Ok(());
+    }
+    if image.starts_with(b"\x7fELF") {
+        // ELF64, little-endian: cubins are.
+        if image.get(4) != Some(&2) || image.get(5) != Some(&1) {
+            return Err(Error::InvalidArgument(
+                "module image: an ELF image that is not 64-bit little-endian".into(),
+            ));
+        }
+        let fields = (
+            u64_at(0x20),
+            u64_at(0x28),
+            u16_at(0x36),
+            u16_at(0x38),
+            u16_at(0x3A),
+            u16_at(0x3C),
+        );
+        let (Some(phoff), Some(shoff), Some(phent), Some(phnum), Some(shent), Some(shnum)) = fields
+        else {
+            return past("ELF header");
+        };
+        let (phent, phnum, shent, shnum) = (
+            u64::from(phent),
+            u64::from(phnum),
+            u64::from(shent),
+            u64::from(shnum),
+        );
+        if !within(phoff, phent * phnum) || !within(shoff, shent * shnum) {
+            return past("program or section header table");
+        }
+        if (phnum > 0 && phent < 0x38) || (shnum > 0 && shent < 0x40) {
+            return Err(Error::InvalidArgument(
+                "module image: ELF header tables with entries too small".into(),
+            ));
+        }
+        for k in 0..phnum {
+            let p = (phoff + k * phent) as usize;
+            let (Some(offset), Some(size)) = (u64_at(p + 0x08), u64_at(p + 0x20)) else {
+                return past("program header");
+            };
+            if !within(offset, size) {
+                return past("segment");
+            }
+        }
+        const SHT_NOBITS: u32 = 8;
+        for k in 0..shnum {
+            let h = (shoff + k * shent) as usize;
+            let (Some(kind), Some(offset), Some(size)) =
+                (u32_at(h + 0x04), u64_at(h + 0x18), u64_at(h + 0x20))
+            else {
+                return past("section header");
+            };
+            if kind != SHT_NOBITS && !within(offset, size) {
+                return past("section");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `image` copied to 8-byte aligned memory (the driver reads fatbins and cubins through an
 /// aligned pointer) with at least one NUL byte after it (PTX is read as a C string).
 fn aligned_image(image: &[u8]) -> Vec<u64> {
@@ -329,5 +446,82 @@ mod tests {
             assert_eq!(&bytes[..len], &image[..]);
             assert_eq!(bytes[len], 0, "NUL right after the image at length {len}");
         }
+    }
+
+    fn refused(image: &[u8]) -> bool {
+        matches!(check_image(image), Err(Error::InvalidArgument(_)))
+    }
+
+    #[test]
+    fn a_fatbin_is_loaded_whole_and_a_truncated_one_is_refused() {
+        if crate::FATBIN.is_empty() {
+            return println!("built without nvcc: no fatbin to check");
+        }
+        let f = crate::FATBIN;
+        assert!(check_image(f).is_ok(), "the crate's own fatbin");
+        for cut in [f.len() - 1, f.len() / 2, 100, 17, 16, 15, 8] {
+            assert!(refused(&f[..cut]), "cut to {cut} bytes");
+        }
+        // A header that claims more than there is.
+        let mut big = f.to_vec();
+        big[8..16].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        assert!(refused(&big));
+        // An entry whose payload runs past the fatbin's end.
+        let mut entry = f.to_vec();
+        entry[16 + 8..16 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(refused(&entry));
+        // Refused before the driver is asked (so here, with none).
+        assert!(matches!(
+            Module::load(&f[..f.len() / 2]),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    /// A 64-bit little-endian ELF header with one section header table of `shnum` entries
+    /// at `shoff`, and `len` bytes in all.
+    fn elf(len: usize, shoff: u64, shnum: u16) -> Vec<u8> {
+        let mut e = vec![0u8; len.max(64)];
+        e[..4].copy_from_slice(b"\x7fELF");
+        e[4] = 2; // 64-bit
+        e[5] = 1; // little-endian
+        e[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        e[0x3A..0x3C].copy_from_slice(&0x40u16.to_le_bytes());
+        e[0x3C..0x3E].copy_from_slice(&shnum.to_le_bytes());
+        e.truncate(len);
+        e
+    }
+
+    #[test]
+    fn an_elf_image_whose_tables_or_sections_lie_past_its_end_is_refused() {
+        assert!(check_image(&elf(64, 0, 0)).is_ok(), "a header alone");
+        assert!(check_image(&elf(128, 64, 1)).is_ok(), "one empty section");
+        assert!(
+            refused(&elf(100, 64, 1)),
+            "the section header table cut short"
+        );
+        assert!(
+            refused(&elf(64, u64::MAX - 8, 1)),
+            "a table offset that wraps"
+        );
+        let mut section = elf(128, 64, 1);
+        section[64 + 0x18..64 + 0x20].copy_from_slice(&100u64.to_le_bytes());
+        section[64 + 0x20..64 + 0x28].copy_from_slice(&64u64.to_le_bytes());
+        assert!(refused(&section), "a section's bytes past the end");
+        section[64 + 0x04..64 + 0x08].copy_from_slice(&8u32.to_le_bytes());
+        assert!(
+            check_image(&section).is_ok(),
+            "a NOBITS section has no bytes in the file"
+        );
+        assert!(refused(&elf(40, 0, 0)), "a header cut short");
+        let mut elf32 = elf(64, 0, 0);
+        elf32[4] = 1;
+        assert!(refused(&elf32));
+    }
+
+    #[test]
+    fn other_images_are_left_to_the_driver_as_ptx() {
+        assert!(check_image(b"").is_ok());
+        assert!(check_image(b".version 8.0\n.target sm_90\n").is_ok());
+        assert!(check_image(b"definitely not a fatbin").is_ok());
     }
 }

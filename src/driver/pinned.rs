@@ -137,6 +137,9 @@ impl PinnedMemory {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-pointer is a valid local.
         unsafe { d.cuMemHostAlloc(&mut ptr, len.max(1), flags.bits())? };
+        // SAFETY: the driver returned `len.max(1)` writable bytes at `ptr`, whose contents
+        // it does not specify: zeroed, since `as_slice` hands them out as initialised.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, len.max(1)) };
         PinnedMemory {
             ptr: ptr.cast(),
             len,

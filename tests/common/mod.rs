@@ -133,3 +133,28 @@ pub fn run_child(child: &str, env: &[(&str, &str)]) {
 pub fn is_child(child: &str) -> bool {
     std::env::var("CUDA_HAL_CHILD").is_ok_and(|v| v == child)
 }
+
+/// Aborts the process (a hang fails loudly, rather than holding the run until its time
+/// limit) unless dropped within `seconds`.
+pub struct Watchdog(Option<std::sync::mpsc::Sender<()>>);
+
+impl Watchdog {
+    pub fn start(what: String, seconds: u64) -> Self {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                wait.recv_timeout(std::time::Duration::from_secs(seconds))
+            {
+                eprintln!("{what}: no answer after {seconds} s (a hang)");
+                std::process::abort();
+            }
+        });
+        Watchdog(Some(done))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
