@@ -1356,7 +1356,8 @@ impl HalInner {
     }
 }
 
-/// Why `alloc_untracked` failed.
+/// Why a driver allocation of [`HalInner::alloc_from_driver`] failed: out of memory (room
+/// is made and it is retried), or another error (returned).
 enum AllocFail {
     OutOfMemory(cuda_sys::Error),
     Other(Error),
