@@ -77,6 +77,32 @@ pub(crate) fn run_each(n: usize, work: &(dyn Fn(usize) -> Result<()> + Sync)) ->
     results.into_iter().try_for_each(Mutex::into_inner)
 }
 
+/// Runs `f` over `bytes` cut into a piece per core (whole multiples of `unit` bytes), on
+/// the copy threads, for work on memory that a caller holding a buffer's lock may need:
+/// zeroing a host copy, faulting in new pinned memory as the staging pool grows. Never on
+/// the rayon pool: its threads may all be waiting for that lock (a prover's `par_iter`
+/// reading the buffer), and would never take the pieces, a deadlock. The copy threads take
+/// no buffer's lock. Below two units, or on a rayon thread (which would get a thread of
+/// its own per piece), `f` runs over the whole on the calling thread.
+pub(crate) fn split_over(bytes: &mut [u8], unit: usize, f: &(dyn Fn(&mut [u8]) + Sync)) {
+    if bytes.len() < 2 * unit || rayon::current_thread_index().is_some() {
+        return f(bytes);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let piece = bytes.len().div_ceil(threads).next_multiple_of(unit);
+    let pieces: Vec<Mutex<&mut [u8]>> = bytes.chunks_mut(piece).map(Mutex::new).collect();
+    let done = run_each(pieces.len(), &|w| {
+        f(&mut pieces[w].lock());
+        Ok(())
+    });
+    if done.is_err() {
+        // (Only a piece's panic fails it: each piece again, here.)
+        for p in &pieces {
+            f(&mut p.lock());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +132,15 @@ mod tests {
             .into_iter()
             .map(Option::unwrap)
             .collect()
+    }
+
+    #[test]
+    fn split_over_reaches_every_byte_once() {
+        for len in [0, 1, 4095, 1 << 20, (8 << 20) + 17] {
+            let mut bytes = vec![0u8; len];
+            split_over(&mut bytes, 1 << 20, &|p| p.iter_mut().for_each(|b| *b += 1));
+            assert!(bytes.iter().all(|&b| b == 1), "{len} bytes");
+        }
     }
 
     #[test]

@@ -20,10 +20,9 @@ use crate::{Error, Result};
 /// are aligned (a `#[repr(align(128))]` type is `Pod` too).
 pub(crate) const HOST_ALIGN: usize = 4096;
 
-/// From this many bytes on, [`HostBytes::zero`] runs on several threads.
-const PARALLEL_ZERO_BYTES: usize = 4 << 20;
-/// The zeroing's pieces are whole multiples of this.
-const ZERO_PIECE: usize = 1 << 20;
+/// [`HostBytes::zero`]'s pieces are whole multiples of this, and from two of them on it
+/// runs on several threads.
+const ZERO_PIECE: usize = 2 << 20;
 
 /// From this many bytes on, a host copy is an anonymous mapping: zero pages committed when
 /// first touched. (The allocator's zeroed memory at a page's alignment is written through
@@ -87,30 +86,9 @@ impl HostBytes {
         if self.zeroed {
             return;
         }
-        let bytes = self.range_mut(r);
-        if bytes.len() < PARALLEL_ZERO_BYTES || rayon::current_thread_index().is_some() {
-            bytes.fill(0);
-            return;
-        }
         // Over several threads, as the download this replaces spreads its host copies: the
-        // copy threads, never the rayon pool. The caller holds its buffer's lock, which the
-        // rayon pool's threads may all be waiting for (a prover's `par_iter` reading the
-        // buffer), and then none would take the zeroing's tasks: a deadlock. The copy
-        // threads take no buffer's lock. (On a rayon thread, which would get a thread of its
-        // own per piece, the bytes are zeroed in place.)
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let piece = bytes.len().div_ceil(threads).next_multiple_of(ZERO_PIECE);
-        let pieces: Vec<Mutex<&mut [u8]>> = bytes.chunks_mut(piece).map(Mutex::new).collect();
-        let zeroed = crate::copy_threads::run_each(pieces.len(), &|w| {
-            pieces[w].lock().fill(0);
-            Ok(())
-        });
-        if zeroed.is_err() {
-            // (Only a piece's panic fails it: zeroed here instead.)
-            for p in &pieces {
-                p.lock().fill(0);
-            }
-        }
+        // copy threads, never the rayon pool, since the caller holds its buffer's lock.
+        crate::copy_threads::split_over(self.range_mut(r), ZERO_PIECE, &|p| p.fill(0));
     }
 
     /// Bytes of `r`.

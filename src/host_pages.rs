@@ -77,12 +77,25 @@ pub(crate) fn pieces_mut(
 /// Faults in every page of `bytes` (one store of zero a page: new memory reads zero
 /// anyway), on the rayon pool when large.
 pub(crate) fn prefault(bytes: &mut [u8]) {
-    let touch = |piece: &mut [u8]| piece.iter_mut().step_by(PAGE).for_each(|b| *b = 0);
     if bytes.len() >= PARALLEL_MIN {
         bytes.par_chunks_mut(PARALLEL_MIN).for_each(touch);
     } else {
         touch(bytes);
     }
+}
+
+/// [`prefault`] on the copy threads, never the rayon pool: for new pinned memory, which a
+/// transfer may make while its caller holds a buffer's lock (the staging pool grows as a
+/// download into a host copy needs more slots), where the rayon pool's threads may all be
+/// waiting for that lock. Found on the GPU (2026-11-28 20:14, 2x H200): the first view of
+/// a new buffer beside rayon readers of it hung in the all build.
+pub(crate) fn prefault_off_pool(bytes: &mut [u8]) {
+    crate::copy_threads::split_over(bytes, PARALLEL_MIN, &touch);
+}
+
+/// One store of zero a page of `piece`.
+fn touch(piece: &mut [u8]) {
+    piece.iter_mut().step_by(PAGE).for_each(|b| *b = 0);
 }
 
 /// `len` zeroed elements in new memory whose pages are not written yet (where the

@@ -221,12 +221,15 @@ fn registered_host_memory_round_trips() {
     ));
 }
 
-/// A read of a whole buffer (16 MiB) from its host copy beside rayon threads that read the
-/// same buffer: the copy ran on the rayon pool under the buffer's lock, and with every
-/// thread of the pool waiting for that lock none took its work (a deadlock, found by
-/// review). The watchdog aborts the run on a hang.
+/// A read of a whole buffer from its host copy, and the first view of a new buffer whose
+/// host copy is reused (4 MiB and more each), beside rayon threads that read the same
+/// buffer: the copy and the zeroing ran on the rayon pool under the buffer's lock, and
+/// with every thread of the pool waiting for that lock none took their work (a deadlock,
+/// found by review). So did the pinned pages of staging slots, made as the first view's
+/// download needed more of them under the lock (the all build hung here on the GPU,
+/// 2026-11-28 20:14). The watchdog aborts the run on a hang.
 #[test]
-fn a_large_read_from_the_host_copy_beside_rayon_readers_of_its_buffer_does_not_hang() {
+fn large_host_copies_beside_rayon_readers_of_their_buffer_do_not_hang() {
     use rayon::prelude::*;
     if !PHASES.host_cache {
         // (Without it a read copies from the device, and the baseline's `get_at` reads
@@ -252,6 +255,24 @@ fn a_large_read_from_the_host_copy_beside_rayon_readers_of_its_buffer_does_not_h
         });
         reader.join().unwrap();
     });
+    // New buffers of the same size: the first view of each takes a host copy given back,
+    // and zeroes it (unless a reader came first), while the pool's threads read it.
+    drop(b);
+    for round in 0..8u32 {
+        let c = hal.alloc::<u32>("c", n).unwrap();
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| c.view_mut(|v| v[0] = round + 1).unwrap());
+            (0..20_000usize).into_par_iter().for_each(|i| {
+                // (Under the view: refused, as it should be.)
+                match c.get_at(i * 7919 % n) {
+                    Ok(_) | Err(Error::BufferBorrowed { .. }) => {}
+                    Err(e) => panic!("get_at beside the view: {e}"),
+                }
+            });
+            writer.join().unwrap();
+        });
+        assert_eq!(c.get_at(0).unwrap(), round + 1);
+    }
 }
 
 #[test]

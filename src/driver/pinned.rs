@@ -114,7 +114,8 @@ impl PinnedMemory {
             if bytes.len() >= host_pages::HUGE_PAGES_MIN {
                 // Smaller ones the driver faults in as it pins them, about as fast.
                 host_pages::advise_huge_pages(bytes);
-                host_pages::prefault(bytes);
+                // (Not on the rayon pool: see `prefault_off_pool`.)
+                host_pages::prefault_off_pool(bytes);
             }
             // SAFETY: the mapping's bytes are this process's, and stay mapped until the
             // drop has unregistered them (a failed registration drops the mapping).
