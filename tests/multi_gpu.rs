@@ -161,6 +161,129 @@ fn outliving_source_child() {
     println!("CHILD-OK");
 }
 
+/// A device fault on device 0, and what device 1's HAL makes of it, in three set-ups: the
+/// two HALs never met (`none`), a copy between them through the host (`via-host`: device
+/// 0's events among the pending uses of device 1's buffer), and a peer copy (`peer`: peer
+/// access on). The driver decides whether device 1's context is broken too; the test asks
+/// it directly (a raw stream creation in that context) and checks that the HAL agrees: on
+/// a broken device 1 each operation returns `ContextPoisoned`, never another error, a
+/// panic or a hang, and the HAL is poisoned; on a healthy one every operation works and
+/// nothing is charged to it (the crate charges a sticky error to the context current on
+/// the thread, which a driver that kept contexts apart would make wrong for device 0's
+/// events met from device 1). On the H200s' driver (580.159.04, CUDA 13.0), on
+/// 2026-11-28, device 1 was broken in all three: a fault ends CUDA for the whole process.
+/// Each set-up in a child process of its own.
+#[test]
+fn two_devices_a_fault_on_one_and_the_other() {
+    let Some(two) = need_two() else { return };
+    let _turn = two.hals_dropped();
+    for mode in ["none", "via-host", "peer"] {
+        common::run_child("peer_fault_child", &[("CUDA_HAL_PEER_FAULT", mode)]);
+    }
+}
+
+#[test]
+#[ignore = "run by two_devices_a_fault_on_one_and_the_other in its own process"]
+fn peer_fault_child() {
+    if !common::is_child("peer_fault_child") {
+        return;
+    }
+    let mode = std::env::var("CUDA_HAL_PEER_FAULT").unwrap();
+    let _watchdog = common::Watchdog::start(format!("a fault on device 0 ({mode})"), 120);
+    const N: usize = 4 * MIB / 4;
+    let (h0, h1) = (CudaHal::new(0).unwrap(), CudaHal::new(1).unwrap());
+    let src = h1.copy_from("src", &vec![3u32; N]).unwrap();
+    let on0 = h0.alloc::<u32>("on-0", N).unwrap();
+    match mode.as_str() {
+        "none" => on0.fill(3).unwrap(),
+        "via-host" => on0.copy_from_device_via_host(&src).unwrap(),
+        "peer" => on0.copy_from_device(&src).unwrap(),
+        other => panic!("unknown mode {other}"),
+    }
+    // SAFETY: deliberately not: poke_address writes to address 0x10 to fault device 0's
+    // context, in a child process of its own that checks what the HALs report.
+    unsafe {
+        h0.launch("poke_address", cuda_hal::LaunchDims::for_elements(1, 1))
+            .scalar(0x10u64)
+            .scalar(1u32)
+            .run()
+    }
+    .unwrap();
+    let fault = h0.synchronize().unwrap_err();
+    assert!(matches!(fault, Error::ContextPoisoned { .. }), "{fault}");
+
+    // The driver's word on device 1's context, raw (the crate's wrappers would record it).
+    let ctx1 = driver::PrimaryContext::retain(1).unwrap();
+    ctx1.bind().unwrap();
+    let d = cuda_hal::cuda_sys::driver().unwrap();
+    let mut raw: cuda_hal::cuda_sys::CUstream = std::ptr::null_mut();
+    // SAFETY: out-pointer is a valid local; device 1's context is current.
+    let created = unsafe { d.cuStreamCreate(&mut raw, 1) };
+    if created.is_ok() {
+        // SAFETY: the stream just made, destroyed once.
+        unsafe { d.cuStreamDestroy(raw) }.unwrap();
+    }
+    let healthy = created.is_ok();
+    println!(
+        "{mode}: after device 0's fault, device 1's context by the driver's word: {}",
+        match &created {
+            Ok(()) => "healthy (a stream made)".to_string(),
+            Err(e) => format!("broken too ({e})"),
+        }
+    );
+
+    // Device 1's HAL: a write of `src` (ordered after device 0's uses of it, if any), a read,
+    // the free, a new buffer and a kernel, a copy from device 0, a wait.
+    let mut answers: Vec<(&str, cuda_hal::Result<()>)> = Vec::new();
+    answers.push(("fill", src.fill(5)));
+    answers.push((
+        "to_vec",
+        src.to_vec()
+            .map(|v| assert!(v.iter().all(|&x| x == 5), "{mode}: src after the fill")),
+    ));
+    drop(src);
+    answers.push((
+        "new buffer and a kernel",
+        h1.copy_from("after", &[7u32; 4]).and_then(|b| {
+            let (x, y) = (b.slice(0, 2)?, b.slice(2, 2)?);
+            cuda_hal::ops::add(&x, &y, &y)?;
+            assert_eq!(b.to_vec()?, vec![14, 14, 7, 7], "{mode}");
+            Ok(())
+        }),
+    ));
+    let from0 = h1
+        .alloc::<u32>("from-0", N)
+        .and_then(|back| back.copy_from_device(&on0));
+    println!("{mode}: a copy from device 0 onto device 1: {from0:?}");
+    assert!(
+        matches!(from0, Err(Error::ContextPoisoned { .. })),
+        "{mode}: {from0:?}"
+    );
+    answers.push(("synchronize", h1.synchronize()));
+    for (what, answer) in &answers {
+        println!("{mode}: device 1's {what}: {answer:?}");
+        if healthy {
+            assert!(
+                answer.is_ok(),
+                "{mode}: {what} on a healthy device 1: {answer:?}"
+            );
+        } else {
+            assert!(
+                matches!(answer, Ok(()) | Err(Error::ContextPoisoned { .. })),
+                "{mode}: {what} on a broken device 1: {answer:?}"
+            );
+        }
+    }
+    assert!(h0.poisoned().is_some());
+    assert_eq!(
+        h1.poisoned().is_none(),
+        healthy,
+        "{mode}: {:?}",
+        h1.poisoned()
+    );
+    println!("CHILD-OK");
+}
+
 /// A destination HAL that goes away gives its memory back at once, although the source
 /// still holds an event of its context (the copy's, until the source is next used): the
 /// source keeps that context alive, not the whole HAL with its pool and cached blocks
