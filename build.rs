@@ -32,6 +32,8 @@ fn main() {
         "CUDA_HOME",
         "PATH",
         "CUDA_HAL_NVCC_FLAGS",
+        "NVCC_PREPEND_FLAGS",
+        "NVCC_APPEND_FLAGS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -43,7 +45,10 @@ fn main() {
     sources.sort();
 
     let Some(nvcc) = find_nvcc(&manifest) else {
-        println!("cargo:warning=nvcc not found (set NVCC or CUDA_PATH, or run scripts/install-cuda-toolchain.sh): building without kernels");
+        match env::var("NVCC") {
+            Ok(set) => println!("cargo:warning=NVCC={set} is no executable file (nor a name on PATH): building without kernels"),
+            Err(_) => println!("cargo:warning=nvcc not found (set NVCC or CUDA_PATH, or run scripts/install-cuda-toolchain.sh): building without kernels"),
+        }
         fs::write(&fatbin, []).expect("write empty fatbin");
         return;
     };
@@ -72,21 +77,30 @@ fn main() {
     body.push_str(&fixed_passes);
     fs::write(&unit, body).expect("write kernel unit");
 
-    // The fatbin depends only on the sources, nvcc and the flags, not on cargo features:
-    // reuse it across feature sets and profiles (CI builds 16 feature subsets).
-    let extra = env::var("CUDA_HAL_NVCC_FLAGS").unwrap_or_default();
-    let mut hasher = std::hash::DefaultHasher::new();
-    for src in &sources {
-        src.hash(&mut hasher);
-        fs::read(src).unwrap_or_default().hash(&mut hasher);
+    // Compressed images (the driver inflates them at load). -lineinfo is left to
+    // CUDA_HAL_NVCC_FLAGS: it makes the image five times larger.
+    let mut flags: Vec<String> = ["--fatbin", "-O3", "-std=c++17", "-Xfatbin", "-compress-all"]
+        .map(String::from)
+        .to_vec();
+    for arch in SASS_ARCHS {
+        flags.push(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
     }
-    let mut headers: Vec<PathBuf> = fs::read_dir(manifest.join("kernels"))
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    headers.retain(|p| p.extension().is_some_and(|e| e == "cuh"));
-    headers.sort();
-    for h in &headers {
-        fs::read(h).unwrap_or_default().hash(&mut hasher);
+    flags.push(format!(
+        "-gencode=arch=compute_{PTX_ARCH},code=compute_{PTX_ARCH}"
+    ));
+    let extra = env::var("CUDA_HAL_NVCC_FLAGS").unwrap_or_default();
+    flags.extend(extra.split_whitespace().map(String::from));
+
+    // The fatbin depends only on the kernels' files, nvcc and its flags, not on cargo
+    // features: reuse it across feature sets and profiles (CI builds 16 feature subsets).
+    // Every file under kernels/ counts, whatever its name: any may be included.
+    let mut hasher = std::hash::DefaultHasher::new();
+    let mut files = Vec::new();
+    files_under(&manifest.join("kernels"), &mut files);
+    files.sort();
+    for f in &files {
+        f.strip_prefix(&manifest).unwrap_or(f).hash(&mut hasher);
+        fs::read(f).unwrap_or_default().hash(&mut hasher);
     }
     fixed_passes.hash(&mut hasher);
     // The compiler's own version, not only its path: an nvcc upgraded in place must not
@@ -96,15 +110,9 @@ fn main() {
         .output()
         .map(|o| o.stdout)
         .unwrap_or_default();
-    (
-        nvcc.display().to_string(),
-        nvcc_version,
-        &extra,
-        SASS_ARCHS,
-        PTX_ARCH,
-        2u32,
-    )
-        .hash(&mut hasher);
+    // (nvcc adds these to every command line it is given.)
+    let env_flags = ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"].map(|v| env::var(v).ok());
+    (nvcc.display().to_string(), nvcc_version, &flags, env_flags).hash(&mut hasher);
     let cache_dir = out
         .ancestors()
         .nth(4)
@@ -118,20 +126,7 @@ fn main() {
     }
 
     let mut cmd = Command::new(&nvcc);
-    // Compressed images (the driver inflates them at load). -lineinfo is left to
-    // CUDA_HAL_NVCC_FLAGS: it makes the image five times larger.
-    cmd.arg("--fatbin")
-        .arg("-O3")
-        .arg("-std=c++17")
-        .arg("-Xfatbin")
-        .arg("-compress-all");
-    for arch in SASS_ARCHS {
-        cmd.arg(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
-    }
-    cmd.arg(format!(
-        "-gencode=arch=compute_{PTX_ARCH},code=compute_{PTX_ARCH}"
-    ));
-    cmd.args(extra.split_whitespace());
+    cmd.args(&flags);
     cmd.arg("-I").arg(manifest.join("kernels"));
     cmd.arg("-o").arg(&fatbin).arg(&unit);
     let output = cmd
@@ -154,10 +149,33 @@ fn main() {
     }
 }
 
+/// Every file under `dir`, its subfolders' included.
+fn files_under(dir: &Path, into: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        if path.is_dir() {
+            files_under(&path, into);
+        } else {
+            into.push(path);
+        }
+    }
+}
+
 fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
     let exe = |p: PathBuf| p.is_file().then_some(p);
+    let on_path = |name: &std::ffi::OsStr| {
+        env::var_os("PATH")
+            .and_then(|paths| env::split_paths(&paths).find_map(|dir| exe(dir.join(name))))
+    };
     if let Some(p) = env::var_os("NVCC") {
-        return exe(PathBuf::from(p));
+        // A bare name (`NVCC=nvcc`) is looked up on PATH, as a shell would.
+        let p = PathBuf::from(p);
+        if p.components().count() == 1 && !p.is_file() {
+            return on_path(p.as_os_str());
+        }
+        return exe(p);
     }
     for var in ["CUDA_PATH", "CUDA_HOME"] {
         if let Some(root) = env::var_os(var) {
@@ -169,6 +187,5 @@ fn find_nvcc(manifest: &Path) -> Option<PathBuf> {
     if let Some(p) = exe(manifest.join(".toolchain/site/nvidia/cu13/bin/nvcc")) {
         return Some(p);
     }
-    env::var_os("PATH")
-        .and_then(|paths| env::split_paths(&paths).find_map(|dir| exe(dir.join("nvcc"))))
+    on_path("nvcc".as_ref())
 }

@@ -27,6 +27,9 @@ if [ ! -f "$stamp" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-deps \
     --target "$dest/site" "${packages[@]}" >&2
   touch "$stamp"
+  # A build made before nvcc was here embedded no kernels, and cargo would not run its
+  # build script again for a file it was not told to watch: build.rs is always watched.
+  touch "$root/build.rs"
 fi
 
 # The wheels unpack under site/nvidia/cu13 (13.x layout) or site/nvidia/cuda_* (12.x).

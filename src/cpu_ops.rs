@@ -237,7 +237,10 @@ pub fn ntt(data: &mut [Elem], log_n: u32, inverse: bool) {
 /// `out.len() != coeffs.len() << log_blowup`.
 pub fn coset_lde(out: &mut [Elem], coeffs: &[Elem], log_n: u32, log_blowup: u32) {
     let cols = columns(coeffs.len(), log_n);
-    let log_big = log_n + log_blowup;
+    let log_big = log_n
+        .checked_add(log_blowup)
+        .filter(|&l| l <= Elem::TWO_ADICITY)
+        .unwrap_or_else(|| panic!("log_n + log_blowup = {log_n} + {log_blowup} > 27"));
     check_len("coset_lde output", cols << log_big, out.len());
     let tw = twiddles(log_big, false);
     let n = 1usize << log_n;
@@ -389,6 +392,14 @@ mod tests {
     fn length_mismatch_panics() {
         let mut out = [Elem::ZERO; 2];
         eltwise_add(&mut out, &[Elem::ZERO; 3], &[Elem::ZERO; 2]);
+    }
+
+    #[test]
+    #[should_panic(expected = "log_n + log_blowup = 5 + 4294967293 > 27")]
+    fn a_blowup_past_the_field_panics_saying_so() {
+        // (The sum overflowed before: a debug build's overflow panic, a release build's
+        // slice index.)
+        coset_lde(&mut [Elem::ZERO; 4], &[Elem::ONE; 32], 5, u32::MAX - 2);
     }
 
     proptest! {

@@ -241,7 +241,7 @@ impl fmt::Display for Error {
             }
             Error::KernelsUnavailable => write!(
                 f,
-                "cuda-hal was built without nvcc, so it has no kernels (install the toolchain and rebuild)"
+                "cuda-hal was built without nvcc, so it has no kernels (install the toolchain, e.g. scripts/install-cuda-toolchain.sh, and rebuild; `cargo clean -p cuda-hal` if the build predates it)"
             ),
             Error::KernelNotFound { name, reason } => write!(f, "kernel `{name}`: {reason}"),
             Error::UnsupportedElementSize { op, size } => {

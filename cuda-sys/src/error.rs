@@ -81,6 +81,7 @@ impl Error {
                     | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
                     | CUresult::CUDA_ERROR_INVALID_PC
                     | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
+                    | CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE
                     | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
                     | CUresult::CUDA_ERROR_ASSERT
                     | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT

@@ -157,11 +157,17 @@ mod imp {
     /// Counts calls from now on; call `fail_at` (1 for the next; 0 for none) fails as
     /// `how(symbol)` says.
     pub fn arm(fail_at: u64, how: fn(&'static str) -> FailOnce) {
+        arm_only(fail_at, how, None);
+    }
+
+    /// [`arm`], counting only the calls of `only` where given: in one lock section, so
+    /// that no call of another thread is counted in between.
+    fn arm_only(fail_at: u64, how: fn(&'static str) -> FailOnce, only: Option<&'static str>) {
         *state() = State {
             armed: true,
             calls: 0,
             fail_at,
-            only: None,
+            only,
             only_calls: 0,
             called: Vec::new(),
             how,
@@ -176,8 +182,7 @@ mod imp {
     /// fails as `how(symbol)` says. Calls of other entry points, however many, do not move
     /// it.
     pub fn arm_nth(symbol: &'static str, nth: u64, how: fn(&'static str) -> FailOnce) {
-        arm(nth, how);
-        state().only = Some(symbol);
+        arm_only(nth, how, Some(symbol));
     }
 
     /// The entry points called (and counted) since the last arm, in order. The `k`-th

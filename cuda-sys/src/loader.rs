@@ -43,20 +43,24 @@ impl Driver {
         Self::load_from(&names)
     }
 
-    /// Opens the first library of `names` that `dlopen` accepts.
+    /// Opens the first library of `names` that `dlopen` accepts and that exports `cuInit`.
+    /// The error gives every name's reason.
     ///
     /// ```
     /// let err = cuda_sys::Driver::load_from(&["libdoes-not-exist.so"]).err().unwrap();
     /// assert!(matches!(err, cuda_sys::Error::DriverNotFound { .. }));
+    /// // A library that is no CUDA driver is passed over.
+    /// let err = cuda_sys::Driver::load_from(&["libm.so.6"]).err().unwrap();
+    /// assert!(err.to_string().contains("not a CUDA driver"), "{err}");
     /// ```
     pub fn load_from<S: AsRef<str>>(names: &[S]) -> Result<Self, Error> {
         let mut tried = Vec::new();
-        let mut reason = String::from("no library names were given");
+        let mut reasons: Vec<String> = Vec::new();
         for name in names {
             let name = name.as_ref();
             tried.push(name.to_string());
             let Ok(c_name) = CString::new(name) else {
-                reason = format!("{name:?} contains a NUL byte");
+                reasons.push(format!("{name:?} contains a NUL byte"));
                 continue;
             };
             // SAFETY: c_name is a valid C string; RTLD_NOW resolves the library's own
@@ -64,7 +68,16 @@ impl Driver {
             let handle =
                 unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
             if handle.is_null() {
-                reason = last_dlerror();
+                reasons.push(last_dlerror());
+                continue;
+            }
+            // A library that is no CUDA driver (a wrong `CUDA_HAL_LIBCUDA`) would make every
+            // call a missing symbol: the next name is tried instead.
+            // SAFETY: handle is a live dlopen handle and the name a valid C string.
+            if unsafe { libc::dlsym(handle, c"cuInit".as_ptr()) }.is_null() {
+                reasons.push(format!("{name} exports no cuInit: not a CUDA driver"));
+                // SAFETY: nothing of this library was resolved or used.
+                unsafe { libc::dlclose(handle) };
                 continue;
             }
             let api = DriverApi::resolve(|symbol: &CStr| {
@@ -84,6 +97,10 @@ impl Driver {
                 api,
             });
         }
+        let reason = match reasons.is_empty() {
+            true => String::from("no library names were given"),
+            false => reasons.join("; "),
+        };
         Err(Error::DriverNotFound { tried, reason })
     }
 

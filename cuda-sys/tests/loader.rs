@@ -176,6 +176,8 @@ fn every_code_the_header_calls_fatal_is_sticky() {
         "must be terminated",
         "cannot be used anymore",
         "inconsistent state",
+        // Data a kernel read or wrote is wrong: ECC, and NVLink between devices.
+        "uncorrectable",
     ];
     let mut sticky = Vec::new();
     for code in 0..1000u32 {
@@ -194,6 +196,10 @@ fn every_code_the_header_calls_fatal_is_sticky() {
         }
     }
     assert!(sticky.contains(&"CUDA_ERROR_ASSERT"), "{sticky:?}");
+    assert!(
+        sticky.contains(&"CUDA_ERROR_NVLINK_UNCORRECTABLE"),
+        "{sticky:?}"
+    );
 }
 
 #[test]
