@@ -1230,6 +1230,20 @@ impl HalInner {
     /// The HAL's own memory is checked first: `cuMemGetInfo` took 60-100 us in
     /// `read_async` after a large read on the GPU machines (5-8 us called again at once).
     pub(crate) fn fits_easily(&self, bytes: usize) -> Result<bool> {
+        self.fits_in_share_of_free(bytes, 2)
+    }
+
+    /// Whether an allocation of `bytes` fits as memory stands, with no room made (no prover
+    /// table freed, no cache or pool trimmed, in this HAL or another): within the HAL's
+    /// limit, and served by memory the HAL holds unused or by what the driver reports free.
+    /// For a request that may ask for less where this is false (a growable buffer's growth
+    /// beyond what it needs).
+    pub(crate) fn fits_as_is(&self, bytes: usize) -> Result<bool> {
+        self.fits_in_share_of_free(bytes, 1)
+    }
+
+    /// [`HalInner::fits_easily`] with `1 / share` of the free device memory in place of half.
+    fn fits_in_share_of_free(&self, bytes: usize, share: usize) -> Result<bool> {
         if bytes > self.allocs.room_under_limit() {
             return Ok(false);
         }
@@ -1243,7 +1257,7 @@ impl HalInner {
             return Ok(true);
         }
         let (free, _) = self.memory_info()?;
-        Ok(bytes <= free / 2)
+        Ok(bytes <= free / share)
     }
 
     /// The device's free and total memory, as the driver reports them. The context is

@@ -209,10 +209,28 @@ impl<T: Pod> GrowableBuffer<T> {
             return Ok(());
         }
         let grown = (self.capacity() as f64 * self.growth).ceil() as usize;
-        match self.regrow(need.max(grown)) {
-            Err(Error::OutOfMemory { .. }) if grown > need => self.regrow(need),
+        if grown <= need || !self.fits_as_is(grown)? {
+            return self.regrow(need);
+        }
+        // (Refused all the same where memory went meanwhile: the driver's refusal made
+        // room, which exactly enough then has.)
+        match self.regrow(grown) {
+            Err(Error::OutOfMemory { .. }) => self.regrow(need),
             r => r,
         }
+    }
+
+    /// Whether `capacity` elements fit beside the buffer as memory stands. The growth past
+    /// what is needed is asked for only then: a driver refusal makes room first (frees
+    /// prover tables, empties caches and pools, in every HAL of the device), which
+    /// exactly enough might not have needed.
+    fn fits_as_is(&self, capacity: usize) -> Result<bool> {
+        let Some(bytes) = capacity.checked_mul(std::mem::size_of::<T>()) else {
+            return Ok(false);
+        };
+        let h = self.buf.raw().hal();
+        h.enter()?;
+        h.fits_as_is(bytes)
     }
 
     /// Sets the length; new elements are unspecified until written.

@@ -1096,17 +1096,7 @@ fn poison_child() {
     let cached = separate.alloc::<u32>("cached", 4).unwrap();
     drop(cached);
     let keep = hal.copy_from("keep", &[1u32; 4]).unwrap();
-    // SAFETY: deliberately not: poke_address writes to address 0x10 to fault the context, in a child
-    // process of its own that only checks the HAL reports it.
-    unsafe {
-        hal.launch("poke_address", LaunchDims::for_elements(1, 1))
-            .scalar(0x10u64)
-            .scalar(1u32)
-            .run()
-    }
-    .unwrap();
-    let err = hal.synchronize().unwrap_err();
-    assert!(matches!(err, Error::ContextPoisoned { .. }), "{err}");
+    common::fault_context(&hal);
     assert!(hal.poisoned().is_some());
     assert!(
         other.poisoned().is_some(),

@@ -743,6 +743,63 @@ fn a_growable_buffer_grows_to_exactly_enough_where_the_factor_does_not_fit() {
     assert_eq!(g.buffer().unwrap().to_vec().unwrap(), data);
 }
 
+/// Where the driver's free memory holds what a growable buffer needs but not its grown
+/// capacity, the buffer grows to exactly enough at once: the grown capacity is never asked
+/// for, so no refusal frees the HAL's prover tables or trims its cache. Before, it asked
+/// for the grown capacity first, and the driver's refusal made room (in every HAL of the
+/// device) for a request that then fell back to exactly enough anyway.
+#[test]
+fn a_growable_buffer_past_the_drivers_free_memory_grows_to_exactly_enough_making_no_room() {
+    use cuda_hal::Hal;
+    let Some(hal) = gpu_exclusive() else { return };
+    capture_logs();
+    // A twiddle table of 2^19 words (2 MiB), which making room would free.
+    let log_n = 20;
+    let io = hal
+        .copy_from("io", &Rng::new(0x9e0).elems(1 << log_n))
+        .unwrap();
+    hal.batch_ntt(&io, log_n, false).unwrap();
+    drop(io);
+    let table = live_bytes_named(&hal, "prover-twiddles");
+    assert_eq!(table, 2 * MIB);
+    // 64 MiB held (16 Mi words); 1 MiB more needs 65 MiB, growing by 4 would ask for
+    // 256 MiB.
+    let data = Rng::new(0x9e1).u32s(16 * MIB + MIB / 4);
+    let mut g = GrowableBuffer::<u32>::new(&hal, "grown-past-free", 16 * MIB, 4.0).unwrap();
+    g.extend_from_slice(&data[..16 * MIB]).unwrap();
+    hal.synchronize().unwrap();
+    // Free memory for the 65 MiB and some to spare, but far from 256 MiB: the ballast is
+    // given back from its smallest blocks (2 MiB, then 64 MiB) until it is.
+    let mut ballast = Ballast::fill();
+    while device_free_bytes() < 65 * MIB + 16 * MIB {
+        assert!(ballast.release_one(), "the device has less than 81 MiB");
+    }
+    let free = device_free_bytes();
+    assert!(free < 256 * MIB, "{free} bytes free: the test cannot tell");
+    let before = driver_refusals("grown-past-free");
+    let counts = hal.ledger();
+    g.extend_from_slice(&data[16 * MIB..]).unwrap();
+    let d = hal.ledger().since(&counts);
+    assert_eq!(
+        (d.oom_retries, d.out_of_memory),
+        (0, 0),
+        "the driver was never refused"
+    );
+    assert_eq!(driver_refusals("grown-past-free"), before);
+    assert_eq!((g.capacity(), g.reallocations()), (16 * MIB + MIB / 4, 1));
+    assert_eq!(
+        live_bytes_named(&hal, "prover-twiddles"),
+        table,
+        "the table kept"
+    );
+    drop(ballast);
+    assert!(g.buffer().unwrap().to_vec().unwrap() == data);
+    // With memory to spare again, the next growth takes the factor.
+    g.extend_from_slice(&[1]).unwrap();
+    assert_eq!((g.capacity(), g.reallocations()), (65 * MIB, 2));
+    assert!(hal.poisoned().is_none());
+}
+
 #[test]
 fn managed_memory_is_shared_prefetched_and_advised() {
     let Some(hal) = gpu() else { return };

@@ -200,17 +200,7 @@ fn peer_fault_child() {
         "peer" => on0.copy_from_device(&src).unwrap(),
         other => panic!("unknown mode {other}"),
     }
-    // SAFETY: deliberately not: poke_address writes to address 0x10 to fault device 0's
-    // context, in a child process of its own that checks what the HALs report.
-    unsafe {
-        h0.launch("poke_address", cuda_hal::LaunchDims::for_elements(1, 1))
-            .scalar(0x10u64)
-            .scalar(1u32)
-            .run()
-    }
-    .unwrap();
-    let fault = h0.synchronize().unwrap_err();
-    assert!(matches!(fault, Error::ContextPoisoned { .. }), "{fault}");
+    common::fault_context(&h0);
 
     // The driver's word on device 1's context, raw (the crate's wrappers would record it).
     let ctx1 = driver::PrimaryContext::retain(1).unwrap();

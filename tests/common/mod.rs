@@ -129,6 +129,27 @@ pub fn run_child(child: &str, env: &[(&str, &str)]) {
     assert!(text.contains("CHILD-OK"), "child `{child}` did not finish");
 }
 
+/// Faults `hal`'s context on purpose (a kernel writes to address 0x10) and returns the
+/// error its stream's synchronisation met, checked to be `ContextPoisoned`. For a child
+/// process of its own ([`run_child`]): the fault ends CUDA for the whole process.
+pub fn fault_context(hal: &CudaHal) -> cuda_hal::Error {
+    // SAFETY: deliberately not: poke_address writes to address 0x10 to fault the context,
+    // in a child process of its own that checks what the HALs report.
+    unsafe {
+        hal.launch("poke_address", cuda_hal::LaunchDims::for_elements(1, 1))
+            .scalar(0x10u64)
+            .scalar(1u32)
+            .run()
+    }
+    .unwrap();
+    let fault = hal.synchronize().unwrap_err();
+    assert!(
+        matches!(fault, cuda_hal::Error::ContextPoisoned { .. }),
+        "{fault}"
+    );
+    fault
+}
+
 /// Whether this process is the child `child` that [`run_child`] started.
 pub fn is_child(child: &str) -> bool {
     std::env::var("CUDA_HAL_CHILD").is_ok_and(|v| v == child)
