@@ -302,6 +302,11 @@ impl RawBuffer {
             }
             if !missing.is_empty() {
                 self.side.wait_on(&self.hal.stream, 0, false, true)?;
+                // A download that fails part way leaves device bytes in the host copy
+                // (the allocation still fresh): a mutable view adopting it zeroes them.
+                if let Some(host) = c.bytes.as_mut() {
+                    host.mark_written();
+                }
             }
             self.hal.ledger.cache(missing.is_empty());
             for m in missing {
@@ -628,9 +633,10 @@ impl<T: Pod> Buffer<T> {
         let start = self.byte_range().start.saturating_add(byte_offset);
         let end = len.checked_mul(su).and_then(|b| b.checked_add(start));
         if end.is_none_or(|e| e > self.byte_range().end) || byte_offset > self.size_bytes() {
-            return Err(
-                self.out_of_range(byte_offset / std::mem::size_of::<T>().max(1), self.len + 1)
-            );
+            // The elements of `T` the request covers, the last one in part.
+            let st = std::mem::size_of::<T>();
+            let end_bytes = len.saturating_mul(su).saturating_add(byte_offset);
+            return Err(self.out_of_range(byte_offset / st, end_bytes.div_ceil(st)));
         }
         if start % su != 0 {
             return Err(Error::InvalidArgument(format!(

@@ -122,8 +122,9 @@ pub enum Error {
         /// The other buffer's name.
         other: String,
     },
-    /// A kernel fault (illegal address and the like) left the context unusable. Create a
-    /// new HAL once every buffer of this one is dropped.
+    /// A kernel fault (illegal address and the like) left the context unusable. The driver
+    /// keeps the fault for the rest of the process (on driver 580, in the other devices'
+    /// contexts too): a usable HAL needs a new process.
     ContextPoisoned {
         /// The error that poisoned the context.
         cause: cuda_sys::Error,

@@ -1286,6 +1286,11 @@ impl HalInner {
         self.copied(Dir::D2D, bytes, r)
     }
 
+    /// Whether `other` is a HAL of the same device: the two share its primary context.
+    pub(crate) fn same_device(&self, other: &HalInner) -> bool {
+        self.info.ordinal == other.info.ordinal
+    }
+
     pub(crate) fn info(&self) -> &DeviceInfo {
         &self.info
     }

@@ -91,6 +91,12 @@ impl HostBytes {
         crate::copy_threads::split_over(self.range_mut(r), ZERO_PIECE, &|p| p.fill(0));
     }
 
+    /// Records that the bytes may be written from now on (a download into them is about
+    /// to begin, and may fail part way): [`HostBytes::zero`] no longer skips them.
+    pub(crate) fn mark_written(&mut self) {
+        self.zeroed = false;
+    }
+
     /// Bytes of `r`.
     ///
     /// # Safety
@@ -199,7 +205,7 @@ impl HostCopies {
     /// kept copies of other sizes (the largest first) if need be; frees `b` otherwise. A
     /// prover whose buffer sizes change keeps copies of the sizes it uses now.
     pub(crate) fn give(&self, mut b: HostBytes) {
-        b.zeroed = false;
+        b.mark_written();
         let len = b.len();
         let mut evicted = Vec::new();
         let mut k = self.kept.lock();

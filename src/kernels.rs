@@ -266,17 +266,22 @@ pub struct LaunchDims {
 
 impl LaunchDims {
     /// A 1-D launch for grid-stride kernels over `n` elements: 256 threads a block and
-    /// enough blocks to fill `sms` multiprocessors, never more than the elements need.
+    /// enough blocks to fill `sms` multiprocessors, never more than the elements need nor
+    /// than a grid holds (2^31 - 1 blocks).
     ///
     /// ```
     /// let d = cuda_hal::LaunchDims::for_elements(1000, 132);
     /// assert_eq!(d.block.0, 256);
     /// assert_eq!(d.grid.0, 4);
+    /// let most = cuda_hal::LaunchDims::for_elements(usize::MAX, u32::MAX);
+    /// assert_eq!(most.grid.0, i32::MAX as u32);
     /// ```
     pub fn for_elements(n: usize, sms: u32) -> Self {
         const BLOCK: usize = 256;
+        /// The most blocks a grid's x dimension holds.
+        const MAX_GRID_X: usize = i32::MAX as usize;
         let needed = n.div_ceil(BLOCK).max(1);
-        let cap = (sms.max(1) as usize) * 32;
+        let cap = (sms.max(1) as usize).saturating_mul(32).min(MAX_GRID_X);
         LaunchDims {
             grid: (needed.min(cap) as u32, 1, 1),
             block: (BLOCK as u32, 1, 1),

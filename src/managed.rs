@@ -100,7 +100,7 @@ impl CudaHal {
     /// ```
     pub fn alloc_managed<T: Pod>(&self, name: &str, len: usize) -> Result<ManagedBuffer<T>> {
         let h = &self.inner;
-        if len == 0 {
+        if len == 0 || std::mem::size_of::<T>() == 0 {
             return Err(Error::ZeroLength {
                 name: name.to_string(),
             });

@@ -244,8 +244,9 @@ impl<T> Drop for PinnedBuffer<T> {
         // The memory is freed after the copy that last used it (waited for even if the bind
         // fails: the event names its context).
         for ev in self.pending.get_mut().drain(..) {
-            let bound = self.hal.ctx.bind();
-            if let Err(e) = bound.and(ev.synchronize()) {
+            let waited = self.hal.ctx.bind().and(ev.synchronize());
+            keep_if_still_used(&self.mem, &waited);
+            if let Err(e) = waited {
                 log::warn!("waiting for a pinned buffer's last copy: {e}");
             }
         }
@@ -283,11 +284,28 @@ impl PinnedBlock {
         idle
     }
 
-    /// Waits for the block's last copy, unless a wait for its stream showed it done.
+    /// Waits for the block's last copy, unless a wait for its stream showed it done. Where
+    /// the wait fails, the block is never freed ([`keep_if_still_used`]).
     fn settle(&mut self) -> Result<()> {
         match self.pending.take() {
-            Some(done) if !done.known_done() => done.synchronize(),
+            Some(done) if !done.known_done() => {
+                let waited = done.synchronize();
+                keep_if_still_used(&self.mem, &waited);
+                waited
+            }
             _ => Ok(()),
+        }
+    }
+}
+
+/// After a wait for the copies that use `mem`: where it failed without breaking the context,
+/// the device may still run them, and `mem` is never freed nor reused
+/// ([`PinnedMemory::keep_forever`]), as device memory is not in the same case
+/// (`HalInner::free_after_stream`). A fault that broke the context runs no more work.
+pub(crate) fn keep_if_still_used(mem: &PinnedMemory, waited: &Result<()>) {
+    if let Err(e) = waited {
+        if e.poisoning().is_none() {
+            mem.keep_forever();
         }
     }
 }
@@ -481,6 +499,10 @@ impl PinnedPool {
         if let Some(lent) = block.lent.take() {
             lent.fetch_sub(size, Relaxed);
         }
+        if block.mem.kept_forever() {
+            // A copy may still use it: never reused (dropped, it is leaked).
+            return;
+        }
         let mut evicted = Vec::new();
         let mut free = self.free.lock();
         if size <= self.limit && free.1 + size > self.limit {
@@ -595,7 +617,7 @@ impl CudaHal {
         data: &mut [T],
         f: impl FnOnce(&mut RegisteredHost<'_, T>) -> R,
     ) -> Result<R> {
-        if data.is_empty() {
+        if std::mem::size_of_val(data) == 0 {
             return Err(Error::ZeroLength {
                 name: "registered host memory".into(),
             });
@@ -779,10 +801,14 @@ impl<T: Pod> Buffer<T> {
     ) -> Result<()> {
         self.check_len(pinned.len())?;
         let h = self.raw().hal().clone();
-        if !Arc::ptr_eq(&h, pinned.hal()) || !Arc::ptr_eq(&h, &stream.hal) {
-            return Err(Error::ForeignBuffer {
-                name: self.name().to_string(),
-            });
+        if !Arc::ptr_eq(&h, pinned.hal()) {
+            return Err(Error::InvalidArgument(format!(
+                "`{}`: pinned memory of another HAL",
+                self.name()
+            )));
+        }
+        if !Arc::ptr_eq(&h, &stream.hal) {
+            return Err(Error::InvalidArgument("stream of another HAL".into()));
         }
         h.enter()?;
         let r = self.byte_range();

@@ -355,7 +355,15 @@ impl CudaHal {
         // stream is waited for, even after one fails.
         let synced = sets
             .iter()
-            .map(|s| s.stream.synchronize())
+            .map(|s| {
+                let waited = s.stream.synchronize();
+                // Where the wait failed, the set's copies may still run: its blocks are
+                // never reused nor freed.
+                for b in s.pin_in.iter().chain(&s.pin_out) {
+                    crate::pinned::keep_if_still_used(&b.mem, &waited);
+                }
+                waited
+            })
             .fold(Ok(()), Result::and);
         for set in sets {
             set.pin_in

@@ -106,8 +106,14 @@ impl ProverCache {
 }
 
 /// An operation on columns of one point leaves `io` as it is, but checks what every call
-/// does: a usable HAL, and no host view open on the elements (as `CpuHal` does).
-fn left_as_it_is(io: &Buffer<Elem>) -> Result<()> {
+/// does: a buffer of `hal`, a usable HAL, and no host view open on the elements (as
+/// `CpuHal` does).
+fn left_as_it_is(hal: &CudaHal, io: &Buffer<Elem>) -> Result<()> {
+    if !hal.same(io.raw().hal()) {
+        return Err(Error::ForeignBuffer {
+            name: io.name().to_string(),
+        });
+    }
     io.device_ptr().map(drop)
 }
 
@@ -376,7 +382,7 @@ impl CudaHal {
     pub fn batch_ntt_radix2(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {
-            return left_as_it_is(io);
+            return left_as_it_is(self, io);
         }
         let tw = self.twiddles(log_n, inverse)?;
         self.ntt_radix2_unchecked(io, log_n, inverse, &tw)
@@ -415,7 +421,7 @@ impl CudaHal {
 
     fn bit_reverse_unchecked(&self, io: &Buffer<Elem>, log_n: u32) -> Result<()> {
         if log_n == 0 {
-            return left_as_it_is(io);
+            return left_as_it_is(self, io);
         }
         // SAFETY: batch_bit_reverse_bb(io, log_n, total) permutes io[0..total) within columns of
         // 2^log_n; total is `io`'s length, a multiple of 2^log_n (checked by the callers).
@@ -598,7 +604,7 @@ impl Hal for CudaHal {
     fn batch_ntt(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {
-            return left_as_it_is(io);
+            return left_as_it_is(self, io);
         }
         let work = self.ntt_prepare(io.len(), log_n, inverse)?;
         self.ntt_run(io, &work, None)

@@ -16,6 +16,7 @@ use cuda_sys::CUdeviceptr;
 use parking_lot::{Condvar, Mutex};
 
 use crate::driver::{Event, PinnedFlags, PinnedMemory, PrimaryContext, Stream};
+use crate::pinned::keep_if_still_used;
 use crate::Result;
 
 /// Sizes of the staging pool.
@@ -144,6 +145,9 @@ struct Slot {
     /// While that copy may still run (`done` shows it done with no event query once the
     /// host has waited for its stream since).
     in_flight: bool,
+    /// A copy of the slot may still run with no event to wait for (its record and the wait
+    /// for its stream failed): the slot leaves the pool, and its block is never freed.
+    lost: bool,
 }
 
 impl Slot {
@@ -179,7 +183,9 @@ impl Slot {
     fn settle(&mut self) -> Result<()> {
         if self.in_flight {
             if !self.done.known_done() {
-                self.done.synchronize()?;
+                let waited = self.done.synchronize();
+                keep_if_still_used(&self.block, &waited);
+                waited?;
             }
             self.in_flight = false;
         }
@@ -191,8 +197,11 @@ impl Slot {
     /// and the slot must not go back to the pool before it ends.
     fn queued_on(&mut self, stream: &Stream) -> Result<()> {
         if let Err(e) = self.done.record(stream) {
-            if let Err(sync) = stream.synchronize() {
+            let waited = stream.synchronize();
+            keep_if_still_used(&self.block, &waited);
+            if let Err(sync) = waited {
                 log::warn!("waiting for a staging copy whose event failed ({e}): {sync}");
+                self.lost = sync.poisoning().is_none();
             }
             return Err(e);
         }
@@ -301,6 +310,7 @@ impl StagingPool {
                                     len: chunk,
                                     done: Event::new()?,
                                     in_flight: false,
+                                    lost: false,
                                 })
                             })
                             .collect::<Result<Vec<Slot>>>()
@@ -339,7 +349,11 @@ impl StagingPool {
 
     fn give_back(&self, slots: Vec<Slot>) {
         let mut guard = self.free.lock();
-        guard.0.extend(slots);
+        let before = guard.0.len() + slots.len();
+        // (A lost slot's block is kept forever: dropped, the slot leaks it.)
+        guard.0.extend(slots.into_iter().filter(|s| !s.lost));
+        // Room for new slots in place of the lost ones.
+        guard.1 -= before - guard.0.len();
         drop(guard);
         self.returned.notify_all();
     }

@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 
 use crate::driver::{Event, Stream};
 use crate::hal::HalInner;
-use crate::{CudaHal, Result};
+use crate::{CudaHal, Error, Result};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -227,7 +227,9 @@ impl HalStream {
 }
 
 impl HalEvent {
-    /// Records the event at the current end of `stream`.
+    /// Records the event at the current end of `stream`, a stream of a HAL of the same
+    /// device (`InvalidArgument` for another device's: the driver records an event only
+    /// in its own context).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -241,6 +243,13 @@ impl HalEvent {
     /// e.synchronize().unwrap();
     /// ```
     pub fn record(&self, stream: &HalStream) -> Result<()> {
+        if !self.hal.same_device(&stream.hal) {
+            return Err(Error::InvalidArgument(format!(
+                "an event of device {} recorded on a stream of device {}",
+                self.hal.info().ordinal,
+                stream.hal.info().ordinal
+            )));
+        }
         self.hal.enter()?;
         self.hal.guard(self.event.record(&stream.stream))
     }
@@ -283,7 +292,8 @@ impl HalEvent {
         self.hal.guard(self.event.is_complete())
     }
 
-    /// Device milliseconds from `start` to this event (both recorded and complete).
+    /// Device milliseconds from `start` to this event (both recorded and complete, both of
+    /// HALs of one device: `InvalidArgument` otherwise).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -301,6 +311,13 @@ impl HalEvent {
     /// println!("fill: {:.3} ms on the device", end.elapsed_ms(&start).unwrap());
     /// ```
     pub fn elapsed_ms(&self, start: &HalEvent) -> Result<f32> {
+        if !self.hal.same_device(&start.hal) {
+            return Err(Error::InvalidArgument(format!(
+                "time between events of devices {} and {}",
+                start.hal.info().ordinal,
+                self.hal.info().ordinal
+            )));
+        }
         self.hal.enter()?;
         self.hal.guard(self.event.elapsed_ms(&start.event))
     }

@@ -12,7 +12,7 @@ use crate::hal::HalInner;
 use crate::host_pages;
 use crate::kept_threads::{self, Task};
 use crate::ledger::Dir;
-use crate::pinned::PinnedBlock;
+use crate::pinned::{keep_if_still_used, PinnedBlock};
 use crate::{Buffer, CudaHal, Error, HalStream, LaunchDims, Result, PHASES};
 
 /// The name the device snapshot of a read past the pinned pool is tracked under while the
@@ -616,7 +616,7 @@ impl CudaHal {
                 .map(|()| h.ledger.copy(Dir::D2H, n * sz))
                 // Waited for even where the launch failed: nothing queued may still use
                 // the block when it goes back to the pool.
-                .and(h.stream.synchronize())
+                .and(waited_for_block(&h.stream, &block))
         } else {
             let scratch_alloc = match h.alloc_raw(&Cow::Borrowed(GATHER_SCRATCH), total) {
                 Ok(scratch) => scratch,
@@ -631,7 +631,7 @@ impl CudaHal {
                     launch(scratch, scratch + out_off as u64)
                 })
                 // Waited for even where a step failed, as above.
-                .and(h.stream.synchronize());
+                .and(waited_for_block(&h.stream, &block));
             h.free_raw(GATHER_SCRATCH, scratch_alloc);
             result
         };
@@ -989,7 +989,7 @@ impl CudaHal {
                 })
                 // Waited for even where a step failed: nothing queued may still use the
                 // block when it goes back to the pool.
-                .and(h.stream.synchronize())
+                .and(waited_for_block(&h.stream, &block))
         } else {
             let scratch_alloc = match h.alloc_raw(&Cow::Borrowed(DOWNLOAD_BATCH_SCRATCH), total) {
                 Ok(scratch) => scratch,
@@ -1015,7 +1015,7 @@ impl CudaHal {
                     })
                 })
                 // Waited for even where a step failed, as above.
-                .and(h.stream.synchronize());
+                .and(waited_for_block(&h.stream, &block));
             // Stream-ordered after the copy (pooled), or after a stream sync (driver).
             h.free_raw(DOWNLOAD_BATCH_SCRATCH, scratch_alloc);
             result
@@ -1140,6 +1140,14 @@ fn batch_layout(sizes: impl ExactSizeIterator<Item = usize>) -> (Vec<usize>, usi
         cursor = (cursor + size).next_multiple_of(16);
     }
     (offsets, cursor)
+}
+
+/// Waits for `stream`, whose copies and kernels use `block`: where the wait fails without
+/// breaking the context, the block is never reused nor freed ([`keep_if_still_used`]).
+fn waited_for_block(stream: &Stream, block: &PinnedBlock) -> Result<()> {
+    let waited = stream.synchronize();
+    keep_if_still_used(&block.mem, &waited);
+    waited
 }
 
 #[cfg(test)]

@@ -827,3 +827,106 @@ fn reads_and_batches(hal: &CudaHal) -> Result<()> {
     assert!(xs == data && ys == data[..7]);
     Ok(())
 }
+
+/// A download into a new allocation's host copy that fails part way leaves device bytes in
+/// it: a mutable view of the allocation, which starts from zeros (the README's promise),
+/// must zero them. Before, the host copy still counted as never written, and the view got
+/// the chunks that had arrived: the bytes of the block's last owner.
+#[test]
+fn a_new_allocations_view_starts_from_zeros_after_a_failed_download() {
+    let Some(_one) = one_at_a_time() else { return };
+    let config = HalConfig {
+        staging: StagingConfig {
+            chunk_bytes: MIB,
+            workers: 2,
+            max_slots: 4,
+            ..StagingConfig::default()
+        },
+        ..lazy()
+    };
+    const N: usize = 16 * MIB;
+    // A block the cache keeps, holding 0xab: the next allocation of its size gets it back.
+    let fresh_over_stale = |hal: &CudaHal| {
+        drop(hal.copy_from("stale", &vec![0xabu8; N]).unwrap());
+        hal.synchronize().unwrap();
+        hal.alloc::<u8>("fresh", N).unwrap()
+    };
+    // The download's calls, counted in a run that fails none (in a HAL of its own: the
+    // next one's host copy must be new, not one this HAL keeps for reuse).
+    let counting = CudaHal::with_config(0, config.clone()).unwrap();
+    let b = fresh_over_stale(&counting);
+    fault::arm(0, injected_code);
+    b.view(|v| assert_eq!(v[N - 1], 0xab, "the block's last owner's bytes"))
+        .unwrap();
+    fault::disarm();
+    let called = fault::called();
+    let dtoh = *called
+        .iter()
+        .find(|s| s.contains("DtoH"))
+        .expect("a download");
+    let chunks = called.iter().filter(|s| **s == dtoh).count() as u64;
+    assert!(chunks >= 4, "{chunks} chunks: {called:?}");
+    drop((b, counting));
+    // The same with the last chunk's copy refused: the others have arrived.
+    let hal = CudaHal::with_config(0, config).unwrap();
+    let b = fresh_over_stale(&hal);
+    fault::arm_nth(dtoh, chunks, injected_code);
+    let read = b.view(|_| ());
+    let injected = fault::disarm();
+    assert_eq!(injected.failed, Some(dtoh));
+    assert!(read.is_err(), "the refused copy is the view's error");
+    let zeros = b.view_mut(|v| v.iter().all(|&x| x == 0)).unwrap();
+    assert!(zeros, "a new allocation's mutable view starts from zeros");
+    assert!(hal.poisoned().is_none());
+    drop(b);
+    still_works(&hal);
+}
+
+/// A pinned block whose wait failed without breaking the context may still be in use by
+/// the device: it goes back neither to the pool nor to the driver (it is leaked, as device
+/// memory is in that case). The wait is made to fail after it ran (the work is over, but
+/// the HAL cannot know it). Before, the block went back to the pool, and the next batch
+/// reused it.
+#[test]
+fn a_pinned_block_a_failed_wait_leaves_in_doubt_is_never_reused() {
+    let Some(_one) = one_at_a_time() else { return };
+    let hal = CudaHal::with_config(0, lazy()).unwrap();
+    let b = hal.alloc::<u32>("b", MIB).unwrap();
+    // Device-written: no host copy serves the gathers.
+    b.fill(7).unwrap();
+    let picks: Vec<(&cuda_hal::Buffer<u32>, usize)> = (0..1000).map(|i| (&b, 997 * i)).collect();
+    // The gather's calls, counted in a run that fails none; its block is then in the pool.
+    fault::arm(0, injected_code);
+    assert_eq!(hal.gather(&picks).unwrap(), vec![7; 1000]);
+    fault::disarm();
+    let called = fault::called();
+    let sync = "cuStreamSynchronize";
+    let waits = called.iter().filter(|s| **s == sync).count() as u64;
+    assert!(waits >= 1, "{called:?}");
+    let before = hal.stats().unwrap().pinned;
+    assert!(before.cached_bytes > 0, "{before:?}");
+    // The gather's last wait, made to fail after it ran.
+    fault::arm_nth(sync, waits, |_| {
+        FailOnce::RunsThenFails(CUresult::CUDA_ERROR_INVALID_VALUE)
+    });
+    let failed = hal.gather(&picks);
+    let injected = fault::disarm();
+    assert_eq!(injected.failed, Some(sync));
+    assert!(failed.is_err(), "the failed wait is the gather's error");
+    let after = hal.stats().unwrap().pinned;
+    assert_eq!(
+        after.hits,
+        before.hits + 1,
+        "the gather took the pool's block"
+    );
+    assert!(
+        after.cached_bytes < before.cached_bytes,
+        "the block did not come back: {before:?} then {after:?}"
+    );
+    // The next gather pins a new block, and the HAL works on.
+    assert_eq!(hal.gather(&picks).unwrap(), vec![7; 1000]);
+    let next = hal.stats().unwrap().pinned;
+    assert_eq!(next.misses, after.misses + 1, "{after:?} then {next:?}");
+    assert!(hal.poisoned().is_none());
+    still_works(&hal);
+}

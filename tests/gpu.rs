@@ -706,13 +706,24 @@ fn misaligned_and_zero_length_requests_are_typed_errors() {
         ),
         "misaligned view"
     );
-    assert!(
-        matches!(
-            bytes.reinterpret::<u32>(4, 16),
-            Err(Error::OutOfRange { .. })
-        ),
-        "past the end"
-    );
+    // The error gives the bytes asked for, 4..68 of 64.
+    match bytes.reinterpret::<u32>(4, 16) {
+        Err(Error::OutOfRange {
+            start, end, len, ..
+        }) => {
+            assert_eq!((start, end, len), (4, 68, 64), "past the end")
+        }
+        other => panic!("expected OutOfRange, got {other:?}"),
+    }
+    let words = hal.copy_from("six-words", &[0u32; 6]).unwrap();
+    match words.reinterpret::<u64>(8, 3) {
+        Err(Error::OutOfRange {
+            start, end, len, ..
+        }) => {
+            assert_eq!((start, end, len), (2, 8, 6), "u32 elements 2..8 of 6")
+        }
+        other => panic!("expected OutOfRange, got {other:?}"),
+    }
     assert!(matches!(
         bytes.reinterpret::<u32>(0, 0),
         Err(Error::ZeroLength { .. })
@@ -768,6 +779,46 @@ fn buffers_of_another_hal_are_rejected() {
         out.copy_from_buffer(&b),
         Err(Error::ForeignBuffer { .. })
     ));
+    // Columns of one point too, which change nothing (before, they returned Ok).
+    {
+        use cuda_hal::field::Elem;
+        use cuda_hal::Hal;
+        let points = h2.alloc::<Elem>("one-point-columns", 4).unwrap();
+        for r in [
+            h1.batch_ntt(&points, 0, false),
+            h1.batch_ntt_radix2(&points, 0, true),
+            h1.batch_bit_reverse(&points, 0),
+        ] {
+            assert!(matches!(r, Err(Error::ForeignBuffer { .. })), "{r:?}");
+        }
+    }
+    // Pinned memory and streams of another HAL, each named as such (before, the error
+    // said the device buffer was another HAL's).
+    let pinned2 = h2
+        .alloc_pinned::<u32>(16, cuda_hal::PinnedFlags::default())
+        .unwrap();
+    let err = out.copy_from_pinned(&pinned2).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("pinned memory of another HAL")),
+        "{err}"
+    );
+    let mut pinned1 = h1
+        .alloc_pinned::<u32>(16, cuda_hal::PinnedFlags::default())
+        .unwrap();
+    let err = out
+        .copy_to_pinned_on(&mut pinned1, &h2.create_stream().unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("stream of another HAL")),
+        "{err}"
+    );
+    // An event may be recorded on a stream of another HAL of its device (they share the
+    // device's context), and timed against that HAL's events.
+    let (start, end) = (h1.create_event().unwrap(), h2.create_event().unwrap());
+    start.record(&h2.main_stream()).unwrap();
+    end.record(&h2.main_stream()).unwrap();
+    end.synchronize().unwrap();
+    assert!(end.elapsed_ms(&start).unwrap() >= 0.0);
     // Both HALs keep working, independently.
     let out2 = h2.alloc::<u32>("out2", 16).unwrap();
     ops::add(&out2, &b, &b).unwrap();

@@ -61,6 +61,19 @@ fn two_devices_one_hal_each_round_robin() {
     let order: Vec<usize> = (0..2 * n).map(|_| set.next().info().ordinal).collect();
     let want: Vec<usize> = (0..2 * n).map(|i| i % n).collect();
     assert_eq!(order, want);
+    // Events and streams of two devices do not mix: typed errors, not the driver's
+    // invalid handle, and both HALs usable after.
+    let (h0, h1) = (set.get(0).unwrap(), set.get(1).unwrap());
+    let (e0, e1) = (h0.create_event().unwrap(), h1.create_event().unwrap());
+    let err = e0.record(&h1.main_stream()).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    e0.record(&h0.main_stream()).unwrap();
+    e1.record(&h1.main_stream()).unwrap();
+    e1.synchronize().unwrap();
+    e0.synchronize().unwrap();
+    let err = e1.elapsed_ms(&e0).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert!(h0.poisoned().is_none() && h1.poisoned().is_none());
     for i in 0..n {
         assert_eq!(set.get(i).unwrap().info().ordinal, i);
         assert!(set.peer_access(i, i));

@@ -11,7 +11,8 @@ pub enum Error {
     DriverNotFound {
         /// The library names or paths that were tried, in order.
         tried: Vec<String>,
-        /// What `dlerror` said for the last one.
+        /// Why each of them failed, in order (what `dlerror` said, or that it lacks
+        /// `cuInit`), joined with "; ".
         reason: String,
     },
     /// The loaded driver does not export this entry point (it is older than the header).

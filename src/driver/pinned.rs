@@ -1,4 +1,5 @@
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cuda_sys::CUdeviceptr;
 
@@ -83,6 +84,8 @@ pub struct PinnedMemory {
     /// Keeps the context alive: the driver frees pinned memory with its context (and
     /// unregisters a mapping in it).
     ctx: PrimaryContext,
+    /// Never freed: a copy may still use the memory ([`PinnedMemory::keep_forever`]).
+    kept: AtomicBool,
 }
 
 // SAFETY: the allocation is owned exclusively by this value; the driver allows freeing it
@@ -133,6 +136,7 @@ impl PinnedMemory {
                 mapping: Some(mapping),
                 device_ptr: None,
                 ctx,
+                kept: AtomicBool::new(false),
             };
             return mem.mapped_if(flags);
         }
@@ -148,6 +152,7 @@ impl PinnedMemory {
             mapping: None,
             device_ptr: None,
             ctx,
+            kept: AtomicBool::new(false),
         }
         .mapped_if(flags)
     }
@@ -265,8 +270,30 @@ impl PinnedMemory {
     }
 }
 
+impl PinnedMemory {
+    /// Marks the memory as never to be freed: a wait for the copies that use it failed
+    /// without breaking the context, so the device may still run them (the rule of
+    /// device memory in the same case). Dropping it then leaks it, with a warning.
+    pub(crate) fn keep_forever(&self) {
+        self.kept.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`PinnedMemory::keep_forever`] marked the memory.
+    pub(crate) fn kept_forever(&self) -> bool {
+        self.kept.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
+        if self.kept_forever() {
+            log::warn!(
+                "{} bytes of pinned memory a copy may still use are leaked",
+                self.len
+            );
+            std::mem::forget(self.mapping.take());
+            return;
+        }
         let Ok(d) = api() else { return };
         let Some(mapping) = self.mapping.take() else {
             // SAFETY: ptr came from cuMemHostAlloc and is freed once.
