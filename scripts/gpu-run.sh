@@ -82,19 +82,25 @@ case "${1:-}" in
     }
     # One GPU's worker: each test's output in faults-memcheck/<test>.log, and a line per
     # test (its verdict and seconds) in faults-memcheck/gpuN.txt.
+    # Tests that leak on purpose, run without the leak check (memory errors still
+    # checked): a_pinned_block_a_failed_wait_leaves_in_doubt_is_never_reused leaks the
+    # 64 KiB pinned block a failed wait left in doubt, which is what it tests (memcheck's
+    # leak check reported exactly that block, 2026-11-28 23:27).
+    leaks_on_purpose=" a_pinned_block_a_failed_wait_leaves_in_doubt_is_never_reused "
     memcheck_worker() {
-      local g="$1" t log start trc summary
+      local g="$1" t log start trc summary leak
       while t="$(next_test)" && [ -n "$t" ]; do
         log="$mc/$t.log"; start=$SECONDS
+        leak=full; [[ "$leaks_on_purpose" == *" $t "* ]] && leak=no
         CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$g}" CUDA_HAL_FAULTS_NO_REFUSED_RELEASES=1 CUDA_HAL_REQUIRE_GPU=1 \
           timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-          compute-sanitizer --tool memcheck --leak-check full --print-limit 50 \
+          compute-sanitizer --tool memcheck --leak-check "$leak" --print-limit 50 \
           .gpu-faults/faults --test-threads=1 --nocapture --exact "$t" > "$log" 2>&1
         trc=$?
         summary="$(grep -aE "ERROR SUMMARY" "$log" | tail -n 1)"
         if [ "$trc" -eq 0 ] && grep -aq "test result: ok\. 1 passed" "$log" \
            && [[ "$summary" == *"ERROR SUMMARY: 0 errors"* ]]; then
-          echo "ok $t GPU $g $((SECONDS - start)) s"
+          echo "ok $t GPU $g $((SECONDS - start)) s$([ "$leak" = no ] && echo " (leak check off: leaks on purpose)")"
         else
           [ "$trc" -eq 124 ] && summary="ran past ${GPU_BIN_TIMEOUT:-540} s (GPU_BIN_TIMEOUT)"
           echo "FAILED $t GPU $g $((SECONDS - start)) s (exit $trc; ${summary:-no summary})"

@@ -244,9 +244,11 @@ impl<T> Drop for PinnedBuffer<T> {
         // The memory is freed after the copy that last used it (waited for even if the bind
         // fails: the event names its context).
         for ev in self.pending.get_mut().drain(..) {
-            let waited = self.hal.ctx.bind().and(ev.synchronize());
+            let bound = self.hal.ctx.bind();
+            let waited = ev.synchronize();
+            // (Only the wait decides: the event names its context.)
             keep_if_still_used(&self.mem, &waited);
-            if let Err(e) = waited {
+            if let Err(e) = bound.and(waited) {
                 log::warn!("waiting for a pinned buffer's last copy: {e}");
             }
         }

@@ -356,7 +356,9 @@ impl CudaHal {
         let synced = sets
             .iter()
             .map(|s| {
-                let waited = s.stream.synchronize();
+                // The driver's stream, waited for with no context bound first: a failed
+                // bind would leave the copies in doubt.
+                let waited = h.guard(s.stream.stream.synchronize());
                 // Where the wait failed, the set's copies may still run: its blocks are
                 // never reused nor freed.
                 for b in s.pin_in.iter().chain(&s.pin_out) {
