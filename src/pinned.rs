@@ -302,7 +302,7 @@ impl PinnedBlock {
 
 /// After a wait for the copies that use `mem`: where it failed without breaking the context,
 /// the device may still run them, and `mem` is never freed nor reused
-/// ([`PinnedMemory::keep_forever`]), as device memory is not in the same case
+/// ([`PinnedMemory::keep_forever`]), as device memory in the same case is never freed
 /// (`HalInner::free_after_stream`). A fault that broke the context runs no more work.
 pub(crate) fn keep_if_still_used(mem: &PinnedMemory, waited: &Result<()>) {
     if let Err(e) = waited {
