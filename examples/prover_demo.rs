@@ -108,11 +108,46 @@ fn run(hal: &CudaHal) -> cuda_hal::Result<()> {
     assert_eq!(checksum, want_checksum, "GPU result differs from the CPU");
     let _ = (total, again);
 
+    // Query openings: scattered elements of device-written columns in one gather, small
+    // columns up and down in one batch each, and a batch of them through an arena.
+    let t = Instant::now();
+    let picks: Vec<(&cuda_hal::Buffer<u32>, usize)> = (0..64)
+        .map(|k| (if k % 2 == 0 { &prod } else { &tmp }, (k * 65_537) % ROWS))
+        .collect();
+    let opened = hal.gather(&picks)?;
+    assert_eq!(opened[0], want(0), "gathered opening");
+    let small: Vec<Vec<u32>> = (0..4u32).map(|c| vec![c * 7 + 1; 1024]).collect();
+    let quotient: Vec<_> = (0..small.len())
+        .map(|c| hal.alloc::<u32>(format!("quotient-{c}"), 1024))
+        .collect::<Result<_, _>>()?;
+    let ups: Vec<_> = quotient
+        .iter()
+        .zip(&small)
+        .map(|(b, d)| (b, &d[..]))
+        .collect();
+    hal.upload_batch(&ups)?;
+    let mut back = vec![vec![0u32; 1024]; small.len()];
+    let mut downs: Vec<_> = quotient
+        .iter()
+        .zip(&mut back)
+        .map(|(b, d)| (b, &mut d[..]))
+        .collect();
+    hal.download_batch(&mut downs)?;
+    assert_eq!(back, small, "batch round trip");
+    let mut arena = hal.batch_arena("openings", 1 << 20, cuda_hal::ArenaLayout::Bump)?;
+    let batch = arena.begin_batch();
+    let staged = batch.upload(&[("opening-a", &small[0][..]), ("opening-b", &small[1][..])])?;
+    assert_eq!(staged[1].get_at(1023)?, small[1][1023], "arena batch");
+    drop(staged);
+    drop(batch);
+    let openings = t.elapsed();
+
     let stats = hal.stats()?;
     let l = stats.ledger;
     println!("upload {COLS} x {} MiB: {upload:?}", (ROWS * 4) >> 20);
     println!("{} kernels: {kernels:?}", l.launches);
     println!("64 get_at reads: {reads:?}; two views of 16 MiB: {views:?}");
+    println!("openings (a gather, two batches and an arena batch): {openings:?}");
     println!(
         "ledger: H2D {} B in {} copies, D2H {} B in {} copies, D2D {} B in {} copies",
         l.h2d.bytes, l.h2d.calls, l.d2h.bytes, l.d2h.calls, l.d2d.bytes, l.d2d.calls

@@ -10,6 +10,10 @@ CUDA_HAL_NVTX_LIB=NVTX_LIB), their output appended to LOG:
 1. every kernel, no NVTX filter: how many kernels the demo launches, by name;
 2. only kernels inside a `launch ...` range: there must be as many, by name, and the
    innermost range around each must be `launch <that kernel> out=<buffers> in=<buffers>`;
+   kernels a HAL operation launches itself (the gather's and the batches', the NTT's, the
+   LDE's, the hashes') must sit inside that operation's range too (`gather ... from
+   <buffers>`, `batch_ntt <buffer> ...`), and the demo must launch the gather's and the
+   batches' kernels (so that this is checked);
 3. only kernels inside a range no operation opens: there must be none (the filter works,
    so step 2's count means something).
 Prints one line per step and `NVTX: ok` or `NVTX: FAILED (...)`; exits 1 on failure.
@@ -26,6 +30,29 @@ RESULT = re.compile(r"^  (\w+) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context")
 # A range of a push/pop stack: `        <0,launch eltwise_add_u32 out=tmp in=acc,column-0>`
 RANGE = re.compile(r"^\s+<(\d+),(.*)>$")
 LAUNCH = re.compile(r"^launch (\w+) out=(.*) in=(.*)$")
+
+
+# Kernels HAL operations launch themselves, by name prefix: the ranges of the operations
+# one of which must enclose each (outside its own `launch` range).
+OPERATIONS = {
+    "gather_elements": ("gather ",),
+    "scatter_segments": ("upload_batch ", "arena upload "),
+    "gather_segments": ("download_batch ",),
+    "ntt_": ("batch_ntt ", "coset_lde "),
+    "lde_expand_bb": ("coset_lde ",),
+    "poseidon2_hash_rows_bb": ("poseidon2_hash_rows ",),
+    "poseidon2_merkle_layer_bb": ("merkle_layer ",),
+}
+# Kernels the demo must launch, so that their ranges are checked.
+REQUIRED = ("gather_elements", "scatter_segments", "gather_segments")
+
+
+def operation_ranges(name):
+    """The operation ranges one of which must enclose kernel `name` (none: no rule)."""
+    for prefix, ops in OPERATIONS.items():
+        if name.startswith(prefix):
+            return ops
+    return ()
 
 
 def profile(demo, lib, log, include):
@@ -75,6 +102,7 @@ def main():
     ranged = profile(demo, lib, log, "regex:launch .*/")
     in_ranges = collections.Counter(name for name, _ in ranged)
     named = 0
+    in_ops = 0
     for name, stack in ranged:
         m = LAUNCH.match(stack[-1]) if stack else None
         if not m:
@@ -85,10 +113,23 @@ def main():
             problems.append(f"{name}: its range names no buffer ({stack[-1]})")
         else:
             named += 1
+        ops = operation_ranges(name)
+        if ops:
+            if any(r.startswith(ops) for r in stack[:-1]):
+                in_ops += 1
+            else:
+                problems.append(f"{name}: in no range of {ops} ({stack})")
     print(
         f"NVTX: {len(ranged)} kernels inside `launch` ranges, {named} of them inside their "
         f"own, naming their buffers (e.g. {ranged[0][1][-1] if ranged else '-'})"
     )
+    print(
+        f"NVTX: {in_ops} kernels that HAL operations launch inside the operation's range "
+        f"(e.g. {next((st[-2] for n, st in ranged if operation_ranges(n) and len(st) > 1), '-')})"
+    )
+    for name in REQUIRED:
+        if not launched[name]:
+            problems.append(f"the demo launched no {name}: its ranges went unchecked")
     if in_ranges != launched:
         problems.append(f"kernels inside launch ranges {dict(in_ranges)} != launched {dict(launched)}")
 

@@ -390,11 +390,9 @@ mod tests {
         assert!(!a.free(0xA, 100, c.ticket, false));
         a.abandon(pending.ticket, 16);
         let r = a.report();
-        assert!(
-            r.peak_bytes >= 350,
-            "peak {} below the 350 bytes live at once",
-            r.peak_bytes
-        );
+        // The raise the cached allocation made while the request was counted stays: the
+        // peak does not fall below what was once counted live (never below 350).
+        assert_eq!(r.peak_bytes, 366);
         assert_eq!(r.current_bytes, 250);
     }
 

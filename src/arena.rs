@@ -463,6 +463,10 @@ impl Batch<'_> {
     /// assert_eq!(d.h2d.calls, 4, "one copy per batch");
     /// ```
     pub fn upload<T: Pod>(&self, items: &[(&str, &[T])]) -> Result<Vec<ArenaView<'_, T>>> {
+        let _range = crate::nvtx::range(|| {
+            let names = crate::nvtx::name_list(items.iter().map(|(n, _)| *n));
+            format!("arena upload {} slices: {names}", items.len())
+        });
         // All or nothing: if any view or the copy fails, the batch is left as it was.
         let before = (
             self.cursor.get(),

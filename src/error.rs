@@ -78,13 +78,15 @@ pub enum Error {
         name: String,
         /// Bytes requested.
         requested: usize,
-        /// Bytes this HAL had allocated when the request came.
+        /// Bytes this HAL had allocated when the request came; where it does not track
+        /// allocations (`track_allocations: false` and no limit), its managed memory only.
         in_use: usize,
         /// The HAL's limit, if one is set.
         limit: Option<usize>,
         /// Bytes the device has in all.
         device_total: usize,
-        /// The largest live allocations of this HAL, by name.
+        /// The largest live allocations of this HAL, by name (where it does not track
+        /// allocations, of its managed memory only).
         largest: Vec<(String, usize)>,
         /// The driver's error, when the driver was asked and refused.
         driver: Option<Box<cuda_sys::Error>>,

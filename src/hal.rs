@@ -492,6 +492,7 @@ impl CudaHal {
     /// assert_eq!(stats.host_copies.kept_bytes, 0);
     /// ```
     pub fn trim_pool(&self, keep_bytes: usize) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("trim_pool keep {keep_bytes} B"));
         let h = &self.inner;
         h.enter()?;
         h.aside.host_copies.clear();
@@ -556,6 +557,7 @@ impl CudaHal {
         len: usize,
     ) -> Result<Buffer<T>> {
         let b = Buffer::new(self, name.into(), len)?;
+        let _range = crate::nvtx::range(|| format!("zero {}", b.name()));
         let h = &self.inner;
         h.enter()?;
         // SAFETY: the range is the whole fresh allocation; the memset is stream-ordered.
@@ -1044,6 +1046,15 @@ impl HalInner {
     ) -> Error {
         self.ledger.out_of_memory();
         let report = self.allocs.report();
+        log::debug!(
+            "refused `{name}`: {bytes} bytes, {} in use, limit {:?}, device {device_total}{}",
+            report.current_bytes,
+            self.config.memory_limit,
+            match &driver {
+                Some(e) => format!(", the driver said: {e}"),
+                None => String::new(),
+            }
+        );
         Error::OutOfMemory {
             name: name.to_string(),
             requested: bytes,

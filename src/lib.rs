@@ -78,7 +78,7 @@ pub use hal_trait::{Hal, HalBuffer};
 pub use host_copies::HostCopyStats;
 pub use kernels::{kernels_available, DevicePtr, Launch, LaunchDims, FATBIN};
 pub use ledger::{LedgerSnapshot, Traffic};
-pub use managed::{ManagedAdvice, ManagedBuffer};
+pub use managed::{ManagedAdvice, ManagedBuffer, ManagedLocation, ManagedRangeInfo};
 pub use multi::HalSet;
 pub use phases::{Phases, PHASES};
 pub use pinned::{PinnedBuffer, PinnedPoolStats, RegisteredHost};

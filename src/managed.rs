@@ -36,6 +36,31 @@ pub enum ManagedAdvice {
     AccessedByDevice,
 }
 
+/// Where managed pages are meant to live, or were last prefetched to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManagedLocation {
+    /// The device of this ordinal.
+    Device(usize),
+    /// Host memory (any NUMA node).
+    Host,
+}
+
+/// What the driver holds for a whole managed buffer: its advice and its last prefetch
+/// (`cuMemRangeGetAttribute`). See [`ManagedBuffer::range_info`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManagedRangeInfo {
+    /// [`ManagedAdvice::ReadMostly`] is set on every page.
+    pub read_mostly: bool,
+    /// The preferred location every page shares ([`ManagedAdvice::PreferDevice`],
+    /// [`ManagedAdvice::PreferHost`]); `None` where none is set or the pages differ.
+    pub preferred_location: Option<ManagedLocation>,
+    /// [`ManagedAdvice::AccessedByDevice`] is set for the HAL's device on every page.
+    pub accessed_by_device: bool,
+    /// Where every page was last prefetched to; `None` where never, or the pages differ.
+    /// Not where the pages are now: touching them may have moved them since.
+    pub last_prefetch_location: Option<ManagedLocation>,
+}
+
 /// A buffer in managed memory (`cuMemAllocManaged`): one address for CPU and GPU, pages
 /// migrating on demand or by [`ManagedBuffer::prefetch_to_device`]. On coherent devices
 /// (GB10, Grace Hopper) the CPU and GPU share the same physical memory.
@@ -84,7 +109,11 @@ impl CudaHal {
     /// Allocates `len` elements of managed memory. Refused with `OutOfMemory` when the
     /// device's free memory, less the managed memory already handed out on it (by any
     /// HAL of the process, touched or not), is less than that (managed memory can
-    /// oversubscribe; the HAL never asks it to), or past the HAL's limit.
+    /// oversubscribe; the HAL never asks it to), or past the HAL's limit (checked first,
+    /// before the driver is asked). Where it does not fit what is free, or the driver
+    /// refuses it for memory, room is made once as for a device buffer (prover tables,
+    /// cached blocks and pools of every HAL of the device) and the driver asked again; a
+    /// second refusal is `OutOfMemory` carrying the driver's error.
     ///
     /// ```
     /// use cuda_hal::{CudaHal, Error};
@@ -99,6 +128,12 @@ impl CudaHal {
     /// assert!(matches!(too_big, Err(Error::OutOfMemory { .. })));
     /// ```
     pub fn alloc_managed<T: Pod>(&self, name: &str, len: usize) -> Result<ManagedBuffer<T>> {
+        let _range = crate::nvtx::range(|| {
+            format!(
+                "alloc_managed {name} ({len} x {} B)",
+                std::mem::size_of::<T>()
+            )
+        });
         let h = &self.inner;
         if len == 0 || std::mem::size_of::<T>() == 0 {
             return Err(Error::ZeroLength {
@@ -117,6 +152,11 @@ impl CudaHal {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+        // Past the HAL's limit: refused before the driver is asked or any room is made
+        // (checked again, under the allocator's lock, when the request is tracked).
+        if bytes > h.allocs.room_under_limit() {
+            return Err(h.oom(name, bytes, None));
+        }
         // The check and the allocation under the device's lock, which also holds the
         // managed bytes every HAL has live on it: a managed allocation takes no device
         // memory until its pages are touched, so the free memory the driver reports does
@@ -127,6 +167,7 @@ impl CudaHal {
         // More than the device holds besides what is handed out can never fit: refused
         // before anything is trimmed (making room frees every HAL's caches and tables).
         let fits_at_all = bytes <= total.saturating_sub(*handed_out);
+        let mut room_made = false;
         if fits_at_all && bytes > free.saturating_sub(*handed_out) {
             // Freed device buffers may be held back by this HAL's block cache and pool, or
             // by another HAL's of the device, which the driver counts as used (and prover
@@ -135,6 +176,7 @@ impl CudaHal {
             log::debug!("alloc_managed `{name}` of {bytes} bytes: not free; trimming");
             h.ledger.oom_retry();
             h.make_room_on_device()?;
+            room_made = true;
             (free, total) = h.memory_info()?;
         }
         let oom = || h.oom_of(name, bytes, total, None);
@@ -152,17 +194,33 @@ impl CudaHal {
             return Err(oom());
         };
         let mut ptr: CUdeviceptr = 0;
-        // SAFETY: out-pointer is a valid local.
-        let r = unsafe {
-            d.cuMemAllocManaged(
-                &mut ptr,
-                bytes,
-                cuda_sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0,
-            )
-        };
-        if let Err(e) = r {
+        loop {
+            // SAFETY: out-pointer is a valid local.
+            let r = unsafe {
+                d.cuMemAllocManaged(
+                    &mut ptr,
+                    bytes,
+                    cuda_sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL.0,
+                )
+            };
+            let Err(e) = r else { break };
+            if e.is_out_of_memory() && !room_made {
+                // Refused for memory all the same: room is made and the driver asked once
+                // more, as for a device allocation.
+                log::debug!("alloc_managed `{name}` of {bytes} bytes: {e}; trimming, retrying");
+                h.ledger.oom_retry();
+                if let Err(made) = h.make_room_on_device() {
+                    h.allocs.untrack_refused(ticket, bytes);
+                    return Err(made);
+                }
+                room_made = true;
+                continue;
+            }
             // Never made: not counted as an allocation of the name.
             h.allocs.untrack_refused(ticket, bytes);
+            if e.is_out_of_memory() {
+                return Err(h.oom_of(name, bytes, total, Some(e)));
+            }
             return h.guard(Err(e.into()));
         }
         *handed_out += bytes;
@@ -267,6 +325,13 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     fn prefetch(&self, loc: CUmemLocation) -> Result<()> {
+        let _range = crate::nvtx::range(|| {
+            let to = match loc.type_ {
+                CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => "device",
+                _ => "host",
+            };
+            format!("prefetch {} to {to}", self.name)
+        });
         let h = &self.hal;
         h.enter()?;
         let d = h.guard(api())?;
@@ -322,6 +387,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// m.advise(ManagedAdvice::PreferHost).unwrap(); // a later hint replaces the preference
     /// ```
     pub fn advise(&self, advice: ManagedAdvice) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("advise {} {advice:?}", self.name));
         let h = &self.hal;
         h.enter()?;
         let (a, loc) = match advice {
@@ -344,6 +410,91 @@ impl<T: Pod> ManagedBuffer<T> {
         };
         // SAFETY: the range is this live managed allocation.
         h.guard(unsafe { api()?.cuMemAdvise(self.ptr, self.bytes(), a, loc) }.map_err(Error::from))
+    }
+
+    /// The advice and last prefetch the driver holds for the whole buffer, once the HAL's
+    /// stream is idle (so that prefetches queued on it have been made).
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, ManagedAdvice, ManagedLocation};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let m = hal.alloc_managed::<u32>("m", 1 << 16).unwrap();
+    /// m.advise(ManagedAdvice::PreferDevice).unwrap();
+    /// m.prefetch_to_host().unwrap();
+    /// let info = m.range_info().unwrap();
+    /// let device = ManagedLocation::Device(hal.info().ordinal);
+    /// assert_eq!(info.preferred_location, Some(device));
+    /// assert_eq!(info.last_prefetch_location, Some(ManagedLocation::Host));
+    /// assert!(!info.read_mostly);
+    /// ```
+    pub fn range_info(&self) -> Result<ManagedRangeInfo> {
+        let _range = crate::nvtx::range(|| format!("range_info {}", self.name));
+        use cuda_sys::CUmem_range_attribute as R;
+        let h = &self.hal;
+        h.enter()?;
+        h.guard(h.stream.synchronize())?;
+        let d = h.guard(api())?;
+        let int_of = |attribute: R| -> Result<i32> {
+            let mut v: i32 = 0;
+            // SAFETY: `v` is a valid place for the one int these attributes write; the
+            // range is this live managed allocation.
+            let r = unsafe {
+                d.cuMemRangeGetAttribute(
+                    (&mut v as *mut i32).cast(),
+                    std::mem::size_of::<i32>(),
+                    attribute,
+                    self.ptr,
+                    self.bytes(),
+                )
+            };
+            h.guard(r.map_err(Error::from)).map(|()| v)
+        };
+        let location_of = |kind: R, id: R| -> Result<Option<ManagedLocation>> {
+            type L = CUmemLocationType;
+            let kind = int_of(kind)? as u32;
+            let host = [
+                L::CU_MEM_LOCATION_TYPE_HOST,
+                L::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+                L::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+            ];
+            Ok(if kind == L::CU_MEM_LOCATION_TYPE_DEVICE.0 {
+                Some(ManagedLocation::Device(int_of(id)? as usize))
+            } else if host.iter().any(|l| l.0 == kind) {
+                Some(ManagedLocation::Host)
+            } else {
+                None
+            })
+        };
+        // The devices set as accessing the range, unused entries holding an invalid id.
+        let mut accessing = [-2i32; 64];
+        // SAFETY: `accessing` has room for the bytes passed; the range is this live
+        // managed allocation.
+        let r = unsafe {
+            d.cuMemRangeGetAttribute(
+                accessing.as_mut_ptr().cast(),
+                std::mem::size_of_val(&accessing),
+                R::CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY,
+                self.ptr,
+                self.bytes(),
+            )
+        };
+        h.guard(r.map_err(Error::from))?;
+        let ordinal = h.info().ordinal as i32;
+        Ok(ManagedRangeInfo {
+            read_mostly: int_of(R::CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY)? != 0,
+            preferred_location: location_of(
+                R::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
+                R::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
+            )?,
+            accessed_by_device: accessing.contains(&ordinal),
+            last_prefetch_location: location_of(
+                R::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
+                R::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
+            )?,
+        })
     }
 
     /// Waits until the host may touch the memory: the HAL's stream (which may be using
@@ -426,8 +577,14 @@ impl<T> Drop for ManagedBuffer<T> {
         self.hal
             .allocs
             .untrack(self.ticket, self.len * std::mem::size_of::<T>());
-        if let Err(e) = r {
-            log::warn!("freeing managed `{}` failed: {e}", self.name);
+        match r {
+            Ok(()) => log::trace!(
+                "free `{}`: {} bytes of managed memory at {:#x}",
+                self.name,
+                self.len * std::mem::size_of::<T>(),
+                self.ptr
+            ),
+            Err(e) => log::warn!("freeing managed `{}` failed: {e}", self.name),
         }
     }
 }

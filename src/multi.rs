@@ -62,6 +62,10 @@ impl CudaHal {
     /// assert!(hal0.enable_peer_access(&hal1).is_ok(), "enabling twice is fine");
     /// ```
     pub fn enable_peer_access(&self, other: &CudaHal) -> Result<bool> {
+        let _range = crate::nvtx::range(|| {
+            let (a, b) = (self.info().ordinal, other.info().ordinal);
+            format!("enable_peer_access device {a} -> device {b}")
+        });
         if self.info().ordinal == other.info().ordinal {
             return Ok(true);
         }

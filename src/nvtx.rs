@@ -94,6 +94,31 @@ impl Drop for Range {
     }
 }
 
+/// The buffer names `names` for a range's name: each once, in their order, comma-separated;
+/// past [`LISTED_NAMES`] of them, a count of the rest (a batch may have thousands).
+pub(crate) fn name_list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut more = 0usize;
+    for n in names {
+        if seen.contains(&n) {
+            continue;
+        }
+        if seen.len() < LISTED_NAMES {
+            seen.push(n);
+        } else {
+            more += 1;
+        }
+    }
+    let mut list = seen.join(",");
+    if more > 0 {
+        list.push_str(&format!(",+{more} more"));
+    }
+    list
+}
+
+/// How many buffer names a range's name lists at most.
+const LISTED_NAMES: usize = 8;
+
 #[cfg(feature = "nvtx")]
 mod imp {
     use std::ffi::{c_char, c_int, CString};
@@ -193,5 +218,22 @@ mod imp {
             );
             assert!(wanted(Some(""), true));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_list;
+
+    #[test]
+    fn a_name_list_names_each_buffer_once_and_counts_past_eight() {
+        assert_eq!(name_list(["a", "b", "a", "c"]), "a,b,c");
+        assert_eq!(name_list([]), "");
+        let many: Vec<String> = (0..11).map(|i| format!("col-{i}")).collect();
+        let list = name_list(many.iter().map(String::as_str).chain(["col-0"]));
+        assert_eq!(
+            list,
+            "col-0,col-1,col-2,col-3,col-4,col-5,col-6,col-7,+3 more"
+        );
     }
 }

@@ -49,6 +49,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(b.view(|s| s.iter().sum::<u64>()).unwrap(), 1000);
     /// ```
     pub fn fill(&self, value: T) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("fill {}", self.name()));
         check::fill(std::mem::size_of::<T>())?;
         let hal = self.hal_internal();
         let n = self.len() as u64;

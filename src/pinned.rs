@@ -61,6 +61,8 @@ impl CudaHal {
     /// assert_eq!(dev.get_at(0).unwrap(), 1);
     /// ```
     pub fn alloc_pinned<T: Pod>(&self, len: usize, flags: PinnedFlags) -> Result<PinnedBuffer<T>> {
+        let _range =
+            crate::nvtx::range(|| format!("alloc_pinned {len} x {} B", std::mem::size_of::<T>()));
         if len == 0 || std::mem::size_of::<T>() == 0 {
             return Err(Error::ZeroLength {
                 name: "pinned".into(),
@@ -754,6 +756,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(dev.get_at(1 << 19).unwrap(), 8, "main-stream reads wait for it");
     /// ```
     pub fn copy_from_pinned_on(&self, src: &PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("copy_from_pinned {}", self.name()));
         self.copy_pinned_on(src, stream, true)
     }
 
@@ -790,6 +793,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(dst.host().unwrap()[1023], 5);
     /// ```
     pub fn copy_to_pinned_on(&self, dst: &mut PinnedBuffer<T>, stream: &HalStream) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("copy_to_pinned {}", self.name()));
         self.copy_pinned_on(dst, stream, false)
     }
 

@@ -5,8 +5,9 @@
 
 /// A table has at least this many entries per entry kept. Collisions cost a second
 /// compare and a branch that the CPU may mispredict on the allocation path. At an eighth
-/// full, the 24 keys of the tracking bench (four names, six sizes) collide about a quarter
-/// as often as at half full. In one comparison on the H100 the tracking overhead was
+/// full, the 12 keys of the tracking bench (request `k` pairs name `k % 4` with size
+/// `k % 6`: 12 of the 24 pairs, those of one parity) collide about a quarter as often as
+/// at half full. In one comparison on the H100 the tracking overhead was
 /// 0.15-0.3 points lower; that is within the bench's spread (RESULTS.md). At the cap
 /// (4096 entries) a table has 32768 entries: 1 MiB for the request keys.
 const SPARSITY: usize = 8;

@@ -481,6 +481,9 @@ impl CudaHal {
         b: &Buffer<F>,
     ) -> Result<()> {
         check::lengths(out.len(), &[(a.name(), a.len()), (b.name(), b.len())])?;
+        let _range = crate::nvtx::range(|| {
+            format!("eltwise_{op} {} <- {}, {}", out.name(), a.name(), b.name())
+        });
         let kernel = field_kernel::<F>(&format!("eltwise_{op}"))?;
         // SAFETY: eltwise_{op}_{bb,bb4}(out, a, b, n) touches [0..n) of each; the three have n
         // elements (checked) of the tag's size (checked by `field_kernel`).
@@ -582,6 +585,8 @@ impl Hal for CudaHal {
         a: &Buffer<F>,
         scalar: F,
     ) -> Result<()> {
+        let _range =
+            crate::nvtx::range(|| format!("eltwise_mul_scalar {} <- {}", out.name(), a.name()));
         check::lengths(out.len(), &[(a.name(), a.len())])?;
         let kernel = field_kernel::<F>("eltwise_mul_scalar")?;
         // SAFETY: eltwise_mul_scalar_{bb,bb4}(out, a, s, n) touches [0..n) of both; both have n
@@ -597,11 +602,17 @@ impl Hal for CudaHal {
     }
 
     fn batch_bit_reverse(&self, io: &Buffer<Elem>, log_n: u32) -> Result<()> {
+        let _range =
+            crate::nvtx::range(|| format!("batch_bit_reverse {} log_n={log_n}", io.name()));
         check::batch(io.len(), io.name(), log_n)?;
         self.bit_reverse_unchecked(io, log_n)
     }
 
     fn batch_ntt(&self, io: &Buffer<Elem>, log_n: u32, inverse: bool) -> Result<()> {
+        let _range = crate::nvtx::range(|| {
+            let dir = if inverse { " inverse" } else { "" };
+            format!("batch_ntt {} log_n={log_n}{dir}", io.name())
+        });
         check::batch(io.len(), io.name(), log_n)?;
         if log_n == 0 {
             return left_as_it_is(self, io);
@@ -617,6 +628,13 @@ impl Hal for CudaHal {
         log_n: u32,
         log_blowup: u32,
     ) -> Result<()> {
+        let _range = crate::nvtx::range(|| {
+            format!(
+                "coset_lde {} <- {} log_n={log_n} log_blowup={log_blowup}",
+                out.name(),
+                coeffs.name()
+            )
+        });
         check::lde(
             out.len(),
             out.name(),
@@ -678,6 +696,10 @@ impl Hal for CudaHal {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
+        let _range = crate::nvtx::range(|| {
+            let (o, m) = (out.name(), matrix.name());
+            format!("poseidon2_hash_rows {o} <- {m} ({rows} x {cols})")
+        });
         check::hash_rows(out, matrix, rows, cols)?;
         let consts = self.poseidon2_constants(16)?;
         // SAFETY: poseidon2_hash_rows_bb(out, matrix, consts, rows, cols) reads matrix[0..rows*cols)
@@ -694,6 +716,8 @@ impl Hal for CudaHal {
     }
 
     fn merkle_layer(&self, out: &Buffer<Digest>, input: &Buffer<Digest>) -> Result<()> {
+        let _range =
+            crate::nvtx::range(|| format!("merkle_layer {} <- {}", out.name(), input.name()));
         check::merkle(out, input)?;
         let consts = self.poseidon2_constants(16)?;
         // SAFETY: poseidon2_merkle_layer_bb(out, in, consts, n_out) reads 2*n_out digests of `input`

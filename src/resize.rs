@@ -201,6 +201,7 @@ impl<T: Pod> GrowableBuffer<T> {
     /// assert_eq!(g.reallocations(), 1);
     /// ```
     pub fn reserve(&mut self, additional: usize) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("reserve {} +{additional}", self.buf.name()));
         let need = self
             .len
             .checked_add(additional)
@@ -271,6 +272,8 @@ impl<T: Pod> GrowableBuffer<T> {
     /// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), b"hello, gpu".to_vec());
     /// ```
     pub fn extend_from_slice(&mut self, data: &[T]) -> Result<()> {
+        let _range =
+            crate::nvtx::range(|| format!("extend_from_slice {} +{}", self.buf.name(), data.len()));
         if data.is_empty() {
             return Ok(());
         }
@@ -297,6 +300,7 @@ impl<T: Pod> GrowableBuffer<T> {
     /// assert_eq!(g.buffer().unwrap().to_vec().unwrap(), vec![1, 2, 3]);
     /// ```
     pub fn shrink_to_fit(&mut self) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("shrink_to_fit {}", self.buf.name()));
         let target = self.len.max(1);
         if target < self.capacity() {
             self.regrow(target)?;

@@ -191,6 +191,7 @@ impl HalStream {
     /// assert_eq!(x.get_at(0).unwrap(), 2);
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        let _range = crate::nvtx::range(|| "stream synchronize".to_string());
         self.hal.enter()?;
         self.hal.guard(self.stream.synchronize())
     }
@@ -211,6 +212,7 @@ impl HalStream {
     /// assert!(e.is_complete().unwrap());
     /// ```
     pub fn wait_event(&self, event: &HalEvent) -> Result<()> {
+        let _range = crate::nvtx::range(|| "stream wait_event".to_string());
         self.hal.enter()?;
         self.hal.guard(self.stream.wait_event(&event.event))
     }
@@ -243,6 +245,7 @@ impl HalEvent {
     /// e.synchronize().unwrap();
     /// ```
     pub fn record(&self, stream: &HalStream) -> Result<()> {
+        let _range = crate::nvtx::range(|| "event record".to_string());
         if !self.hal.same_device(&stream.hal) {
             return Err(Error::InvalidArgument(format!(
                 "an event of device {} recorded on a stream of device {}",
@@ -268,6 +271,7 @@ impl HalEvent {
     /// assert!(e.is_complete().unwrap());
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        let _range = crate::nvtx::range(|| "event synchronize".to_string());
         self.hal.enter()?;
         self.hal.guard(self.event.synchronize())
     }

@@ -202,6 +202,7 @@ impl<T: Pod> PendingRead<T> {
     /// assert_eq!(b.read_async().unwrap().wait().unwrap(), vec![1, 2]);
     /// ```
     pub fn wait(mut self) -> Result<Vec<T>> {
+        let _range = crate::nvtx::range(|| "read_async wait".to_string());
         self.finish()
     }
 }
@@ -423,6 +424,7 @@ impl<T: Pod> Buffer<T> {
     /// assert_eq!(b.get_at(4095).unwrap(), 3);
     /// ```
     pub fn upload_async(&self, src: &[T]) -> Result<()> {
+        let _range = crate::nvtx::range(|| format!("upload_async {}", self.name()));
         if src.len() != self.len() {
             return Err(Error::LengthMismatch {
                 name: self.name().to_string(),
@@ -532,7 +534,10 @@ impl CudaHal {
     /// assert_eq!(hal.gather(&[(&a, 2), (&b, 0), (&a, 0)]).unwrap(), vec![12, 20, 10]);
     /// ```
     pub fn gather<T: Pod>(&self, items: &[(&Buffer<T>, usize)]) -> Result<Vec<T>> {
-        let _range = crate::nvtx::range(|| format!("gather {} elements", items.len()));
+        let _range = crate::nvtx::range(|| {
+            let names = crate::nvtx::name_list(items.iter().map(|(b, _)| b.name()));
+            format!("gather {} elements from {names}", items.len())
+        });
         let h = &self.inner;
         if items.is_empty() {
             return Err(Error::ZeroLength {
@@ -593,6 +598,10 @@ impl CudaHal {
         }
         // Queues the gather of the table at `table` into `outputs`.
         let launch = |table: CUdeviceptr, outputs: CUdeviceptr| -> Result<()> {
+            let _range = crate::nvtx::range(|| {
+                let names = crate::nvtx::name_list(items.iter().map(|(b, _)| b.name()));
+                format!("launch gather_elements out=(host) in={names}")
+            });
             let f = h.function("gather_elements", true)?;
             let dims = LaunchDims::for_elements(n, h.info_sms());
             let (mut t, mut o, mut c, mut e) = (table, outputs, n as u64, sz as u32);
@@ -667,7 +676,10 @@ impl CudaHal {
     /// assert_eq!(b.to_vec().unwrap(), vec![3, 4, 5]);
     /// ```
     pub fn upload_batch<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
-        let _range = crate::nvtx::range(|| format!("upload_batch {} slices", items.len()));
+        let _range = crate::nvtx::range(|| {
+            let names = crate::nvtx::name_list(items.iter().map(|(b, _)| b.name()));
+            format!("upload_batch {} slices to {names}", items.len())
+        });
         let h = &self.inner;
         self.check_batch(
             "upload_batch",
@@ -721,6 +733,7 @@ impl CudaHal {
     /// buffer.
     fn upload_group<T: Pod>(&self, items: &[(&Buffer<T>, &[T])]) -> Result<()> {
         let h = &self.inner;
+        let names = || crate::nvtx::name_list(items.iter().map(|(b, _)| b.name()));
         let (offsets, total) = batch_layout(items.iter().map(|(buf, _)| buf.size_bytes()));
         let data_start = (items.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
@@ -751,7 +764,7 @@ impl CudaHal {
         if let Some(mapped) = block.mem.device_ptr().filter(|_| in_place) {
             // The kernel reads the table and the slices in place.
             let result = segments.and_then(|segments| {
-                self.launch_segments(false, mapped, data_start, segments)?;
+                self.launch_segments(false, mapped, data_start, segments, &names)?;
                 h.ledger.copy(Dir::H2D, total);
                 Ok(())
             });
@@ -790,7 +803,7 @@ impl CudaHal {
             h.stream
                 .queue(|st| unsafe { d.cuMemcpyHtoDAsync(scratch, from, total, st) })?;
             h.ledger.copy(Dir::H2D, total);
-            self.launch_segments(false, scratch, data_start, segments)
+            self.launch_segments(false, scratch, data_start, segments, &names)
         })();
         // Stream-ordered after the kernel (pooled), or after a stream sync (driver).
         h.free_raw(UPLOAD_BATCH_SCRATCH, scratch_alloc);
@@ -846,13 +859,15 @@ impl CudaHal {
 
     /// Launches `scatter_segments` (or, with `gather`, `gather_segments`) on the main
     /// stream over the `segments` entries of the segment table at `scratch`, whose data
-    /// region starts `data_start` bytes in: one block per segment.
+    /// region starts `data_start` bytes in: one block per segment. `buffers` names the
+    /// segments' buffers, for the launch's NVTX range.
     fn launch_segments(
         &self,
         gather: bool,
         scratch: CUdeviceptr,
         data_start: usize,
         segments: u32,
+        buffers: &dyn Fn() -> String,
     ) -> Result<()> {
         let h = &self.inner;
         let name = if gather {
@@ -860,6 +875,10 @@ impl CudaHal {
         } else {
             "scatter_segments"
         };
+        let _range = crate::nvtx::range(|| match gather {
+            true => format!("launch {name} out=(staged) in={}", buffers()),
+            false => format!("launch {name} out={} in=(staged)", buffers()),
+        });
         let f = h.function(name, true)?;
         let blocks = segments.min(h.info_sms() * 8).max(1);
         let (mut t, mut dat, mut c) = (scratch, scratch + data_start as u64, segments);
@@ -915,7 +934,10 @@ impl CudaHal {
     /// assert_eq!((x, y), (vec![1, 2], vec![4, 5, 0]));
     /// ```
     pub fn download_batch<T: Pod>(&self, items: &mut [(&Buffer<T>, &mut [T])]) -> Result<()> {
-        let _range = crate::nvtx::range(|| format!("download_batch {} slices", items.len()));
+        let _range = crate::nvtx::range(|| {
+            let names = crate::nvtx::name_list(items.iter().map(|(b, _)| b.name()));
+            format!("download_batch {} slices from {names}", items.len())
+        });
         let h = &self.inner;
         self.check_batch(
             "download_batch",
@@ -966,6 +988,12 @@ impl CudaHal {
         group: &[usize],
     ) -> Result<()> {
         let h = &self.inner;
+        // (Gathered only for a recorded range: `items` is borrowed mutably below.)
+        let buffers: Vec<&Buffer<T>> = match crate::nvtx::enabled() {
+            true => group.iter().map(|&k| items[k].0).collect(),
+            false => Vec::new(),
+        };
+        let names = || crate::nvtx::name_list(buffers.iter().map(|b| b.name()));
         let (offsets, total) = batch_layout(group.iter().map(|&k| items[k].0.size_bytes()));
         let data_start = (group.len() * SEGMENT_BYTES).next_multiple_of(16);
         let mut block = h.guard(h.pinned.take(total))?;
@@ -983,7 +1011,7 @@ impl CudaHal {
             // The kernel reads the table and writes the slices in place.
             segments
                 .and_then(|segments| {
-                    self.launch_segments(true, mapped, data_start, segments)?;
+                    self.launch_segments(true, mapped, data_start, segments, &names)?;
                     h.ledger.copy(Dir::D2H, total - data_start);
                     Ok(())
                 })
@@ -1011,7 +1039,7 @@ impl CudaHal {
             let result = segments
                 .and_then(|segments| {
                     h.gather_through_scratch(scratch, &block, data_start, data_start, total, |s| {
-                        self.launch_segments(true, s, data_start, segments)
+                        self.launch_segments(true, s, data_start, segments, &names)
                     })
                 })
                 // Waited for even where a step failed, as above.

@@ -56,7 +56,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 use common::{Rng, Watchdog, MIB};
-use cuda_hal::cuda_sys::fault::{self, FailOnce};
+use cuda_hal::cuda_sys::fault::{self, FailOnce, OnceStuck};
 use cuda_hal::cuda_sys::CUresult;
 use cuda_hal::{
     ops, ArenaLayout, CudaHal, Error, GrowableBuffer, HalConfig, LaunchDims, PinnedFlags,
@@ -780,12 +780,7 @@ fn reads_and_batches_past_the_pinned_pool() {
     let ctx = cuda_hal::driver::PrimaryContext::retain(0).unwrap();
     let config = HalConfig {
         pinned_pool_bytes: MIB,
-        staging: StagingConfig {
-            chunk_bytes: MIB,
-            workers: 2,
-            max_slots: 4,
-            ..StagingConfig::default()
-        },
+        staging: small_staging(),
         ..lazy()
     };
     let check = Checks { free_memory: true };
@@ -802,6 +797,17 @@ fn reads_and_batches_past_the_pinned_pool() {
     ];
     for (config, name) in &runs {
         every_call_of(&ctx, check, config, name, &reads_and_batches);
+    }
+}
+
+/// Staging of 1 MiB chunks, two workers and at most four slots: a few tens of MiB go through
+/// many chunks, and every slot is taken in turn.
+fn small_staging() -> StagingConfig {
+    StagingConfig {
+        chunk_bytes: MIB,
+        workers: 2,
+        max_slots: 4,
+        ..StagingConfig::default()
     }
 }
 
@@ -836,12 +842,7 @@ fn reads_and_batches(hal: &CudaHal) -> Result<()> {
 fn a_new_allocations_view_starts_from_zeros_after_a_failed_download() {
     let Some(_one) = one_at_a_time() else { return };
     let config = HalConfig {
-        staging: StagingConfig {
-            chunk_bytes: MIB,
-            workers: 2,
-            max_slots: 4,
-            ..StagingConfig::default()
-        },
+        staging: small_staging(),
         ..lazy()
     };
     const N: usize = 16 * MIB;
@@ -928,5 +929,57 @@ fn a_pinned_block_a_failed_wait_leaves_in_doubt_is_never_reused() {
     let next = hal.stats().unwrap().pinned;
     assert_eq!(next.misses, after.misses + 1, "{after:?} then {next:?}");
     assert!(hal.poisoned().is_none());
+    still_works(&hal);
+}
+
+/// A managed request the driver refuses for memory is asked once more after room is made,
+/// as a device allocation is; refused again, it is `OutOfMemory` carrying the driver's
+/// error, and nothing of it stays tracked. (Before, the refusal came back as `Error::Cuda`
+/// at once.)
+#[test]
+fn a_managed_request_the_driver_refuses_for_memory_is_retried_after_making_room() {
+    let Some(_one) = one_at_a_time() else { return };
+    let hal = CudaHal::with_config(0, lazy()).unwrap();
+    let managed = "cuMemAllocManaged";
+    // A block freed into the cache (phase 3): making room gives it back.
+    drop(hal.alloc::<u8>("freed", MIB).unwrap());
+    let before = hal.ledger();
+    fault::arm_nth(managed, 1, |_| {
+        FailOnce::Refused(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    });
+    let served = hal.alloc_managed::<u32>("served", 1024);
+    let injected = fault::disarm();
+    assert_eq!(injected.failed, Some(managed));
+    let mut served = served.expect("served on the retry");
+    served.host_mut().unwrap().fill(3);
+    assert_eq!(served.host().unwrap()[1023], 3);
+    let d = hal.ledger().since(&before);
+    assert_eq!((d.oom_retries, d.out_of_memory), (1, 0));
+    assert_eq!(hal.stats().unwrap().cached_bytes, 0, "room was made");
+    // Every managed request refused: the retry too.
+    let before = hal.ledger();
+    fault::arm_sticky(1, CUresult::CUDA_ERROR_OUT_OF_MEMORY, |s| {
+        match s == "cuMemAllocManaged" {
+            true => OnceStuck::Fails,
+            false => OnceStuck::Unaffected,
+        }
+    });
+    let refused = hal.alloc_managed::<u32>("refused", 1024);
+    fault::disarm();
+    match refused {
+        Err(Error::OutOfMemory {
+            requested, driver, ..
+        }) => {
+            assert_eq!(requested, 4096);
+            let driver = driver.expect("the driver's refusal");
+            assert!(driver.is_out_of_memory(), "{driver}");
+        }
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|m| m.len())),
+    }
+    let d = hal.ledger().since(&before);
+    assert_eq!((d.oom_retries, d.out_of_memory), (1, 1));
+    assert!(hal.live_allocations().iter().all(|a| a.name != "refused"));
+    assert!(hal.poisoned().is_none());
+    drop(served);
     still_works(&hal);
 }

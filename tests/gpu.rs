@@ -478,42 +478,6 @@ fn raw_write_pointer_invalidates_the_host_copy() {
 }
 
 #[test]
-fn fill_every_supported_width() {
-    let Some(hal) = gpu() else { return };
-    let n = 3001;
-    let b8 = hal.alloc::<u8>("u8", n).unwrap();
-    b8.fill(0xAB).unwrap();
-    assert!(b8.to_vec().unwrap().iter().all(|v| *v == 0xAB));
-    let b16 = hal.alloc::<u16>("u16", n).unwrap();
-    b16.fill(0xBEEF).unwrap();
-    assert!(b16.to_vec().unwrap().iter().all(|v| *v == 0xBEEF));
-    let b32 = hal.alloc::<f32>("f32", n).unwrap();
-    b32.fill(3.25).unwrap();
-    assert!(b32.to_vec().unwrap().iter().all(|v| *v == 3.25));
-    let b64 = hal.alloc::<u64>("u64", n).unwrap();
-    b64.fill(0x0123_4567_89AB_CDEF).unwrap();
-    assert!(b64
-        .to_vec()
-        .unwrap()
-        .iter()
-        .all(|v| *v == 0x0123_4567_89AB_CDEF));
-    // A slice fill leaves its neighbours alone.
-    let whole = hal.copy_from("whole", &vec![1u32; 100]).unwrap();
-    whole.slice(10, 20).unwrap().fill(5).unwrap();
-    let v = whole.to_vec().unwrap();
-    assert!(
-        v[..10].iter().all(|x| *x == 1)
-            && v[10..30].iter().all(|x| *x == 5)
-            && v[30..].iter().all(|x| *x == 1)
-    );
-    let odd = hal.alloc::<[u8; 3]>("odd", 4).unwrap();
-    assert!(matches!(
-        odd.fill([1, 2, 3]),
-        Err(Error::UnsupportedElementSize { size: 3, .. })
-    ));
-}
-
-#[test]
 fn slices_share_the_allocation_and_check_bounds() {
     let Some(hal) = gpu() else { return };
     let data: Vec<u32> = (0..1000).collect();
@@ -670,8 +634,10 @@ fn bad_input_gets_typed_errors_and_the_hal_stays_usable() {
     let nearly_all = hal.info().total_memory - (1 << 20);
     match hal.alloc::<u8>("nearly-all", nearly_all) {
         Err(Error::OutOfMemory { driver, .. }) => assert!(driver.is_some()),
-        Ok(buf) => drop(buf),
-        Err(e) => panic!("unexpected {e}"),
+        other => panic!(
+            "expected the driver's OutOfMemory, got {:?}",
+            other.map(|b| b.len())
+        ),
     }
     let short = hal.alloc::<u32>("short", 2).unwrap();
     assert!(matches!(

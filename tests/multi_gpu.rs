@@ -78,7 +78,17 @@ fn two_devices_one_hal_each_round_robin() {
         assert_eq!(set.get(i).unwrap().info().ordinal, i);
         assert!(set.peer_access(i, i));
         for j in 0..n {
-            println!("peer access {i} -> {j}: {}", set.peer_access(i, j));
+            // Enabled wherever the driver says the pair can be.
+            let can = set
+                .get(i)
+                .unwrap()
+                .can_access_peer(set.get(j).unwrap())
+                .unwrap();
+            println!(
+                "peer access {i} -> {j}: {} (possible: {can})",
+                set.peer_access(i, j)
+            );
+            assert_eq!(set.peer_access(i, j), can, "peer access {i} -> {j}");
         }
     }
     // Each device works on its own, concurrently.
@@ -396,7 +406,20 @@ fn copies_both_ways(h0: &CudaHal, h1: &CudaHal) {
         let data = Rng::new(n as u64).u32s(n);
         let a = h0.copy_from("on-0", &data).unwrap();
         let b = h1.copy_from("on-1", &vec![0xDEAD_BEEFu32; n]).unwrap();
+        let (before0, before1) = (h0.ledger(), h1.ledger());
         b.copy_from_device(&a).unwrap();
+        // The route: a peer copy where the devices can access each other, else through
+        // the host (D2H on the source's HAL, H2D on the destination's).
+        let (d0, d1) = (h0.ledger().since(&before0), h1.ledger().since(&before1));
+        let bytes = (4 * n) as u64;
+        if h1.can_access_peer(h0).unwrap() {
+            assert_eq!((d1.d2d.bytes, d1.h2d.bytes, d0.d2h.bytes), (bytes, 0, 0));
+        } else {
+            assert_eq!(
+                (d1.d2d.bytes, d1.h2d.bytes, d0.d2h.bytes),
+                (0, bytes, bytes)
+            );
+        }
         assert_eq!(b.to_vec().unwrap(), data, "0 -> 1, n = {n}");
         let c = h0.alloc::<u32>("back-on-0", n).unwrap();
         // The source buffer can be dropped right after: the copy keeps it alive in order.

@@ -587,6 +587,11 @@ fn bad_input<H: Hal>(hal: &H) {
     hal.synchronize().unwrap();
 }
 
+/// The generic suite on `CpuHal`. Its values come from `cpu_ops`, the suite's own
+/// reference, so here the value checks compare the reference with itself: what this run
+/// can fail on is the plumbing (slices, poisoned outputs, lengths, errors). The reference
+/// is checked on its own by the unit tests of `cpu_ops` and `poseidon2` (Poseidon2's
+/// published known answers, the NTT against a naive DFT).
 #[test]
 fn cpu_suite() {
     suite(&CpuHal::new());

@@ -63,8 +63,14 @@ pub struct DeviceInfo {
     pub multiprocessors: u32,
     /// An integrated GPU sharing memory with the CPU (GB10, Jetson).
     pub integrated: bool,
-    /// The GPU can access pageable host memory coherently (GB10, Grace Hopper).
+    /// The GPU can access pageable host memory (`malloc`ed) coherently: through the
+    /// host's page tables (GB10, Grace Hopper), or through a software mirror of them
+    /// (x86_64 with Linux HMM, where the H100 and H200 report it too).
     pub pageable_memory_access: bool,
+    /// The GPU reaches pageable host memory through the host's own page tables (address
+    /// translation services): one set of page tables for CPU and GPU, kept coherent by
+    /// the hardware (GB10, Grace Hopper). False under HMM's software mirror.
+    pub pageable_access_uses_host_page_tables: bool,
     /// Managed memory can be accessed by CPU and GPU concurrently.
     pub concurrent_managed_access: bool,
     /// `cuMemAllocFromPoolAsync` and memory pools are supported.
@@ -128,13 +134,19 @@ impl DeviceInfo {
             multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
             integrated: attr(A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0,
             pageable_memory_access: attr(A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)? != 0,
+            pageable_access_uses_host_page_tables: attr(
+                A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+            )? != 0,
             concurrent_managed_access: attr(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? != 0,
             memory_pools_supported: attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0,
             can_map_host_memory: attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0,
         })
     }
 
-    /// Whether CPU and GPU share physical memory coherently, as on GB10 and Grace Hopper.
+    /// Whether CPU and GPU share memory coherently in hardware, as on GB10 and Grace
+    /// Hopper: an integrated GPU, or one that reaches pageable memory through the host's
+    /// page tables. Not a discrete GPU under Linux HMM, whose coherence is the driver's
+    /// page migration (`pageable_memory_access` alone).
     ///
     /// ```
     /// use cuda_hal::CudaHal;
@@ -143,9 +155,12 @@ impl DeviceInfo {
     ///     return;
     /// };
     /// let info = hal.info();
-    /// assert_eq!(info.is_coherent_unified(), info.integrated || info.pageable_memory_access);
+    /// // (Not "NVIDIA GH200", a Grace Hopper.)
+    /// if info.name.starts_with("NVIDIA H100") || info.name.starts_with("NVIDIA H200") {
+    ///     assert!(!info.is_coherent_unified(), "a discrete GPU on PCIe or SXM");
+    /// }
     /// ```
     pub fn is_coherent_unified(&self) -> bool {
-        self.integrated || self.pageable_memory_access
+        self.integrated || self.pageable_access_uses_host_page_tables
     }
 }
