@@ -7,6 +7,7 @@ use std::ops::{Deref, Range};
 
 use bytemuck::Pod;
 
+use crate::arena_placement::{Placement, Taken};
 use crate::{Buffer, CudaHal, Error, Result};
 
 /// How an arena hands out its region.
@@ -79,7 +80,7 @@ pub struct ArenaStats {
 ///     other => panic!("expected ArenaFull, got {:?}", other.err()),
 /// }
 /// ```
-fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
+pub(crate) fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
     Error::ArenaFull {
         view: slot.to_string(),
         requested,
@@ -106,9 +107,8 @@ fn full(slot: &str, requested: usize, used: usize, capacity: usize) -> Error {
 /// ```
 pub struct BatchArena {
     region: Buffer<u8>,
-    layout: ArenaLayout,
-    /// Byte offset of each slot (slot layout).
-    slot_starts: Vec<usize>,
+    /// Where each batch's views go in the region.
+    places: Placement,
     stats: ArenaStats,
 }
 
@@ -132,8 +132,7 @@ pub struct BatchArena {
 /// ```
 pub struct Batch<'a> {
     arena: &'a mut BatchArena,
-    cursor: std::cell::Cell<usize>,
-    slot_used: std::cell::RefCell<Vec<usize>>,
+    taken: std::cell::RefCell<Taken>,
     views: std::cell::Cell<u64>,
 }
 
@@ -194,30 +193,11 @@ impl CudaHal {
         capacity: usize,
         layout: ArenaLayout,
     ) -> Result<BatchArena> {
-        let mut slot_starts = Vec::new();
-        let capacity = match &layout {
-            ArenaLayout::Bump => capacity,
-            ArenaLayout::Slots(slots) => {
-                let mut off = 0usize;
-                for (slot, cap) in slots {
-                    slot_starts.push(off);
-                    off = cap
-                        .checked_next_multiple_of(256)
-                        .and_then(|c| off.checked_add(c))
-                        .ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "arena slots overflow the address space at slot `{slot}`"
-                            ))
-                        })?;
-                }
-                off.max(capacity)
-            }
-        };
-        let slots = slot_starts.len();
+        let places = Placement::new(capacity, layout)?;
+        let slots = places.slot_starts().len();
         Ok(BatchArena {
-            region: self.alloc::<u8>(name, capacity)?,
-            layout,
-            slot_starts,
+            region: self.alloc::<u8>(name, places.capacity())?,
+            places,
             stats: ArenaStats {
                 slot_peaks: vec![0; slots],
                 ..Default::default()
@@ -298,25 +278,7 @@ impl BatchArena {
     /// assert!(arena.can_fit_as::<[u64; 3]>(&[1, 31]));
     /// ```
     pub fn can_fit_as<T: Pod>(&self, lens: &[usize]) -> bool {
-        let sz = std::mem::size_of::<T>();
-        let bytes = |len: usize| len.checked_mul(sz).filter(|b| *b > 0);
-        match &self.layout {
-            ArenaLayout::Bump => lens
-                .iter()
-                .try_fold(0usize, |cursor, len| {
-                    let end = bump_start(cursor, sz)?.checked_add(bytes(*len)?)?;
-                    (end <= self.capacity()).then_some(end)
-                })
-                .is_some(),
-            ArenaLayout::Slots(slots) => {
-                lens.len() <= slots.len()
-                    && lens.iter().zip(slots).zip(&self.slot_starts).all(
-                        |((len, (_, cap)), start)| {
-                            bytes(*len).is_some_and(|b| b <= *cap) && start % sz == 0
-                        },
-                    )
-            }
-        }
+        self.places.can_fit(std::mem::size_of::<T>(), lens)
     }
 
     /// Starts a batch: everything handed out by the previous one is reused.
@@ -334,11 +296,9 @@ impl BatchArena {
     /// ```
     pub fn begin_batch(&mut self) -> Batch<'_> {
         self.stats.batches += 1;
-        let n = self.slot_starts.len();
         Batch {
+            taken: std::cell::RefCell::new(self.places.nothing_taken()),
             arena: self,
-            cursor: std::cell::Cell::new(0),
-            slot_used: std::cell::RefCell::new(vec![0; n]),
             views: std::cell::Cell::new(0),
         }
     }
@@ -360,10 +320,7 @@ impl Batch<'_> {
     /// assert_eq!(batch.used(), 296);
     /// ```
     pub fn used(&self) -> usize {
-        match self.arena.layout {
-            ArenaLayout::Bump => self.cursor.get(),
-            ArenaLayout::Slots(_) => self.slot_used.borrow().iter().sum(),
-        }
+        self.arena.places.used(&self.taken.borrow())
     }
 
     /// A view of `len` elements: the next free bytes (bump) or slot `name` (slots).
@@ -389,50 +346,11 @@ impl Batch<'_> {
                 name: name.to_string(),
             });
         }
-        let bytes = len
-            .checked_mul(sz)
-            .ok_or_else(|| full(name, usize::MAX, self.used(), self.arena.capacity()))?;
         // Every check comes before any state changes: a refused view leaves the batch as
         // it was.
-        let (start, slot) = match &self.arena.layout {
-            ArenaLayout::Bump => {
-                let start = bump_start(self.cursor.get(), sz);
-                let Some(start) = start.filter(|s| {
-                    s.checked_add(bytes)
-                        .is_some_and(|end| end <= self.arena.capacity())
-                }) else {
-                    return Err(full(name, bytes, self.cursor.get(), self.arena.capacity()));
-                };
-                (start, None)
-            }
-            ArenaLayout::Slots(slots) => {
-                let i = slots
-                    .iter()
-                    .position(|(n, _)| n == name)
-                    .ok_or_else(|| Error::InvalidArgument(format!("arena has no slot `{name}`")))?;
-                let cap = slots[i].1;
-                if self.slot_used.borrow()[i] != 0 {
-                    return Err(Error::InvalidArgument(format!(
-                        "slot `{name}` already used in this batch"
-                    )));
-                }
-                if bytes > cap {
-                    return Err(full(name, bytes, 0, cap));
-                }
-                let start = self.arena.slot_starts[i];
-                if start % sz != 0 {
-                    return Err(Error::InvalidArgument(format!(
-                        "slot `{name}` is not aligned for {sz}-byte elements"
-                    )));
-                }
-                (start, Some(i))
-            }
-        };
-        let buffer = self.arena.region.reinterpret::<T>(start, len)?;
-        match slot {
-            None => self.cursor.set(start + bytes),
-            Some(i) => self.slot_used.borrow_mut()[i] = bytes,
-        }
+        let placed = (self.arena.places).place(&self.taken.borrow(), name, sz, len)?;
+        let buffer = self.arena.region.reinterpret::<T>(placed.start, len)?;
+        self.taken.borrow_mut().record(placed);
         self.views.set(self.views.get() + 1);
         Ok(ArenaView {
             buffer,
@@ -468,16 +386,11 @@ impl Batch<'_> {
             format!("arena upload {} slices: {names}", items.len())
         });
         // All or nothing: if any view or the copy fails, the batch is left as it was.
-        let before = (
-            self.cursor.get(),
-            self.slot_used.borrow().clone(),
-            self.views.get(),
-        );
+        let before = (self.taken.borrow().clone(), self.views.get());
         let uploaded = self.upload_views(items);
         if uploaded.is_err() {
-            let (cursor, slot_used, views) = before;
-            self.cursor.set(cursor);
-            *self.slot_used.borrow_mut() = slot_used;
+            let (taken, views) = before;
+            *self.taken.borrow_mut() = taken;
             self.views.set(views);
         }
         uploaded
@@ -489,10 +402,11 @@ impl Batch<'_> {
         // Bytes of views handed out before: a copy spanning several new views must not
         // zero them in its gaps (slots of this batch lie between new ones; a bump batch's
         // earlier views all lie below the new ones).
-        let taken: Vec<Range<usize>> = match &self.arena.layout {
-            ArenaLayout::Bump => std::iter::once(base..base + self.cursor.get()).collect(),
-            ArenaLayout::Slots(_) => (self.arena.slot_starts.iter())
-                .zip(self.slot_used.borrow().iter())
+        let before = self.taken.borrow();
+        let taken: Vec<Range<usize>> = match self.arena.places.layout() {
+            ArenaLayout::Bump => std::iter::once(base..base + before.cursor).collect(),
+            ArenaLayout::Slots(_) => (self.arena.places.slot_starts().iter())
+                .zip(before.slot_used.iter())
                 .filter(|(_, used)| **used > 0)
                 .map(|(start, used)| base + start..base + start + used)
                 .collect(),
@@ -516,15 +430,6 @@ impl Batch<'_> {
         }
         Ok(views)
     }
-}
-
-/// Where a bump view of `sz`-byte elements starts with the batch's cursor at `cursor`: the
-/// first multiple of `sz` from the next 256-byte boundary on (the boundary itself for
-/// sizes that divide 256). `None` past the address space.
-fn bump_start(cursor: usize, sz: usize) -> Option<usize> {
-    cursor
-        .checked_next_multiple_of(256)?
-        .checked_next_multiple_of(sz)
 }
 
 /// The sorted, disjoint `spans` of one upload in runs, one copy each: a run ends where the
@@ -584,12 +489,8 @@ fn pack(staged: &mut [u8], start: usize, spans: &[(Range<usize>, &[u8])], stream
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
         let used = self.used();
-        let s = &mut self.arena.stats;
-        s.peak_bytes = s.peak_bytes.max(used);
-        for (p, u) in s.slot_peaks.iter_mut().zip(self.slot_used.borrow().iter()) {
-            *p = (*p).max(*u);
-        }
-        s.reallocations_avoided += self.views.get();
+        let taken = self.taken.borrow();
+        (self.arena.stats).record_batch(used, &taken.slot_used, self.views.get());
     }
 }
 

@@ -32,6 +32,7 @@
 mod alloc_keys;
 mod allocs;
 mod arena;
+mod arena_placement;
 mod block_cache;
 mod buffer;
 mod copy_threads;
