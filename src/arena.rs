@@ -402,14 +402,17 @@ impl Batch<'_> {
         // Bytes of views handed out before: a copy spanning several new views must not
         // zero them in its gaps (slots of this batch lie between new ones; a bump batch's
         // earlier views all lie below the new ones).
-        let before = self.taken.borrow();
-        let taken: Vec<Range<usize>> = match self.arena.places.layout() {
-            ArenaLayout::Bump => std::iter::once(base..base + before.cursor).collect(),
-            ArenaLayout::Slots(_) => (self.arena.places.slot_starts().iter())
-                .zip(before.slot_used.iter())
-                .filter(|(_, used)| **used > 0)
-                .map(|(start, used)| base + start..base + start + used)
-                .collect(),
+        // (The borrow ends here: each view's `alloc` below records itself.)
+        let taken: Vec<Range<usize>> = {
+            let before = self.taken.borrow();
+            match self.arena.places.layout() {
+                ArenaLayout::Bump => std::iter::once(base..base + before.cursor).collect(),
+                ArenaLayout::Slots(_) => (self.arena.places.slot_starts().iter())
+                    .zip(before.slot_used.iter())
+                    .filter(|(_, used)| **used > 0)
+                    .map(|(start, used)| base + start..base + start + used)
+                    .collect(),
+            }
         };
         let views = items
             .iter()
