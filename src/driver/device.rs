@@ -65,7 +65,8 @@ pub struct DeviceInfo {
     pub integrated: bool,
     /// The GPU can access pageable host memory (`malloc`ed) coherently: through the
     /// host's page tables (GB10, Grace Hopper), or through a software mirror of them
-    /// (x86_64 with Linux HMM, where the H100 and H200 report it too).
+    /// (x86_64 with Linux HMM and the open kernel modules, where a discrete GPU reports it
+    /// too; the H200 test host, without HMM, reports false).
     pub pageable_memory_access: bool,
     /// The GPU reaches pageable host memory through the host's own page tables (address
     /// translation services): one set of page tables for CPU and GPU, kept coherent by
