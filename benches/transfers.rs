@@ -104,7 +104,7 @@ fn pinned_allocation(hal: &CudaHal) {
     ] {
         let t = median_us(3, 500, || {
             let mut p = hal
-                .alloc_pinned::<u8>(bytes, PinnedFlags::default())
+                .alloc_pinned::<u8>("pinned", bytes, PinnedFlags::default())
                 .unwrap();
             p.host_mut().unwrap()[bytes - 1] = 1;
         });
@@ -136,7 +136,9 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
     let floor_mem = PinnedMemory::new(bytes, PinnedFlags::default()).unwrap();
     hal.synchronize().unwrap();
     let floor = pinned_copy_floor(stream, floor_mem.as_ptr(), raw, bytes, true);
-    let mut pin = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin = hal
+        .alloc_pinned::<u32>("pinned", n, PinnedFlags::default())
+        .unwrap();
     pin.host_mut().unwrap().fill(5);
     let t = median_us(10, 200, || {
         dev.copy_from_pinned(&pin).unwrap();
@@ -170,7 +172,7 @@ fn pinned_and_registered(hal: &CudaHal, stream: &Stream) {
             ..Default::default()
         },
     ] {
-        let mut p = hal.alloc_pinned::<u32>(n, flags).unwrap();
+        let mut p = hal.alloc_pinned::<u32>("pinned", n, flags).unwrap();
         p.host_mut().unwrap().fill(1);
         let t = median_us(5, 100, || {
             let s: u64 = p.host().unwrap().iter().map(|x| *x as u64).sum();
@@ -1399,9 +1401,13 @@ fn pipeline(hal: &CudaHal) {
         streaming_pipeline: false,
         ..StagingConfig::default()
     });
-    let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_in = hal
+        .alloc_pinned::<u32>("pin-in", n, PinnedFlags::default())
+        .unwrap();
     pin_in.host_mut().unwrap().copy_from_slice(&input);
-    let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_out = hal
+        .alloc_pinned::<u32>("pin-out", n, PinnedFlags::default())
+        .unwrap();
     // Calibrate on pinned memory, uncontended (synchronous): compute time equal to the
     // transfer time, a balanced workload. Refined until the two agree within 5%, as kernel
     // time is not quite linear in the rounds; each step takes the median of three runs, as

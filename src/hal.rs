@@ -221,6 +221,14 @@ impl Drop for CudaHal {
                     self.inner.info.ordinal
                 );
             }
+            let pinned = self.inner.aside.pinned_buffers.report();
+            if !pinned.live.is_empty() {
+                log::warn!(
+                    "the last handle of the HAL of device {} is gone while pinned buffers \
+                     remain: {pinned}",
+                    self.inner.info.ordinal
+                );
+            }
         }
     }
 }
@@ -332,6 +340,7 @@ impl CudaHal {
                     copy_id: crate::streams::new_stream_id(),
                     pool_reserved: Mutex::new(0),
                     host_copies: crate::host_copies::HostCopies::new(config.host_copy_cache_bytes),
+                    pinned_buffers: Default::default(),
                 }),
                 handles: std::sync::atomic::AtomicUsize::new(1),
                 info,
@@ -680,6 +689,8 @@ pub(crate) struct Aside {
     /// Phase 2: freed buffers' host copies, for new buffers' (`HalConfig::
     /// host_copy_cache_bytes`).
     pub(crate) host_copies: crate::host_copies::HostCopies,
+    /// The user's pinned buffers by name and size ([`CudaHal::pinned_report`]).
+    pub(crate) pinned_buffers: crate::pinned::PinnedBuffers,
 }
 
 /// Events a HAL keeps for reuse: more than the operations in flight on its streams that

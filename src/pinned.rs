@@ -1,6 +1,7 @@
 //! Pinned host memory: typed user buffers, a pool of reusable blocks for the HAL's own
 //! asynchronous copies, and registration of existing host memory.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -11,10 +12,12 @@ use parking_lot::Mutex;
 use crate::driver::{api, Event, PinnedFlags, PinnedMemory, Stream};
 use crate::hal::HalInner;
 use crate::ledger::Dir;
-use crate::{Buffer, CudaHal, Error, HalStream, Result};
+use crate::tracking::Tracker;
+use crate::{Buffer, CudaHal, Error, HalStream, MemoryReport, Result};
 
-/// Typed page-locked host memory with selectable flags. Copies to and from device buffers
-/// are asynchronous; host access waits for the copy that last used the memory.
+/// Typed page-locked host memory with selectable flags, named like a device buffer and
+/// tracked by its HAL ([`CudaHal::pinned_report`]). Copies to and from device buffers are
+/// asynchronous; host access waits for the copy that last used the memory.
 ///
 /// ```
 /// use cuda_hal::{CudaHal, PinnedFlags};
@@ -22,7 +25,7 @@ use crate::{Buffer, CudaHal, Error, HalStream, Result};
 ///     println!("no CUDA device here");
 ///     return;
 /// };
-/// let mut pinned = hal.alloc_pinned::<u32>(1024, PinnedFlags::default()).unwrap();
+/// let mut pinned = hal.alloc_pinned::<u32>("witness-in", 1024, PinnedFlags::default()).unwrap();
 /// pinned.host_mut().unwrap().fill(7);
 /// let dev = hal.alloc::<u32>("dev", 1024).unwrap();
 /// dev.copy_from_pinned(&pinned).unwrap();        // returns at once
@@ -34,6 +37,9 @@ pub struct PinnedBuffer<T> {
     mem: PinnedMemory,
     len: usize,
     flags: PinnedFlags,
+    name: Cow<'static, str>,
+    /// Its place among the HAL's tracked pinned buffers.
+    ticket: PinnedTicket,
     /// Recorded after each asynchronous copy that used `mem` since the host last waited:
     /// one, unless threads sharing the buffer queued copies at once (each keeps its own).
     pending: Mutex<Vec<Arc<Event>>>,
@@ -41,10 +47,12 @@ pub struct PinnedBuffer<T> {
 }
 
 impl CudaHal {
-    /// Allocates `len` elements of pinned host memory: a new mapping registered with the
-    /// driver (write-combined memory: `cuMemHostAlloc`). Pinning takes milliseconds
-    /// (64 MiB: about 3.4 ms on the H200 host, against 33 ms for `cuMemHostAlloc`):
-    /// allocate once and reuse.
+    /// Allocates `len` elements of pinned host memory named `name`: a new mapping
+    /// registered with the driver (write-combined memory: `cuMemHostAlloc`). Pinning takes
+    /// milliseconds (64 MiB: about 3.4 ms on the H200 host, against 33 ms for
+    /// `cuMemHostAlloc`): allocate once and reuse. The buffer is tracked by name and size
+    /// until it is dropped ([`CudaHal::pinned_report`]); host memory, it does not count
+    /// towards the HAL's device byte limit.
     ///
     /// ```
     /// use cuda_hal::{CudaHal, PinnedFlags};
@@ -54,39 +62,117 @@ impl CudaHal {
     /// };
     /// // Write-combined: for host data the CPU only writes and the GPU reads.
     /// let flags = PinnedFlags { write_combined: true, ..PinnedFlags::default() };
-    /// let mut upload = hal.alloc_pinned::<u32>(1 << 20, flags).unwrap();
+    /// let mut upload = hal.alloc_pinned::<u32>("trace-upload", 1 << 20, flags).unwrap();
     /// upload.host_mut().unwrap().fill(1);
     /// let dev = hal.alloc::<u32>("dev", 1 << 20).unwrap();
     /// dev.copy_from_pinned(&upload).unwrap();
     /// assert_eq!(dev.get_at(0).unwrap(), 1);
     /// ```
-    pub fn alloc_pinned<T: Pod>(&self, len: usize, flags: PinnedFlags) -> Result<PinnedBuffer<T>> {
-        let _range =
-            crate::nvtx::range(|| format!("alloc_pinned {len} x {} B", std::mem::size_of::<T>()));
+    pub fn alloc_pinned<T: Pod>(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        len: usize,
+        flags: PinnedFlags,
+    ) -> Result<PinnedBuffer<T>> {
+        let name = name.into();
+        let _range = crate::nvtx::range(|| {
+            format!(
+                "alloc_pinned {name} ({len} x {} B)",
+                std::mem::size_of::<T>()
+            )
+        });
         if len == 0 || std::mem::size_of::<T>() == 0 {
             return Err(Error::ZeroLength {
-                name: "pinned".into(),
+                name: name.into_owned(),
             });
         }
         if std::mem::align_of::<T>() > PINNED_ALIGN {
             // `host` hands out `&[T]`, which must be aligned; pinned memory is page-aligned.
             return Err(Error::InvalidArgument(format!(
-                "pinned elements aligned to {} bytes; pinned memory is aligned to {PINNED_ALIGN}",
+                "`{name}`: pinned elements aligned to {} bytes; pinned memory is aligned to \
+                 {PINNED_ALIGN}",
                 std::mem::align_of::<T>()
             )));
         }
         self.inner.enter()?;
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
-            .ok_or_else(|| Error::InvalidArgument(format!("{len} elements overflow")))?;
+            .ok_or_else(|| Error::InvalidArgument(format!("`{name}`: {len} elements overflow")))?;
+        let mem = self.inner.guard(PinnedMemory::new(bytes, flags))?;
+        // (Tracked once made: a refused request is never counted.)
+        let ticket = self.inner.aside.pinned_buffers.track(&name, bytes);
+        log::trace!(
+            "alloc `{name}`: {bytes} bytes of pinned memory at {:p}",
+            mem.as_ptr()
+        );
         Ok(PinnedBuffer {
             hal: self.inner.clone(),
-            mem: self.inner.guard(PinnedMemory::new(bytes, flags))?,
+            mem,
             len,
             flags,
+            name,
+            ticket,
             pending: Mutex::new(Vec::new()),
             _t: PhantomData,
         })
+    }
+
+    /// The HAL's live pinned buffers ([`CudaHal::alloc_pinned`]) by name and size, with
+    /// totals per name and overall (current and peak): page-locked host memory, kept apart
+    /// from [`CudaHal::memory_report`]'s device memory. Not the HAL's own pool of pinned
+    /// blocks for its transfers ([`PinnedPoolStats`]). Logged, like the device report, when
+    /// the HAL's last handle goes while pinned buffers live.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let staging = hal.alloc_pinned::<u8>("proof-out", 4096, PinnedFlags::default()).unwrap();
+    /// drop(hal.alloc_pinned::<u8>("proof-out", 8192, PinnedFlags::default()).unwrap());
+    /// let report = hal.pinned_report();
+    /// assert_eq!((report.current_bytes, report.peak_bytes), (4096, 12288));
+    /// assert_eq!((report.live[0].name.as_str(), report.live[0].bytes), ("proof-out", 4096));
+    /// assert_eq!(report.by_name[0].allocations, 2);
+    /// assert!(hal.memory_report().live.is_empty(), "no device memory");
+    /// drop(staging);
+    /// ```
+    pub fn pinned_report(&self) -> MemoryReport {
+        self.inner.aside.pinned_buffers.report()
+    }
+}
+
+/// A pinned buffer's place among its HAL's tracked pinned buffers: its name's id and its
+/// slot (`None` past what the tracker can count, which no real memory reaches).
+#[derive(Clone, Copy)]
+struct PinnedTicket(Option<(u32, u32)>);
+
+/// The live pinned buffers of a HAL by name and size, with no limit: the tracker of device
+/// memory, kept apart. Not on a hot path (pinning takes milliseconds).
+#[derive(Default)]
+pub(crate) struct PinnedBuffers(Mutex<Tracker>);
+
+impl PinnedBuffers {
+    #[allow(clippy::ptr_arg)]
+    fn track(&self, text: &Cow<'static, str>, bytes: usize) -> PinnedTicket {
+        let mut t = self.0.lock();
+        let name = t.name_id(text);
+        let slot = t.charge_and_track_new(name, bytes, 0);
+        if let Some(slot) = slot {
+            t.name_slot(slot, name, text);
+        }
+        PinnedTicket(slot.map(|slot| (name, slot)))
+    }
+
+    fn untrack(&self, ticket: PinnedTicket, bytes: usize) {
+        if let PinnedTicket(Some((name, slot))) = ticket {
+            self.0.lock().release(name, slot, bytes);
+        }
+    }
+
+    pub(crate) fn report(&self) -> MemoryReport {
+        self.0.lock().report(std::iter::empty(), 0)
     }
 }
 
@@ -99,7 +185,7 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     println!("no CUDA device here");
     ///     return;
     /// };
-    /// assert_eq!(hal.alloc_pinned::<u64>(16, PinnedFlags::default()).unwrap().len(), 16);
+    /// assert_eq!(hal.alloc_pinned::<u64>("pinned", 16, PinnedFlags::default()).unwrap().len(), 16);
     /// ```
     pub fn len(&self) -> usize {
         self.len
@@ -113,8 +199,8 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     println!("no CUDA device here");
     ///     return;
     /// };
-    /// assert!(!hal.alloc_pinned::<u8>(1, PinnedFlags::default()).unwrap().is_empty());
-    /// assert!(hal.alloc_pinned::<u8>(0, PinnedFlags::default()).is_err());
+    /// assert!(!hal.alloc_pinned::<u8>("pinned", 1, PinnedFlags::default()).unwrap().is_empty());
+    /// assert!(hal.alloc_pinned::<u8>("pinned", 0, PinnedFlags::default()).is_err());
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -129,10 +215,25 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     return;
     /// };
     /// let flags = PinnedFlags { portable: true, ..PinnedFlags::default() };
-    /// assert!(hal.alloc_pinned::<u32>(8, flags).unwrap().flags().portable);
+    /// assert!(hal.alloc_pinned::<u32>("pinned", 8, flags).unwrap().flags().portable);
     /// ```
     pub fn flags(&self) -> PinnedFlags {
         self.flags
+    }
+
+    /// The name it was allocated under.
+    ///
+    /// ```
+    /// use cuda_hal::{CudaHal, PinnedFlags};
+    /// let Ok(hal) = CudaHal::new(0) else {
+    ///     println!("no CUDA device here");
+    ///     return;
+    /// };
+    /// let b = hal.alloc_pinned::<u32>("column-in", 8, PinnedFlags::default()).unwrap();
+    /// assert_eq!(b.name(), "column-in");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     fn settle(&self) -> Result<()> {
@@ -158,7 +259,7 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     return;
     /// };
     /// let dev = hal.copy_from("dev", &[3u16; 64]).unwrap();
-    /// let mut out = hal.alloc_pinned::<u16>(64, PinnedFlags::default()).unwrap();
+    /// let mut out = hal.alloc_pinned::<u16>("out", 64, PinnedFlags::default()).unwrap();
     /// dev.copy_to_pinned(&mut out).unwrap(); // queued
     /// assert!(out.host().unwrap().iter().all(|&x| x == 3)); // waited for
     /// ```
@@ -178,7 +279,7 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     return;
     /// };
     /// let dev = hal.alloc::<u32>("dev", 4).unwrap();
-    /// let mut staging = hal.alloc_pinned::<u32>(4, PinnedFlags::default()).unwrap();
+    /// let mut staging = hal.alloc_pinned::<u32>("staging", 4, PinnedFlags::default()).unwrap();
     /// for round in 0..3u32 {
     ///     // Waits for the previous round's upload before the memory is overwritten.
     ///     staging.host_mut().unwrap().fill(round);
@@ -224,8 +325,8 @@ impl<T: Pod> PinnedBuffer<T> {
     ///     return;
     /// };
     /// let mapped = PinnedFlags { device_mapped: true, ..PinnedFlags::default() };
-    /// assert!(hal.alloc_pinned::<u32>(256, mapped).unwrap().device_ptr().is_some());
-    /// let plain = hal.alloc_pinned::<u32>(256, PinnedFlags::default()).unwrap();
+    /// assert!(hal.alloc_pinned::<u32>("pinned", 256, mapped).unwrap().device_ptr().is_some());
+    /// let plain = hal.alloc_pinned::<u32>("plain", 256, PinnedFlags::default()).unwrap();
     /// assert!(plain.device_ptr().is_none());
     /// ```
     pub fn device_ptr(&self) -> Option<cuda_sys::CUdeviceptr> {
@@ -251,9 +352,20 @@ impl<T> Drop for PinnedBuffer<T> {
             // (Only the wait decides: the event names its context.)
             keep_if_still_used(&self.mem, &waited);
             if let Err(e) = bound.and(waited) {
-                log::warn!("waiting for a pinned buffer's last copy: {e}");
+                log::warn!("waiting for `{}`'s last copy: {e}", self.name);
             }
         }
+        let bytes = self.mem.len();
+        if self.mem.kept_forever() {
+            // Never freed: it stays in the report, under its name.
+            return;
+        }
+        self.hal.aside.pinned_buffers.untrack(self.ticket, bytes);
+        log::trace!(
+            "free `{}`: {bytes} bytes of pinned memory at {:p}",
+            self.name,
+            self.mem.as_ptr()
+        );
     }
 }
 
@@ -728,7 +840,7 @@ impl<T: Pod> Buffer<T> {
     ///     println!("no CUDA device here");
     ///     return;
     /// };
-    /// let mut src = hal.alloc_pinned::<f32>(3, PinnedFlags::default()).unwrap();
+    /// let mut src = hal.alloc_pinned::<f32>("src", 3, PinnedFlags::default()).unwrap();
     /// src.host_mut().unwrap().copy_from_slice(&[0.5, 1.5, 2.5]);
     /// let dev = hal.alloc::<f32>("dev", 3).unwrap();
     /// dev.copy_from_pinned(&src).unwrap();
@@ -749,7 +861,7 @@ impl<T: Pod> Buffer<T> {
     ///     return;
     /// };
     /// let copies = hal.create_stream().unwrap();
-    /// let mut src = hal.alloc_pinned::<u32>(1 << 20, PinnedFlags::default()).unwrap();
+    /// let mut src = hal.alloc_pinned::<u32>("src", 1 << 20, PinnedFlags::default()).unwrap();
     /// src.host_mut().unwrap().fill(8);
     /// let dev = hal.alloc::<u32>("dev", 1 << 20).unwrap();
     /// dev.copy_from_pinned_on(&src, &copies).unwrap(); // overlaps main-stream work
@@ -770,7 +882,7 @@ impl<T: Pod> Buffer<T> {
     ///     return;
     /// };
     /// let dev = hal.copy_from("dev", &[1u64, 2, 3]).unwrap();
-    /// let mut dst = hal.alloc_pinned::<u64>(3, PinnedFlags::default()).unwrap();
+    /// let mut dst = hal.alloc_pinned::<u64>("dst", 3, PinnedFlags::default()).unwrap();
     /// dev.copy_to_pinned(&mut dst).unwrap();
     /// assert_eq!(dst.host().unwrap(), &[1, 2, 3]);
     /// ```
@@ -788,7 +900,7 @@ impl<T: Pod> Buffer<T> {
     /// };
     /// let side = hal.create_stream().unwrap();
     /// let dev = hal.copy_from("dev", &[5u32; 1024]).unwrap();
-    /// let mut dst = hal.alloc_pinned::<u32>(1024, PinnedFlags::default()).unwrap();
+    /// let mut dst = hal.alloc_pinned::<u32>("dst", 1024, PinnedFlags::default()).unwrap();
     /// dev.copy_to_pinned_on(&mut dst, &side).unwrap();
     /// assert_eq!(dst.host().unwrap()[1023], 5);
     /// ```
@@ -947,7 +1059,8 @@ impl<T: Pod> Buffer<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::PinnedPool;
+    use super::{PinnedBuffers, PinnedPool, PinnedTicket};
+    use std::borrow::Cow;
 
     const MIB: usize = 1 << 20;
 
@@ -1003,5 +1116,40 @@ mod tests {
         assert_eq!(pool.block_size(usize::MAX), usize::MAX, "no overflow");
         // A pool that keeps nothing sizes every block by its bytes.
         assert_eq!(PinnedPool::new(0, false).block_size(3 * MIB), 3 * MIB);
+    }
+
+    #[test]
+    fn pinned_buffers_are_counted_by_name_until_untracked() {
+        let buffers = PinnedBuffers::default();
+        let a = buffers.track(&Cow::Borrowed("in"), 4096);
+        let b = buffers.track(&Cow::Owned("out-1".to_string()), 100);
+        let c = buffers.track(&Cow::Borrowed("in"), 8192);
+        let r = buffers.report();
+        let live: Vec<_> = r.live.iter().map(|l| (l.name.as_str(), l.bytes)).collect();
+        assert_eq!(live, [("in", 8192), ("in", 4096), ("out-1", 100)]);
+        assert_eq!((r.current_bytes, r.peak_bytes), (12388, 12388));
+        buffers.untrack(c, 8192);
+        buffers.untrack(a, 4096);
+        let r = buffers.report();
+        assert_eq!((r.current_bytes, r.peak_bytes), (100, 12388));
+        let input = r.by_name.iter().find(|n| n.name == "in").unwrap();
+        assert_eq!(
+            (
+                input.live,
+                input.current_bytes,
+                input.peak_bytes,
+                input.allocations
+            ),
+            (0, 0, 12288, 2)
+        );
+        // A slot freed is taken again, under the new name.
+        let d = buffers.track(&Cow::Borrowed("again"), 7);
+        assert_eq!(buffers.report().live.len(), 2);
+        buffers.untrack(b, 100);
+        buffers.untrack(d, 7);
+        assert!(buffers.report().live.is_empty());
+        // A ticket past what the tracker counts is ignored.
+        buffers.untrack(PinnedTicket(None), 1);
+        assert_eq!(buffers.report().current_bytes, 0);
     }
 }

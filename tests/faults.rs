@@ -280,6 +280,8 @@ fn run(s: &Scenario<'_>, pick: Option<Pick>, how: fn(&'static str) -> FailOnce) 
     let mut live = report.live.clone();
     live.retain(|a| !PROVER_TABLES.contains(&a.name.as_str()));
     assert!(live.is_empty(), "{what}: left alive: {live:?}");
+    let pinned = hal.pinned_report().live;
+    assert!(pinned.is_empty(), "{what}: pinned buffers left: {pinned:?}");
     fault::resume();
     let dropped = catch_unwind(AssertUnwindSafe(|| drop(hal)));
     let injected = fault::disarm();
@@ -558,7 +560,7 @@ fn streams_pinned_memory_and_launches() {
                 .scalar(MIB as u64)
                 .run()?
         };
-        let mut pinned = hal.alloc_pinned::<u32>(MIB, PinnedFlags::default())?;
+        let mut pinned = hal.alloc_pinned::<u32>("pinned", MIB, PinnedFlags::default())?;
         out.copy_to_pinned_on(&mut pinned, &s)?;
         s.synchronize()?;
         assert_eq!(pinned.host()?[9], 2);
@@ -657,6 +659,81 @@ fn copies_between_hals() {
         assert_eq!(c.get_at(3 * MIB - 1)?, data[3 * MIB - 1]);
         Ok(())
     });
+}
+
+/// Where the driver refuses to connect two devices that could access each other (too many
+/// peers: `cuCtxEnablePeerAccess`; or the source's pool refuses the destination:
+/// `cuMemPoolSetAccess`), `copy_from_device` takes the host route: the ledgers show a
+/// download on the source's HAL and an upload on the destination's, and no device-to-device
+/// copy. The answer is remembered for the pair (no second driver call), neither HAL is
+/// poisoned, and a new pair of HALs asks again and copies peer to peer. Needs two devices
+/// that can access each other (skipped otherwise; `CUDA_HAL_REQUIRE_GPUS=2` makes fewer than
+/// two a failure).
+#[test]
+fn two_devices_a_refused_peer_access_sends_copies_through_the_host() {
+    let Some(_one) = one_at_a_time() else { return };
+    if !common::two_devices() {
+        return;
+    }
+    // 12 MiB: three of the host route's 4 MiB chunks.
+    let data = Rng::new(11).u32s(3 * MIB);
+    let bytes = 4 * data.len() as u64;
+    for refused in ["cuCtxEnablePeerAccess", "cuMemPoolSetAccess"] {
+        let (h0, h1) = (CudaHal::new(0).unwrap(), CudaHal::new(1).unwrap());
+        if !h0.can_access_peer(&h1).unwrap() {
+            eprintln!("SKIPPED: devices 0 and 1 cannot access each other: nothing to refuse");
+            return;
+        }
+        let src = h1.copy_from("on-1", &data).unwrap();
+        let dst = h0.alloc::<u32>("on-0", data.len()).unwrap();
+        let (before0, before1) = (h0.ledger(), h1.ledger());
+        fault::arm_nth(refused, 1, |_| {
+            FailOnce::Refused(CUresult::CUDA_ERROR_TOO_MANY_PEERS)
+        });
+        let copied = dst.copy_from_device(&src);
+        let injected = fault::disarm();
+        assert_eq!(injected.failed, Some(refused));
+        copied.unwrap();
+        assert_eq!(dst.to_vec().unwrap(), data, "{refused} refused");
+        let (d0, d1) = (h0.ledger().since(&before0), h1.ledger().since(&before1));
+        assert_eq!(
+            (d0.d2d.bytes, d0.h2d.bytes, d1.d2h.bytes),
+            (0, bytes, bytes),
+            "{refused} refused: the route (device-to-device, up on 0, down from 1)"
+        );
+        // Remembered: asking again makes no driver call, and the next copy goes the same way.
+        fault::arm(0, |_| FailOnce::LeftAlone);
+        assert!(!h0.enable_peer_access(&h1).unwrap());
+        let again = h0.alloc::<u32>("again-on-0", data.len()).unwrap();
+        let before0 = h0.ledger();
+        again.copy_from_device(&src).unwrap();
+        let called = fault::called();
+        fault::disarm();
+        assert!(
+            !called
+                .iter()
+                .any(|c| c.contains("PeerAccess") || *c == "cuMemPoolSetAccess"),
+            "{refused} refused: asked the driver again: {called:?}"
+        );
+        assert_eq!(h0.ledger().since(&before0).h2d.bytes, bytes);
+        assert_eq!(again.to_vec().unwrap(), data);
+        assert!(h0.poisoned().is_none() && h1.poisoned().is_none());
+        still_works(&h0);
+        still_works(&h1);
+    }
+    // A new pair asks again, and is connected.
+    let (h0, h1) = (CudaHal::new(0).unwrap(), CudaHal::new(1).unwrap());
+    let src = h1.copy_from("on-1", &data).unwrap();
+    let dst = h0.alloc::<u32>("on-0", data.len()).unwrap();
+    let before0 = h0.ledger();
+    dst.copy_from_device(&src).unwrap();
+    let d0 = h0.ledger().since(&before0);
+    assert_eq!(
+        (d0.d2d.bytes, d0.h2d.bytes),
+        (bytes, 0),
+        "a new pair: peer to peer"
+    );
+    assert_eq!(dst.to_vec().unwrap(), data);
 }
 
 /// A HAL that loads every kernel as it starts (`HalConfig::preload_kernels`), each of its

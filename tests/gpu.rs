@@ -704,7 +704,7 @@ fn misaligned_and_zero_length_requests_are_typed_errors() {
         Err(Error::ZeroLength { .. })
     ));
     assert!(matches!(
-        hal.alloc_pinned::<u8>(0, Default::default()),
+        hal.alloc_pinned::<u8>("pinned", 0, Default::default()),
         Err(Error::ZeroLength { .. })
     ));
     assert!(matches!(
@@ -761,7 +761,7 @@ fn buffers_of_another_hal_are_rejected() {
     // Pinned memory and streams of another HAL, each named as such (before, the error
     // said the device buffer was another HAL's).
     let pinned2 = h2
-        .alloc_pinned::<u32>(16, cuda_hal::PinnedFlags::default())
+        .alloc_pinned::<u32>("pinned", 16, cuda_hal::PinnedFlags::default())
         .unwrap();
     let err = out.copy_from_pinned(&pinned2).unwrap_err();
     assert!(
@@ -769,7 +769,7 @@ fn buffers_of_another_hal_are_rejected() {
         "{err}"
     );
     let mut pinned1 = h1
-        .alloc_pinned::<u32>(16, cuda_hal::PinnedFlags::default())
+        .alloc_pinned::<u32>("pinned", 16, cuda_hal::PinnedFlags::default())
         .unwrap();
     let err = out
         .copy_to_pinned_on(&mut pinned1, &h2.create_stream().unwrap())

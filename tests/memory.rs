@@ -8,7 +8,7 @@ use std::sync::{Mutex, Once};
 use common::{gpu, gpu_exclusive, Rng, MIB};
 use cuda_hal::{
     ArenaLayout, CudaHal, Error, GrowableBuffer, HalConfig, LaunchDims, ManagedAdvice,
-    ManagedLocation, ManagedRangeInfo, StagingConfig, PHASES,
+    ManagedLocation, ManagedRangeInfo, PinnedFlags, StagingConfig, PHASES,
 };
 
 /// Captures log records so tests can read the allocation traces and the leak report.
@@ -166,6 +166,103 @@ fn the_last_handle_going_away_reports_what_is_still_alive() {
     drop(grown.hal());
     assert_eq!(reports(), 2, "{:?}", LINES.lock().unwrap());
     drop(hal);
+}
+
+/// Pinned buffers are tracked by name and size as device buffers are, in a report of their
+/// own (host memory: the HAL's device limit does not apply to them), with traces, and in the
+/// report the last handle logs; the HAL's own pool of pinned blocks is not in it.
+#[test]
+fn pinned_buffers_are_tracked_by_name_apart_from_device_memory() {
+    let Some(_gpu) = gpu() else { return };
+    capture_logs();
+    let own = CudaHal::with_config(
+        0,
+        HalConfig {
+            memory_limit: Some(MIB),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let flags = PinnedFlags::default();
+    // Past the device limit: not device memory.
+    let a = own
+        .alloc_pinned::<u8>("pinned-witness", 2 * MIB, flags)
+        .unwrap();
+    let mut b = own
+        .alloc_pinned::<u32>("pinned-witness", 1000, flags)
+        .unwrap();
+    let wc = PinnedFlags {
+        write_combined: true,
+        ..flags
+    };
+    let c = own
+        .alloc_pinned::<u64>(format!("pinned-out-{}", 1), 16, wc)
+        .unwrap();
+    assert_eq!((a.name(), c.name()), ("pinned-witness", "pinned-out-1"));
+    let r = own.pinned_report();
+    let live: Vec<_> = r.live.iter().map(|l| (l.name.as_str(), l.bytes)).collect();
+    assert_eq!(
+        live,
+        [
+            ("pinned-witness", 2 * MIB),
+            ("pinned-witness", 4000),
+            ("pinned-out-1", 128)
+        ]
+    );
+    assert_eq!(r.current_bytes, 2 * MIB + 4128);
+    assert!(own.memory_report().live.is_empty(), "no device memory");
+    drop(a);
+    let r = own.pinned_report();
+    assert_eq!((r.current_bytes, r.peak_bytes), (4128, 2 * MIB + 4128));
+    let w = r
+        .by_name
+        .iter()
+        .find(|n| n.name == "pinned-witness")
+        .unwrap();
+    assert_eq!(
+        (w.live, w.current_bytes, w.peak_bytes, w.allocations),
+        (1, 4000, 2 * MIB + 4000, 2)
+    );
+    assert!(logged(
+        "alloc `pinned-witness`: 2097152 bytes of pinned memory at 0x"
+    ));
+    assert!(logged(
+        "free `pinned-witness`: 2097152 bytes of pinned memory at 0x"
+    ));
+    match own.alloc_pinned::<u8>("pinned-empty", 0, flags) {
+        Err(Error::ZeroLength { name }) => assert_eq!(name, "pinned-empty"),
+        other => panic!("expected ZeroLength, got {:?}", other.map(|p| p.len())),
+    }
+    assert!(own
+        .pinned_report()
+        .live
+        .iter()
+        .all(|l| l.name != "pinned-empty"));
+    // The HAL's own pinned blocks (a read borrows one) are not the user's buffers.
+    let dev = own.copy_from("pinned-dev", &[5u32; 1 << 16]).unwrap();
+    assert_eq!(dev.read_async().unwrap().wait().unwrap()[9], 5);
+    let pool = own.stats().unwrap().pinned;
+    assert!(
+        pool.hits + pool.misses > 0,
+        "a pool block was lent: {pool:?}"
+    );
+    assert_eq!(own.pinned_report().live.len(), 2);
+    // The last handle gone: the pinned buffers left are logged by name.
+    drop(own);
+    assert!(
+        logged_both("pinned buffers remain", "pinned-out-1"),
+        "{:?}",
+        LINES.lock().unwrap()
+    );
+    // They still work, and are freed with their buffer.
+    b.host_mut().unwrap().fill(7);
+    dev.slice(0, 1000).unwrap().copy_from_pinned(&b).unwrap();
+    assert_eq!(dev.get_at(999).unwrap(), 7);
+    let hal = dev.hal();
+    drop(b);
+    assert_eq!(hal.pinned_report().current_bytes, 128);
+    drop(c);
+    assert_eq!(hal.pinned_report().current_bytes, 0);
 }
 
 /// A HAL whose limit is 64 MiB.

@@ -32,17 +32,7 @@ impl TwoDevices {
 }
 
 fn need_two() -> Option<TwoDevices> {
-    let n = driver::device_count().unwrap_or(0);
-    let required: usize = std::env::var("CUDA_HAL_REQUIRE_GPUS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if n < 2 {
-        assert!(
-            required < 2,
-            "CUDA_HAL_REQUIRE_GPUS={required} but {n} device(s)"
-        );
-        eprintln!("SKIPPED: {n} device(s); these tests need two");
+    if !common::two_devices() {
         return None;
     }
     // A test that failed while holding the turn leaves the lock poisoned, not the devices.

@@ -87,7 +87,7 @@ fn pinned_buffers_round_trip_with_every_flag_set() {
     for (k, flags) in flag_sets.into_iter().enumerate() {
         let n = [1usize, 1001, MIB + 3, 77][k];
         let data = rng.u32s(n);
-        let mut pin = hal.alloc_pinned::<u32>(n, flags).unwrap();
+        let mut pin = hal.alloc_pinned::<u32>("pinned", n, flags).unwrap();
         assert_eq!(pin.flags(), flags);
         pin.host_mut().unwrap().copy_from_slice(&data);
         let dev = hal.copy_from("dev", &vec![POISON; n]).unwrap();
@@ -97,14 +97,16 @@ fn pinned_buffers_round_trip_with_every_flag_set() {
         dev.copy_to_pinned(&mut pin).unwrap();
         assert_eq!(pin.host().unwrap(), &data[..], "{flags:?}");
     }
-    let short = hal.alloc_pinned::<u32>(3, PinnedFlags::default()).unwrap();
+    let short = hal
+        .alloc_pinned::<u32>("short", 3, PinnedFlags::default())
+        .unwrap();
     let dev = hal.alloc::<u32>("dev", 4).unwrap();
     assert!(matches!(
         dev.copy_from_pinned(&short),
         Err(Error::LengthMismatch { .. })
     ));
     assert!(matches!(
-        hal.alloc_pinned::<u32>(0, PinnedFlags::default()),
+        hal.alloc_pinned::<u32>("pinned", 0, PinnedFlags::default()),
         Err(Error::ZeroLength { .. })
     ));
 }
@@ -119,21 +121,21 @@ fn pinned_buffers_refuse_what_their_host_view_cannot_hold() {
     struct Big([u8; 4096], [u8; 4096]);
     let Some(hal) = gpu() else { return };
     assert!(matches!(
-        hal.alloc_pinned::<Big>(2, PinnedFlags::default()),
+        hal.alloc_pinned::<Big>("pinned", 2, PinnedFlags::default()),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        hal.alloc_pinned::<()>(5, PinnedFlags::default()),
+        hal.alloc_pinned::<()>("pinned", 5, PinnedFlags::default()),
         Err(Error::ZeroLength { .. })
     ));
     let wc = PinnedFlags {
         write_combined: true,
         ..Default::default()
     };
-    let pin = hal.alloc_pinned::<u64>(1 << 16, wc).unwrap();
+    let pin = hal.alloc_pinned::<u64>("pinned", 1 << 16, wc).unwrap();
     assert!(pin.host().unwrap().iter().all(|&x| x == 0));
     assert_eq!(
-        hal.alloc_pinned::<u64>(4, PinnedFlags::default())
+        hal.alloc_pinned::<u64>("pinned", 4, PinnedFlags::default())
             .unwrap()
             .len(),
         4
@@ -337,7 +339,7 @@ impl Gate {
             device_mapped: true,
             ..PinnedFlags::default()
         };
-        let mut mem = hal.alloc_pinned::<u32>(1, mapped).unwrap();
+        let mut mem = hal.alloc_pinned::<u32>("pinned", 1, mapped).unwrap();
         mem.host_mut().unwrap()[0] = 0;
         let addr = mem.host_mut().unwrap().as_mut_ptr() as usize;
         let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -1524,9 +1526,13 @@ fn pipeline_matches_the_cpu_in_both_modes() {
     // Page-locked input and output are copied directly, with no staging.
     let n = MIB / 4 + 3;
     let data = Rng::new(99).u32s(n);
-    let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_in = hal
+        .alloc_pinned::<u32>("pin-in", n, PinnedFlags::default())
+        .unwrap();
     pin_in.host_mut().unwrap().copy_from_slice(&data);
-    let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_out = hal
+        .alloc_pinned::<u32>("pin-out", n, PinnedFlags::default())
+        .unwrap();
     pin_out.host_mut().unwrap().fill(POISON);
     let before = hal.stats().unwrap().pinned;
     let (pin_in, pin_out) = (pin_in.host().unwrap(), pin_out.host_mut().unwrap());
@@ -1687,9 +1693,13 @@ fn a_pipeline_compute_may_use_its_buffers_from_the_host() {
 fn a_panicking_pipeline_waits_for_its_copies() {
     let Some(hal) = gpu() else { return };
     let n = 1usize << 22;
-    let mut pin_in = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_in = hal
+        .alloc_pinned::<u32>("pin-in", n, PinnedFlags::default())
+        .unwrap();
     pin_in.host_mut().unwrap().fill(5);
-    let mut pin_out = hal.alloc_pinned::<u32>(n, PinnedFlags::default()).unwrap();
+    let mut pin_out = hal
+        .alloc_pinned::<u32>("pin-out", n, PinnedFlags::default())
+        .unwrap();
     pin_out.host_mut().unwrap().fill(POISON);
     let rounds = 20_000u32; // the first chunk's kernel takes milliseconds
     let mut calls = 0;
@@ -1816,7 +1826,7 @@ fn back_to_back_uploads_do_not_wait_for_the_devices_backlog() {
         hal.upload_batch(&[(&c, &y[..]), (&d, &z[..])]).unwrap();
     }
     let mut p = hal
-        .alloc_pinned::<u32>(x.len(), cuda_hal::PinnedFlags::default())
+        .alloc_pinned::<u32>("pinned", x.len(), cuda_hal::PinnedFlags::default())
         .unwrap();
     p.host_mut().unwrap().copy_from_slice(&x);
     let (e, f) = (

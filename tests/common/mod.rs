@@ -52,6 +52,24 @@ pub fn gpu_alone() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
     hal0().map(|_| excl)
 }
 
+/// Whether the machine has two devices. With fewer, prints why the test skips and returns
+/// false; fails instead when `CUDA_HAL_REQUIRE_GPUS` asks for two or more.
+pub fn two_devices() -> bool {
+    let n = cuda_hal::driver::device_count().unwrap_or(0);
+    let required: usize = std::env::var("CUDA_HAL_REQUIRE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if n < 2 {
+        assert!(
+            required < 2,
+            "CUDA_HAL_REQUIRE_GPUS={required} but {n} device(s)"
+        );
+        eprintln!("SKIPPED: {n} device(s); this test needs two");
+    }
+    n >= 2
+}
+
 fn hal0() -> Option<CudaHal> {
     match CudaHal::new(0) {
         Ok(h) => Some(h),
