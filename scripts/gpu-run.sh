@@ -37,13 +37,28 @@ case "${1:-}" in
     [ -x .gpu-faults/faults ] || { echo "gpu-run: .gpu-faults/faults not found: run scripts/gpu-pack.sh all and carry .gpu-faults" >&2; exit 2; }
     echo "gpu-run: $(date -u '+%F %T UTC') on $(uname -n), fault injection ($which${1:+: $*})"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 4
+    # Tests named two_devices_* skip themselves on one device, which would count as
+    # passing: with fewer than two devices visible they are left out, and said so.
+    fault_gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+    if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+      visible="$(printf '%s' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)"
+      [ "$visible" -lt "${fault_gpus:-0}" ] && fault_gpus="$visible"
+    fi
+    two_device_tests="$(.gpu-faults/faults --list 2>/dev/null | grep -c '^two_devices_' || true)"
     if [ "$which" = faults ]; then
+      skip_two=()
+      if [ "${fault_gpus:-0}" -lt 2 ] && [ "${CUDA_HAL_REQUIRE_GPUS:-0}" -lt 2 ] \
+         && [ "${two_device_tests:-0}" -gt 0 ]; then
+        skip_two=(--skip two_devices_)
+      fi
       CUDA_HAL_REQUIRE_GPU=1 RUST_BACKTRACE=1 timeout --kill-after=10 "${GPU_BIN_TIMEOUT:-540}" \
-        .gpu-faults/faults --test-threads=1 --nocapture "$@" > "$OUT/faults.log" 2>&1
+        .gpu-faults/faults --test-threads=1 --nocapture "${skip_two[@]}" "$@" > "$OUT/faults.log" 2>&1
       rc=$?
       grep -aE "driver calls|releases refused|panicked|test result|^test " "$OUT/faults.log"
+      not_run=""
+      [ "${#skip_two[@]}" -gt 0 ] && not_run="; $two_device_tests two-device tests not run: ${fault_gpus:-0} device(s)"
       if [ "$rc" -eq 0 ] && grep -aq "test result: ok" "$OUT/faults.log"; then
-        echo "RESULT: PASS (fault injection)"
+        echo "RESULT: PASS (fault injection$not_run)"
       else
         echo "RESULT: FAIL (fault injection, exit $rc)"
         [ "$rc" -eq 0 ] && rc=1
@@ -60,7 +75,11 @@ case "${1:-}" in
     # so the GPUs finish close together whatever the tests' lengths (on one H200 the ten
     # scenarios take about 320 s under memcheck; split in turn over two, 89 and 219 s).
     if [ "$#" -gt 0 ]; then tests=("$@"); else
-      mapfile -t tests < <(.gpu-faults/faults --list 2>/dev/null | sed -n 's/: test$//p')
+      # Each worker sees one GPU: the two-device tests would only skip. Left out, and said so.
+      mapfile -t tests < <(.gpu-faults/faults --list 2>/dev/null | sed -n 's/: test$//p' \
+        | grep -v '^two_devices_')
+      [ "${two_device_tests:-0}" -gt 0 ] \
+        && echo "gpu-run: $two_device_tests two-device tests not run under memcheck (one GPU a worker)"
     fi
     [ "${#tests[@]}" -gt 0 ] || { echo "RESULT: FAIL (no fault tests listed)"; exit 2; }
     gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"

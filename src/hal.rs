@@ -69,8 +69,9 @@ pub struct HalConfig {
     /// `block_cache_bytes` and `release_threshold` bound those. `None`: only the device
     /// limits.
     pub memory_limit: Option<usize>,
-    /// Keep the name and size of every live allocation ([`CudaHal::memory_report`]); the
-    /// limit needs it and turns it on.
+    /// Keep the name and size of every live device allocation
+    /// ([`CudaHal::memory_report`]); the limit needs it and turns it on. (Pinned buffers
+    /// are tracked whatever it says: [`CudaHal::pinned_report`].)
     pub track_allocations: bool,
     /// Time every transfer on the device with events, so the ledger reports device time and
     /// bandwidth per direction. Costs two event records per copy (about 1 us), so it is off

@@ -121,7 +121,11 @@ impl CudaHal {
     /// totals per name and overall (current and peak): page-locked host memory, kept apart
     /// from [`CudaHal::memory_report`]'s device memory. Not the HAL's own pool of pinned
     /// blocks for its transfers ([`PinnedPoolStats`]). Logged, like the device report, when
-    /// the HAL's last handle goes while pinned buffers live.
+    /// the HAL's last handle goes while pinned buffers live. Always kept, whatever
+    /// `HalConfig::track_allocations` says (pinning takes milliseconds; tracking costs
+    /// nothing beside it). A buffer whose last copy could not be waited for is never
+    /// freed (the device may still use it), and stays in the report: that memory stays
+    /// pinned for the life of the process.
     ///
     /// ```
     /// use cuda_hal::{CudaHal, PinnedFlags};
@@ -1144,7 +1148,9 @@ mod tests {
         );
         // A slot freed is taken again, under the new name.
         let d = buffers.track(&Cow::Borrowed("again"), 7);
-        assert_eq!(buffers.report().live.len(), 2);
+        let live = buffers.report().live;
+        let live: Vec<_> = live.iter().map(|l| (l.name.as_str(), l.bytes)).collect();
+        assert_eq!(live, [("out-1", 100), ("again", 7)]);
         buffers.untrack(b, 100);
         buffers.untrack(d, 7);
         assert!(buffers.report().live.is_empty());
